@@ -1,0 +1,1 @@
+"""mlxterm's terminal front end: the Textual TUI and the command line."""

@@ -1,0 +1,1 @@
+"""Benchmark scripts behind ``mlxterm bench NAME``: each writes JSON and compares arms in one run."""

@@ -1,0 +1,40 @@
+"""``mlxterm`` command line. With no subcommand it opens the TUI on the default profile."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from app.commands import register_all
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxterm",
+        description="Chat, agents and dictation with LLMs running in-process on MLX.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    register_all(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.command is None:
+        args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
+    from engine.errors import MlxtermError
+
+    try:
+        return int(args.func(args) or 0)
+    except MlxtermError as e:
+        print(f"mlxterm: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

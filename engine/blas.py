@@ -1,0 +1,54 @@
+"""Load a fast BLAS into the process before MLX's CPU backend binds its symbols.
+
+The MLX CPU wheel links a slow reference BLAS. Loading OpenBLAS globally *before*
+``import mlx`` lets the dynamic linker resolve ``sgemm`` & co. to OpenBLAS, which makes
+fp32 matmul an order of magnitude faster. On macOS (Accelerate) this is a no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import sys
+
+_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+)
+
+_state: dict[str, str | None] = {"path": None, "reason": None}
+
+
+def preload() -> str | None:
+    """Load OpenBLAS with RTLD_GLOBAL once; return its path, or None (and why, via status())."""
+    if _state["path"] or _state["reason"]:
+        return _state["path"]
+    if sys.platform == "darwin":
+        _state["reason"] = "macOS uses Accelerate"
+        return None
+    if os.environ.get("MLXTERM_NO_OPENBLAS"):
+        _state["reason"] = "disabled by MLXTERM_NO_OPENBLAS"
+        return None
+    if "mlx.core" in sys.modules:
+        _state["reason"] = "mlx was imported before OpenBLAS could be loaded"
+        return None
+    paths = [os.environ["MLXTERM_OPENBLAS"]] if os.environ.get("MLXTERM_OPENBLAS") else []
+    paths += list(_CANDIDATES) + sorted(glob.glob("/usr/lib/*/libopenblas*.so*"))
+    for path in paths:
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+            _state["path"] = path
+            return path
+    _state["reason"] = "OpenBLAS not found (apt-get install libopenblas0-pthread)"
+    return None
+
+
+def status() -> dict[str, str | None]:
+    """Which BLAS was loaded, or the reason none was."""
+    return dict(_state)

