@@ -36,3 +36,9 @@ def log_dir() -> Path:
 def _ensure(p: Path) -> Path:
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def models_dir() -> Path:
+    """Installed catalogue models. ``$MLXTERM_MODELS_DIR`` overrides (tests share one across runs)."""
+    override = os.environ.get("MLXTERM_MODELS_DIR")
+    return _ensure(Path(override).expanduser() if override else data_dir() / "models")
