@@ -28,3 +28,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "optin" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    from tests.tiny_models import LLAMA_CONFIG, make_model_dir
+
+    return make_model_dir(tmp_path_factory.mktemp("tiny-llama"), LLAMA_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma_dir(tmp_path_factory):
+    from tests.tiny_models import GEMMA3_CONFIG, make_model_dir
+
+    return make_model_dir(tmp_path_factory.mktemp("tiny-gemma3"), GEMMA3_CONFIG)
+
+
+@pytest.fixture
+def tiny_profile(tmp_path, tiny_llama_dir):
+    from tests.tiny_models import write_profile
+
+    return write_profile(tmp_path / "tiny.yaml", tiny_llama_dir)

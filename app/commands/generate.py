@@ -1,0 +1,132 @@
+"""``mlxterm generate``: one generation from the command line (streamed text or one JSON object)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate a reply (or a raw completion) once")
+    p.add_argument("--profile", help="profile name or path (default: smollm2-135m)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="user message (or raw text with --raw)")
+    src.add_argument("--messages", type=Path, help="JSON file: a list of {role, content} messages")
+    p.add_argument("--system", help="system prompt (overrides the profile's)")
+    p.add_argument("--raw", action="store_true", help="completion mode: no chat template")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--repetition-penalty", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--logprobs", type=int, default=0, help="return the top-N logprobs per token")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.set_defaults(func=run)
+
+
+def _messages(args) -> list[dict]:
+    from engine.errors import MlxtermError
+
+    if args.messages is None:
+        return [{"role": "user", "content": args.prompt}]
+    try:
+        data = json.loads(args.messages.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise MlxtermError(f"{args.messages}: cannot read messages ({e})") from None
+    if not isinstance(data, list) or not all(isinstance(m, dict) and "role" in m for m in data):
+        raise MlxtermError(f"{args.messages}: expected a JSON list of {{role, content}} objects")
+    return data
+
+
+def run(args) -> int:
+    from engine.events import Done, ReasoningDelta, TextDelta
+    from engine.runtime import Engine, GenerationRequest
+
+    engine = Engine.load(args.profile)
+    try:
+        if args.raw:
+            text = args.prompt if args.prompt is not None else _raw_from_messages(_messages(args))
+            prompt_ids = engine.raw_prompt(text)
+        else:
+            messages = _messages(args)
+            if args.system is not None:
+                messages = [m for m in messages if m.get("role") != "system"]
+                messages.insert(0, {"role": "system", "content": args.system})
+            prompt_ids = engine.chat_prompt(messages)
+        params = engine.sampling(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            seed=args.seed,
+            stop=tuple(args.stop) if args.stop else None,
+            logprobs=args.logprobs or None,
+        )
+        handle = engine.submit(
+            GenerationRequest(prompt_ids, params, split_reasoning=engine.profile.chat.reasoning)
+        )
+        done: Done | None = None
+        try:
+            for ev in handle:
+                if isinstance(ev, Done):
+                    done = ev
+                elif not args.json and isinstance(ev, TextDelta):
+                    sys.stdout.write(ev.text)
+                    sys.stdout.flush()
+                elif not args.json and isinstance(ev, ReasoningDelta):
+                    sys.stderr.write(ev.text)
+        except KeyboardInterrupt:
+            handle.cancel()
+            done = handle.result()
+        assert done is not None
+        if args.json:
+            print(json.dumps(_result_json(engine, done), ensure_ascii=False))
+        else:
+            sys.stdout.write("\n")
+        if done.error:
+            print(f"mlxterm: {done.error}", file=sys.stderr)
+            return 1
+        return 0
+    finally:
+        engine.close()
+
+
+def _raw_from_messages(messages: list[dict]) -> str:
+    return "".join(str(m.get("content", "")) for m in messages)
+
+
+def _result_json(engine, done) -> dict:
+    out = {
+        "text": done.text,
+        "reasoning": done.reasoning,
+        "finish_reason": done.finish_reason,
+        "usage": {
+            "prompt_tokens": done.usage.prompt_tokens,
+            "cached_tokens": done.usage.cached_tokens,
+            "completion_tokens": done.usage.completion_tokens,
+        },
+        "timings": {
+            "load_ms": done.timings.load_ms,
+            "ttft_ms": done.timings.ttft_ms,
+            "prefill_tps": done.timings.prefill_tps,
+            "decode_tps": done.timings.decode_tps,
+            "total_ms": done.timings.total_ms,
+        },
+        "peak_memory_bytes": done.peak_memory_bytes,
+        "profile": engine.profile.name,
+        "model": engine.model_name,
+        "weight_format": engine.weight_format,
+    }
+    if done.logprobs:
+        out["logprobs"] = [
+            {"token": lp.token, "logprob": lp.logprob, "top": lp.top} for lp in done.logprobs
+        ]
+    if done.error:
+        out["error"] = done.error
+    return out

@@ -1,0 +1,74 @@
+"""What a generation request streams back to its caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error", "context"]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """Raw text of a tool call as it forms (the agent layer parses it)."""
+
+    text: str
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    done: int
+    total: int
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Timings:
+    load_ms: float = 0.0
+    restore_ms: float = 0.0
+    ttft_ms: float = 0.0
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass
+class Done:
+    text: str
+    reasoning: str
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    peak_memory_bytes: int = 0
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completion_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    cache_source: str = "none"  # "ram" | "ssd" | "none"
+    error: str | None = None
+
+
+Event = TextDelta | ReasoningDelta | ToolCallDelta | TokenLogprobs | PrefillProgress | Done

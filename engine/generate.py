@@ -1,0 +1,142 @@
+"""Token generation: chunked prefill, then a compiled, pipelined decode loop.
+
+``generate_step`` reads top to bottom: prefill the prompt into the caches, sample the first
+token, then repeatedly build step n+1 while step n computes (``mx.async_eval``), yielding one
+token id at a time. With static caches the whole decode step -- model, cache update,
+repetition window, sampling -- is one ``mx.compile``d function traced once per buffer size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from engine.kv_cache import is_static
+from engine.sampling import SamplingParams, make_sampler
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class StepOutput:
+    token: int
+    logprobs: mx.array | None  # (vocab,) log-probabilities the token was drawn from
+
+
+def prefill(
+    model,
+    cache: list,
+    tokens: list[int],
+    chunk: int = PREFILL_CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> mx.array:
+    """Run ``tokens`` through the model into ``cache``; return the last position's logits."""
+    total = len(tokens)
+    done = 0
+    logits = None
+    while done < total:
+        n = min(chunk, total - done)
+        out = model(mx.array(tokens[done : done + n])[None], cache=cache)
+        logits = out[:, -1, :]
+        mx.eval(logits, [c.state for c in cache])
+        done += n
+        if progress:
+            progress(done, total)
+        if should_stop and should_stop() and done < total:
+            break
+    return logits
+
+
+class DecodeStep:
+    """One decode step ``(token, key, recent) -> (next_token, logprobs, key, recent)``.
+
+    Compiled over static caches; falls back to plain calls for other caches (quantized KV).
+    """
+
+    def __init__(self, model, cache: list, params: SamplingParams, compile_step: bool = True):
+        self.model = model
+        self.cache = cache
+        self.sample = make_sampler(params)
+        self.static = compile_step and is_static(cache)
+        self._compiled = mx.compile(self._traced) if self.static else None
+
+    def _traced(self, token, pos, key, recent, kv):
+        for c, (k, v) in zip(self.cache, kv, strict=True):
+            c.bind(k, v, pos)
+        logits = self.model(token[None], cache=self.cache)[:, -1, :]
+        key, sub = mx.random.split(key)
+        nxt, logprobs = self.sample(logits, sub, recent)
+        recent = mx.concatenate([recent[1:], nxt.astype(recent.dtype)])
+        return nxt, logprobs, key, recent, [(c.keys, c.values) for c in self.cache]
+
+    def __call__(self, token: mx.array, key: mx.array, recent: mx.array):
+        if not self.static:
+            logits = self.model(token[None], cache=self.cache)[:, -1, :]
+            key, sub = mx.random.split(key)
+            nxt, logprobs = self.sample(logits, sub, recent)
+            recent = mx.concatenate([recent[1:], nxt.astype(recent.dtype)])
+            return nxt, logprobs, key, recent
+        for c in self.cache:
+            c.reserve(1)  # grows the buffer (and so re-traces) once per block of tokens
+        offset = self.cache[0].offset
+        kv = [(c.keys, c.values) for c in self.cache]
+        nxt, logprobs, key, recent, kv = self._compiled(token, mx.array(offset), key, recent, kv)
+        for c, (k, v) in zip(self.cache, kv, strict=True):
+            c.unbind(k, v, offset + 1)
+        return nxt, logprobs, key, recent
+
+
+def generate_step(
+    model,
+    prompt: list[int],
+    cache: list,
+    params: SamplingParams,
+    *,
+    history: list[int] | None = None,
+    compile_step: bool = True,
+    prefill_chunk: int = PREFILL_CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Iterator[StepOutput]:
+    """Yield sampled tokens for ``prompt`` (the part of the context not yet in ``cache``).
+
+    ``history`` is the full token context so far (for the repetition penalty window). The
+    caller stops iterating to end generation; at most ``params.max_tokens`` are produced.
+    """
+    if not prompt:
+        raise ValueError("generate_step needs at least one new prompt token")
+    window = max(1, params.repetition_context)
+    past = (history or prompt)[-window:]
+    recent = mx.array([-1] * (window - len(past)) + list(past), dtype=mx.int32)
+    seed = params.seed if params.seed is not None else int.from_bytes(_urandom(4), "little")
+    key = mx.random.key(seed)
+
+    logits = prefill(model, cache, prompt, prefill_chunk, progress, should_stop)
+    if should_stop and should_stop():
+        return
+    sample = make_sampler(params)
+    key, sub = mx.random.split(key)
+    y, logprobs = sample(logits, sub, recent)
+    recent = mx.concatenate([recent[1:], y.astype(mx.int32)])
+    step = DecodeStep(model, cache, params, compile_step)
+    mx.async_eval(y, logprobs)
+
+    n = 0
+    while True:
+        if n + 1 < params.max_tokens:
+            next_y, next_logprobs, key, recent = step(y, key, recent)
+            mx.async_eval(next_y, next_logprobs)
+        yield StepOutput(int(y.item()), logprobs)
+        n += 1
+        if n >= params.max_tokens:
+            return
+        y, logprobs = next_y, next_logprobs
+
+
+def _urandom(n: int) -> bytes:
+    import os
+
+    return os.urandom(n)

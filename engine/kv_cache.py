@@ -1,0 +1,198 @@
+"""KV caches that also run inside a compiled, shape-static decode step.
+
+Both classes behave like mlx_lm's caches during prefill (Python-int offsets, growing
+buffers). For decode, ``bind`` swaps in a position *array*, so the same traced graph serves
+every step until the buffer must grow: keys are written with ``mx.slice_update`` at that
+position and attention runs over the whole buffer under a validity mask.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, create_causal_mask
+
+
+class StaticKVCache(KVCache):
+    """Full-attention cache. ``step`` is the growth block (tokens) of the buffer."""
+
+    step = 512
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pos: mx.array | None = None
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def reserve(self, n: int) -> bool:
+        """Make room for ``n`` more tokens; True if the buffer was (re)allocated."""
+        if self.keys is None or self.offset + n <= self.capacity:
+            return False
+        size = ((self.offset + n + self.step - 1) // self.step) * self.step
+        pad = size - self.capacity
+        B, H, _, Dk = self.keys.shape
+        Dv = self.values.shape[3]
+        self.keys = mx.concatenate([self.keys, mx.zeros((B, H, pad, Dk), self.keys.dtype)], axis=2)
+        self.values = mx.concatenate(
+            [self.values, mx.zeros((B, H, pad, Dv), self.values.dtype)], axis=2
+        )
+        return True
+
+    # -- compiled decode ---------------------------------------------------------------
+    def bind(self, keys: mx.array, values: mx.array, pos: mx.array) -> None:
+        self.keys, self.values, self.offset, self._pos = keys, values, pos, pos
+
+    def unbind(self, keys: mx.array, values: mx.array, offset: int) -> None:
+        self.keys, self.values, self.offset, self._pos = keys, values, offset, None
+
+    def update_and_fetch(self, keys, values):
+        if self._pos is None:
+            return super().update_and_fetch(keys, values)
+        self.keys = mx.slice_update(self.keys, keys, self._pos, axes=(2,))
+        self.values = mx.slice_update(self.values, values, self._pos, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, N, return_array=False, window_size=None):
+        if self._pos is None:
+            return super().make_mask(N, return_array=return_array, window_size=window_size)
+        return mx.arange(self.capacity) <= self._pos
+
+
+class WindowKVCache(KVCache):
+    """Sliding-window cache kept as a ring of ``window`` slots.
+
+    Slot ``p % window`` holds position ``p`` for the last ``window`` positions. RoPE is applied
+    before keys are stored, so attention does not care about slot order; prefill reorders the
+    ring into time order once per call. Not trimmable: checkpoints go at turn boundaries.
+    """
+
+    def __init__(self, window: int) -> None:
+        super().__init__()
+        self.window = window
+        self._pos: mx.array | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.window
+
+    def reserve(self, n: int) -> bool:
+        return False
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def _ordered(self) -> tuple[mx.array, mx.array] | None:
+        if self.keys is None or self.offset == 0:
+            return None
+        if self.offset < self.window:
+            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        shift = -(self.offset % self.window)
+        return mx.roll(self.keys, shift, axis=2), mx.roll(self.values, shift, axis=2)
+
+    def update_and_fetch(self, keys, values):
+        if self._pos is not None:
+            slot = self._pos % self.window
+            self.keys = mx.slice_update(self.keys, keys, slot, axes=(2,))
+            self.values = mx.slice_update(self.values, values, slot, axes=(2,))
+            return self.keys, self.values
+        prev = self._ordered()
+        if prev is not None:
+            all_k = mx.concatenate([prev[0], keys], axis=2)
+            all_v = mx.concatenate([prev[1], values], axis=2)
+        else:
+            all_k, all_v = keys, values
+        self.offset += keys.shape[2]
+        self._store(all_k, all_v)
+        return all_k, all_v
+
+    def _store(self, ordered_k: mx.array, ordered_v: mx.array) -> None:
+        """Keep the last ``window`` positions of time-ordered K/V as a ring."""
+        W = self.window
+        m = min(W, ordered_k.shape[2])
+        k, v = ordered_k[..., -m:, :], ordered_v[..., -m:, :]
+        if m < W:  # fewer than W positions so far: they start at position 0, slot 0
+            B, H, _, Dk = k.shape
+            pad_k = mx.zeros((B, H, W - m, Dk), k.dtype)
+            pad_v = mx.zeros((B, H, W - m, v.shape[3]), v.dtype)
+            self.keys, self.values = mx.concatenate([k, pad_k], 2), mx.concatenate([v, pad_v], 2)
+        else:
+            start = self.offset - W
+            self.keys = mx.roll(k, start % W, axis=2)
+            self.values = mx.roll(v, start % W, axis=2)
+
+    def make_mask(self, N, return_array=False, window_size=None):
+        if self._pos is not None:
+            return mx.arange(self.window) <= self._pos
+        n_prev = min(self.offset, self.window)
+        q_pos = mx.arange(self.offset, self.offset + N)[:, None]
+        k_pos = mx.arange(self.offset - n_prev, self.offset + N)[None]
+        return (k_pos <= q_pos) & (k_pos > q_pos - self.window)
+
+    def bind(self, keys: mx.array, values: mx.array, pos: mx.array) -> None:
+        self.keys, self.values, self.offset, self._pos = keys, values, pos, pos
+
+    def unbind(self, keys: mx.array, values: mx.array, offset: int) -> None:
+        self.keys, self.values, self.offset, self._pos = keys, values, offset, None
+
+    @property
+    def state(self):
+        ordered = self._ordered()
+        if ordered is None:
+            return []
+        return list(ordered)
+
+    @state.setter
+    def state(self, v):
+        raise NotImplementedError("restore a WindowKVCache with restore_ordered()")
+
+    def restore_ordered(self, keys: mx.array, values: mx.array, offset: int) -> None:
+        """Rebuild from time-ordered K/V of the last ``min(offset, window)`` positions."""
+        self.offset = offset
+        self._store(keys, values)
+
+    @property
+    def meta_state(self):
+        return (str(self.window), str(self.offset))
+
+    @meta_state.setter
+    def meta_state(self, v):
+        self.window, self.offset = int(v[0]), int(v[1])
+
+
+def make_cache(model, kv_bits: int | None = None, kv_group_size: int = 64) -> list:
+    """Per-layer caches for ``model``: static full/window caches, or quantized KV when asked."""
+    n_layers = len(model.layers)
+    if kv_bits:
+        return [QuantizedKVCache(group_size=kv_group_size, bits=kv_bits) for _ in range(n_layers)]
+    window, pattern = _sliding_layout(model)
+    caches: list = []
+    for i in range(n_layers):
+        if window and pattern and (i % pattern != pattern - 1):
+            caches.append(WindowKVCache(window))
+        else:
+            caches.append(StaticKVCache())
+    return caches
+
+
+def _sliding_layout(model) -> tuple[int | None, int | None]:
+    args = getattr(model, "args", None)
+    window = getattr(args, "sliding_window", None)
+    pattern = getattr(args, "sliding_window_pattern", None)
+    if getattr(args, "model_type", "") in ("gemma3_text", "gemma3") and window and pattern:
+        return int(window), int(pattern)
+    return None, None
+
+
+def is_static(caches: list) -> bool:
+    """True when every layer cache can run in the compiled decode step."""
+    return all(isinstance(c, (StaticKVCache, WindowKVCache)) for c in caches)
+
+
+__all__ = [
+    "StaticKVCache",
+    "WindowKVCache",
+    "make_cache",
+    "is_static",
+    "create_causal_mask",
+]

@@ -1,0 +1,178 @@
+"""Whisper encoder-decoder in MLX (fp32).
+
+Parameter names follow mlx-examples' Whisper port (``encoder.blocks.0.attn.query.weight``,
+``mlp1``/``mlp2``...), so a directory written by its converter loads as is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine.speech.fastmath import gelu, softmax
+
+
+@dataclass(frozen=True)
+class WhisperDims:
+    n_mels: int
+    n_audio_ctx: int
+    n_audio_state: int
+    n_audio_head: int
+    n_audio_layer: int
+    n_vocab: int
+    n_text_ctx: int
+    n_text_state: int
+    n_text_head: int
+    n_text_layer: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> mx.array:
+    """Whisper's fixed encoder position embedding: [sin | cos] of geometric timescales."""
+    inc = math.log(max_timescale) / (channels // 2 - 1)
+    inv = mx.exp(-inc * mx.arange(channels // 2, dtype=mx.float32))
+    t = mx.arange(length, dtype=mx.float32)[:, None] * inv[None, :]
+    return mx.concatenate([mx.sin(t), mx.cos(t)], axis=1)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, n_state: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.query = nn.Linear(n_state, n_state)
+        self.key = nn.Linear(n_state, n_state, bias=False)
+        self.value = nn.Linear(n_state, n_state)
+        self.out = nn.Linear(n_state, n_state)
+
+    def kv(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """Transposed keys ``(batch, heads, head_dim, time)`` and values ``(batch, heads, time, head_dim)``.
+
+        Both are made contiguous: a strided operand makes every decoder step copy them.
+        """
+        b, t, _ = x.shape
+        k = self.key(x).reshape(b, t, self.n_head, -1).transpose(0, 2, 3, 1)
+        return mx.contiguous(k), mx.contiguous(self._heads(self.value(x)))
+
+    def _heads(self, x: mx.array) -> mx.array:
+        b, t, _ = x.shape
+        return x.reshape(b, t, self.n_head, -1).transpose(0, 2, 1, 3)
+
+    def __call__(self, x: mx.array, k_t: mx.array, v: mx.array, mask: mx.array | None = None):
+        b, t, d = x.shape
+        q = self._heads(self.query(x) * (d // self.n_head) ** -0.5)
+        scores = q @ k_t
+        if mask is not None:
+            scores = scores + mask
+        out = (softmax(scores) @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
+        return self.out(out)
+
+
+class ResidualAttentionBlock(nn.Module):
+    def __init__(self, n_state: int, n_head: int, cross_attention: bool = False):
+        super().__init__()
+        self.attn = MultiHeadAttention(n_state, n_head)
+        self.attn_ln = nn.LayerNorm(n_state)
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention(n_state, n_head)
+            self.cross_attn_ln = nn.LayerNorm(n_state)
+        self.mlp1 = nn.Linear(n_state, 4 * n_state)
+        self.mlp2 = nn.Linear(4 * n_state, n_state)
+        self.mlp_ln = nn.LayerNorm(n_state)
+
+    def mlp(self, x: mx.array) -> mx.array:
+        return self.mlp2(gelu(self.mlp1(self.mlp_ln(x))))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, dims: WhisperDims):
+        super().__init__()
+        d = dims.n_audio_state
+        self.conv1 = nn.Conv1d(dims.n_mels, d, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
+        # Overwritten by the checkpoint's stored table when it has one (CTranslate2 does).
+        self.positional_embedding = sinusoids(dims.n_audio_ctx, d)
+        self.blocks = [ResidualAttentionBlock(d, dims.n_audio_head) for _ in range(dims.n_audio_layer)]
+        self.ln_post = nn.LayerNorm(d)
+
+    def __call__(self, mel: mx.array) -> mx.array:
+        """``mel`` (batch, 3000, n_mels) -> audio features (batch, 1500, n_state)."""
+        x = gelu(self.conv1(mel))
+        x = gelu(self.conv2(x))
+        if x.shape[1:] != self.positional_embedding.shape:
+            raise ValueError(f"encoder input gives {x.shape[1:]}, expected {self.positional_embedding.shape}")
+        x = x + self.positional_embedding
+        for block in self.blocks:
+            h = block.attn_ln(x)
+            k, v = block.attn.kv(h)
+            x = x + block.attn(h, k, v)
+            x = x + block.mlp(x)
+        return self.ln_post(x)
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, dims: WhisperDims):
+        super().__init__()
+        d = dims.n_text_state
+        self.token_embedding = nn.Embedding(dims.n_vocab, d)
+        self.positional_embedding = mx.zeros((dims.n_text_ctx, d))
+        self.blocks = [
+            ResidualAttentionBlock(d, dims.n_text_head, cross_attention=True)
+            for _ in range(dims.n_text_layer)
+        ]
+        self.ln = nn.LayerNorm(d)
+        self._embedding_t: mx.array | None = None
+
+    def cross_kv(self, audio_features: mx.array) -> list[tuple[mx.array, mx.array]]:
+        """Cross-attention keys/values of every layer, computed once per 30-s window."""
+        return [block.cross_attn.kv(audio_features) for block in self.blocks]
+
+    def __call__(self, tokens: mx.array, cross: list, cache: list | None = None):
+        """Final hidden states for ``tokens`` (batch, n) and the updated self-attention cache.
+
+        ``cross`` is :meth:`cross_kv` of the window (batch 1 broadcasts over beams); ``cache``
+        holds per-layer ``(k_t, v)`` of earlier positions, or is None for the first call.
+        """
+        offset = cache[0][1].shape[2] if cache else 0
+        n = tokens.shape[1]
+        x = self.token_embedding(tokens) + self.positional_embedding[offset:offset + n]
+        mask = None
+        if n > 1:  # causal within the new tokens; all cached positions are visible
+            mask = mx.triu(mx.full((n, n), -1e9, dtype=x.dtype), k=1)
+            if offset:
+                mask = mx.concatenate([mx.zeros((n, offset), dtype=x.dtype), mask], axis=1)
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            h = block.attn_ln(x)
+            k_t, v = block.attn.kv(h)
+            if cache:
+                k_t = mx.concatenate([cache[i][0], k_t], axis=3)
+                v = mx.concatenate([cache[i][1], v], axis=2)
+            new_cache.append((k_t, v))
+            x = x + block.attn(h, k_t, v, mask)
+            x = x + block.cross_attn(block.cross_attn_ln(x), *cross[i])
+            x = x + block.mlp(x)
+        return self.ln(x), new_cache
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """Output projection (tied to the token embedding) of hidden states ``(..., d)``."""
+        if self._embedding_t is None:  # built once, after the weights are loaded
+            # (d, vocab) contiguous: x @ W.T with W (vocab, d) is ~3x slower on the CPU backend.
+            self._embedding_t = mx.contiguous(self.token_embedding.weight.T)
+        return hidden @ self._embedding_t
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: WhisperDims):
+        super().__init__()
+        self.dims = dims
+        self.encoder = AudioEncoder(dims)
+        self.decoder = TextDecoder(dims)
+
+    @property
+    def is_multilingual(self) -> bool:
+        return self.dims.n_vocab >= 51865

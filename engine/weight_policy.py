@@ -1,0 +1,37 @@
+"""Which weight format a model runs in, per backend (``model.weights: auto`` in a profile).
+
+Measured with ``mlxterm bench engine`` (docs/benchmarks.md): on the CPU backend MLX's
+quantized matmul has no optimised kernel, while dense fp32 goes through BLAS (OpenBLAS when
+``engine.blas`` loaded it), so dense fp32 wins by a wide margin in prefill and decode. On
+Metal/CUDA the quantized kernels are fast and save memory bandwidth, so keep quantized.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from engine import blas
+
+
+def backend() -> str:
+    """"metal", "cuda" or "cpu"."""
+    if mx.default_device() == mx.gpu:
+        return "cuda" if getattr(mx, "cuda", None) and mx.cuda.is_available() else "metal"
+    return "cpu"
+
+
+def choose_weights(requested: str = "auto") -> str:
+    """The concrete format for ``requested`` (one of auto, quantized, fp32, fp16, bf16)."""
+    if requested != "auto":
+        return requested
+    return "fp32" if backend() == "cpu" else "quantized"
+
+
+def blas_note() -> str | None:
+    """One line to show once when the CPU backend runs without OpenBLAS, else None."""
+    if backend() != "cpu":
+        return None
+    st = blas.status()
+    if st["path"]:
+        return None
+    return f"running on MLX's reference BLAS ({st['reason']}); expect slow CPU inference"

@@ -1,0 +1,201 @@
+"""bash: run a shell command in the workspace with a timeout, capped output and a clean env.
+
+The command runs in its own process group so a timeout or cancellation can stop everything
+it started (SIGTERM, then SIGKILL after a grace period). Output is read incrementally into
+head+tail buffers, so a command printing gigabytes costs a few tens of KB of memory.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from tools.base import Tool, ToolResult, Workspace
+from tools.textio import HeadTail, strip_ansi
+
+STREAM_CAP = 16 * 1024  # bytes kept per stream (head + tail)
+DEFAULT_TIMEOUT_S = 30
+MAX_TIMEOUT_S = 600
+TERM_GRACE_S = 1.0  # SIGTERM -> SIGKILL
+PIPE_GRACE_S = 0.5  # after the shell exits, how long background children may keep its pipes
+_POLL_S = 0.05
+
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
+_SECRET_PREFIXES = (
+    "AWS_", "GITHUB_", "GH_", "GITLAB_", "OPENAI_", "ANTHROPIC_", "HF_", "HUGGING", "AZURE_",
+    "GOOGLE_", "GCP_", "GCLOUD_", "CLOUDSDK_", "NPM_", "PYPI_", "TWINE_", "DOCKER_", "SLACK_",
+    "STRIPE_", "MISTRAL_", "GROQ_", "COHERE_", "REPLICATE_", "WANDB_", "DIGITALOCEAN_",
+)
+_SECRET_NAMES = {"DATABASE_URL", "REDIS_URL", "MONGODB_URI", "SSH_AGENT_PID", "GPG_AGENT_INFO", "NETRC"}
+
+
+def scrub_env(env: Mapping[str, str], home: str) -> dict[str, str]:
+    """A copy of ``env`` without anything that looks like a credential, HOME set to ``home``."""
+    clean = {}
+    for name, value in env.items():
+        upper = name.upper()
+        if (
+            any(word in upper for word in _SECRET_WORDS)
+            or upper.startswith(_SECRET_PREFIXES)
+            or upper in _SECRET_NAMES
+        ):
+            continue
+        clean[name] = value
+    clean["HOME"] = home
+    # Nothing can answer a pager or a prompt: stdin is /dev/null and output is captured.
+    clean.update(PAGER="cat", GIT_PAGER="cat", GIT_TERMINAL_PROMPT="0", TERM="dumb", NO_COLOR="1")
+    return clean
+
+
+def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> ToolResult:
+    timeout = args["timeout_s"]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [shutil.which("bash") or "/bin/bash", "-c", args["command"]],
+        cwd=ws.root,
+        env=scrub_env(os.environ, str(ws.root)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # own process group: killpg reaches every child
+    )
+    out, err = HeadTail(STREAM_CAP), HeadTail(STREAM_CAP)
+    outcome = _pump(proc, {proc.stdout: out, proc.stderr: err}, started + timeout, cancel)
+    duration_ms = round((time.monotonic() - started) * 1000)
+
+    exit_code = proc.returncode
+    data: dict[str, Any] = {
+        "exit_code": exit_code,
+        "timed_out": outcome == "timeout",
+        "cancelled": outcome == "cancelled",
+        "background_killed": outcome == "background",
+        "duration_ms": duration_ms,
+        "stdout": strip_ansi(out.text()),
+        "stderr": strip_ansi(err.text()),
+        "stdout_bytes": out.total,
+        "stderr_bytes": err.total,
+        "stdout_truncated": out.truncated,
+        "stderr_truncated": err.truncated,
+    }
+    content = _render(data, timeout)
+    if outcome in ("timeout", "cancelled"):
+        return ToolResult(ok=False, content=content, data=data, error=content.splitlines()[0])
+    return ToolResult.success(content, **data)
+
+
+def _pump(proc: subprocess.Popen, sinks: dict, deadline: float, cancel: threading.Event | None) -> str:
+    """Read both pipes until they close; enforce the deadline and cancellation.
+
+    Returns "done", "timeout", "cancelled" or "background" (the shell exited but children it
+    left running still held the pipes and were killed).
+    """
+    sel = selectors.DefaultSelector()
+    for stream in sinks:
+        sel.register(stream, selectors.EVENT_READ)
+    outcome = "done"
+    exited_at = term_at = kill_at = None
+    try:
+        while sel.get_map() or proc.poll() is None:  # output may close before the shell ends
+            now = time.monotonic()
+            if term_at is None and kill_at is None:
+                if cancel is not None and cancel.is_set():
+                    outcome, term_at = "cancelled", _signal_group(proc, signal.SIGTERM)
+                elif now >= deadline:
+                    outcome, term_at = "timeout", _signal_group(proc, signal.SIGTERM)
+                elif proc.poll() is not None:
+                    exited_at = exited_at or now
+                    if now - exited_at >= PIPE_GRACE_S:
+                        outcome, kill_at = "background", _signal_group(proc, signal.SIGKILL)
+            elif kill_at is None and now - term_at >= TERM_GRACE_S:
+                kill_at = _signal_group(proc, signal.SIGKILL)
+            elif kill_at is not None and now - kill_at >= TERM_GRACE_S:
+                break  # a process outside the group (setsid) holds the pipes: stop waiting
+            if not sel.get_map():
+                try:
+                    proc.wait(timeout=_POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
+                continue
+            for key, _ in sel.select(timeout=_POLL_S):
+                chunk = os.read(key.fd, 65536)
+                if chunk:
+                    sinks[key.fileobj].write(chunk)
+                else:
+                    sel.unregister(key.fileobj)
+    finally:
+        sel.close()
+        for stream in sinks:
+            stream.close()
+    if outcome != "done":
+        # Members that ignored SIGTERM but already closed their pipes are still in the group.
+        _signal_group(proc, signal.SIGKILL)
+    _reap(proc)
+    return outcome
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> float:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+    return time.monotonic()
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    try:
+        proc.wait(timeout=TERM_GRACE_S)
+    except subprocess.TimeoutExpired:  # closed its pipes but is still running
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def _render(data: dict[str, Any], timeout: int) -> str:
+    seconds = data["duration_ms"] / 1000
+    code = data["exit_code"]
+    if data["timed_out"]:
+        status = f"timed out after {timeout} s; the command and its child processes were killed"
+    elif data["cancelled"]:
+        status = f"cancelled after {seconds:.1f} s; the command and its child processes were killed"
+    elif code is not None and code < 0:
+        status = f"killed by signal {-code} ({seconds:.1f} s)"
+    else:
+        status = f"exit code {code} ({seconds:.1f} s)"
+    if data["background_killed"]:
+        status += "; background processes still holding its output were killed (redirect their output to a file to keep them running)"
+    parts = [status]
+    for stream in ("stdout", "stderr"):
+        if data[stream]:
+            parts.append(f"{stream}:\n{data[stream].rstrip(chr(10))}")
+    if not data["stdout"] and not data["stderr"]:
+        parts.append("(no output)")
+    return "\n".join(parts)
+
+
+TOOL = Tool(
+    name="bash",
+    description=(
+        "Run a bash command in the workspace root (non-interactive, no stdin). Returns the exit "
+        f"code and stdout/stderr, each capped to ~{STREAM_CAP // 1024} KB (start and end kept). "
+        "The command and its children are killed when timeout_s runs out."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The shell command line to run."},
+            "timeout_s": {
+                "type": "integer", "minimum": 1, "maximum": MAX_TIMEOUT_S, "default": DEFAULT_TIMEOUT_S,
+                "description": "Seconds before the command is killed.",
+            },
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    },
+    fn=run,
+)
