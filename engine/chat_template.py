@@ -134,7 +134,14 @@ class ChatTemplate:
             )
         except _TemplateRaised as e:
             raise ChatTemplateError(f"{self.origin} refused the conversation: {e}") from None
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        except (
+            jinja2.TemplateError,
+            TypeError,
+            ValueError,
+            KeyError,
+            IndexError,
+            AttributeError,
+        ) as e:
             raise ChatTemplateError(
                 f"{self.origin} failed to render the conversation: {type(e).__name__}: {e}."
             ) from None

@@ -28,7 +28,12 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 from engine.chat_template import ChatTemplate
-from engine.detokenizer import StreamDetokenizer, WindowDetokenizer
+from engine.detokenizer import (
+    ByteStreamDetokenizer,
+    Detokenizer,
+    PieceStreamDetokenizer,
+    WindowDetokenizer,
+)
 from engine.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -91,6 +96,7 @@ _DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
 class _Split:
     regexes: tuple[str, ...]
     ignore_merges: bool = False  # a word that is itself a token is not cut (llama3, tekken)
+    add_bos: bool = False  # llama.cpp's default when the GGUF has no add_bos_token key
 
 
 def _family(names: str, split: _Split) -> dict[str, _Split]:
@@ -106,7 +112,7 @@ PRE_TOKENIZER_SPLITS: dict[str, _Split] = {
     ),
     **_family(
         "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2",
-        _Split((_LLAMA3,), ignore_merges=True),
+        _Split((_LLAMA3,), ignore_merges=True, add_bos=True),
     ),
     **_family("dbrx smaug-bpe glm4 chatglm-bpe", _Split((_LLAMA3,))),
     **_family("qwen2 deepseek-r1-qwen kormo megrez stablelm2 hunyuan grok-2", _Split((_QWEN2,))),
@@ -119,7 +125,7 @@ PRE_TOKENIZER_SPLITS: dict[str, _Split] = {
     ),
     "deepseek-v3": _Split(_DEEPSEEK3),
     "hunyuan-dense": _Split(_DEEPSEEK3),
-    "tekken": _Split((_TEKKEN,), ignore_merges=True),
+    "tekken": _Split((_TEKKEN,), ignore_merges=True, add_bos=True),
     **_family("gpt-4o llama4 minimax-m2", _Split((_GPT4O,))),
     **_family("poro-chat bloom gpt3-finnish", _Split((r" ?[^(\s|.,!?…。，、।۔،)]+",))),
 }
@@ -163,7 +169,7 @@ class Tokenizer:
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
         )
         self._byte_decoder = _byte_decoder()
-        self._pieces: dict[int, bytes] = {}
+        self._pieces: dict[int, str | bytes] = {}
 
     # --- construction --------------------------------------------------------------------------
 
@@ -217,35 +223,38 @@ class Tokenizer:
                 return start, end
         return None
 
-    def new_detokenizer(self, skip_special: bool = False) -> StreamDetokenizer | WindowDetokenizer:
-        """A fresh incremental detokenizer whose output concatenates to ``decode(ids)``."""
-        if self._scheme.kind == "window":
+    def new_detokenizer(self, skip_special: bool = False) -> Detokenizer:
+        """A fresh incremental detokenizer whose output concatenates to
+        ``decode(ids, skip_special)``."""
+        scheme = self._scheme
+        if scheme.kind == "window":
             return WindowDetokenizer(lambda ids: self.decode(ids, skip_special))
-        return StreamDetokenizer(
-            self.piece_bytes,
-            skip=self.special_ids if skip_special else frozenset(),
-            strip_leading_space=self._scheme.strip_leading_space,
-        )
+        skip = self.special_ids if skip_special else frozenset()
+        cls = ByteStreamDetokenizer if scheme.kind == "byte_level" else PieceStreamDetokenizer
+        return cls(self.piece, skip=skip, strip_leading_space=scheme.strip_leading_space)
 
-    def piece_bytes(self, token_id: int) -> bytes:
-        """The bytes one token contributes to the decoded text (cached per id)."""
+    def piece(self, token_id: int) -> str | bytes:
+        """What one token contributes to the decoded text, cached per id: bytes for byte-level
+        tokens and byte-fallback tokens, text otherwise."""
         piece = self._pieces.get(token_id)
         if piece is None:
-            piece = self._pieces[token_id] = self._piece(token_id)
+            piece = self._pieces[token_id] = self._make_piece(token_id)
         return piece
 
-    def _piece(self, token_id: int) -> bytes:
+    def _make_piece(self, token_id: int) -> str | bytes:
         token = self.backend.id_to_token(int(token_id))
         if token is None:
-            return b""
+            return b"" if self._scheme.kind == "byte_level" else ""
         if self._scheme.kind == "byte_level":
             table = self._byte_decoder
+            # like the ByteLevel decoder: map the whole token, or keep it as UTF-8 if any
+            # character is outside the byte alphabet
             if all(c in table for c in token):
                 return bytes(table[c] for c in token)
             return token.encode()
         if self._scheme.byte_fallback and _BYTE_TOKEN.fullmatch(token):
             return bytes([int(token[3:5], 16)])
-        return token.replace(SPM_SPACE, " ").encode()
+        return token.replace(SPM_SPACE, " ")
 
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
@@ -277,19 +286,29 @@ class _Meta:
 
     def integer(self, key: str) -> int | None:
         value = self.md.get(key)
-        return None if value is None else int(np.asarray(value))
+        return None if value is None else int(self._array(key, value, np.int64))
 
     def flag(self, key: str, default: bool) -> bool:
         value = self.md.get(key)
-        return default if value is None else bool(np.asarray(value))
+        return default if value is None else bool(self._array(key, value, np.bool_))
 
     def strings(self, key: str) -> list[str] | None:
         value = self.md.get(key)
-        return None if value is None else [str(v) for v in value]
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise self.fail(f"{key} should be a list of strings.")
+        return [str(v) for v in value]
 
     def numbers(self, key: str, dtype: type) -> np.ndarray | None:
         value = self.md.get(key)
-        return None if value is None else np.asarray(value, dtype=dtype).reshape(-1)
+        return None if value is None else self._array(key, value, dtype).reshape(-1)
+
+    def _array(self, key: str, value: Any, dtype: type) -> np.ndarray:
+        try:  # lists, numpy arrays and mx.arrays all convert
+            return np.asarray(value, dtype=dtype)
+        except (TypeError, ValueError):
+            raise self.fail(f"{key} holds {type(value).__name__} values, not numbers.") from None
 
     def fail(self, problem: str) -> ModelLoadError:
         return ModelLoadError(f"{self.source}: {problem}")
@@ -313,7 +332,7 @@ def _from_gguf(cls: type[Tokenizer], metadata: Mapping[str, Any], source: str) -
     if kind == "gpt2":
         backend = _byte_level_backend(meta, tokens, pre)
         scheme = _PieceScheme("byte_level")
-        add_bos_default = PRE_TOKENIZER_SPLITS.get(pre, _Split(())).ignore_merges
+        add_bos_default = PRE_TOKENIZER_SPLITS.get(pre, _Split(())).add_bos
     elif kind == "llama":
         add_space_prefix = meta.flag("tokenizer.ggml.add_space_prefix", True)
         backend = _sentencepiece_backend(meta, tokens, types, add_space_prefix)
@@ -358,13 +377,14 @@ _END_SET = frozenset(END_OF_TURN_TEXTS)
 
 
 def _vocab(tokens: list[str]) -> dict[str, int]:
-    vocab: dict[str, int] = {}
-    for i, t in enumerate(tokens):
-        vocab.setdefault(t, i)  # a duplicate keeps its first id, as the merges refer to text
-    return vocab
+    # built back to front so that a duplicated text keeps its first id
+    n = len(tokens)
+    return dict(zip(reversed(tokens), range(n - 1, -1, -1), strict=True))
 
 
-def _bpe(meta: _Meta, vocab: dict[str, int], merges: list[tuple[str, str]], **kw: Any) -> models.BPE:
+def _bpe(
+    meta: _Meta, vocab: dict[str, int], merges: list[tuple[str, str]], **kw: Any
+) -> models.BPE:
     try:
         return models.BPE(vocab=vocab, merges=merges, **kw)
     except Exception as e:  # the Rust side reports e.g. a merge naming an unknown token
@@ -383,7 +403,9 @@ def _byte_level_backend(meta: _Meta, tokens: list[str], pre: str) -> tokenizers.
         merges.append((left, right))
     split = PRE_TOKENIZER_SPLITS.get(pre)
     if split is None:
-        log.warning("%s: unknown pre-tokenizer %r; using llama.cpp's default split", meta.source, pre)
+        log.warning(
+            "%s: unknown pre-tokenizer %r; using llama.cpp's default split", meta.source, pre
+        )
         split = PRE_TOKENIZER_SPLITS["default"]
     model = _bpe(meta, _vocab(tokens), merges, ignore_merges=split.ignore_merges)
     tok = tokenizers.Tokenizer(model)
@@ -399,12 +421,19 @@ def _sentencepiece_backend(
 ) -> tokenizers.Tokenizer:
     scores = meta.numbers("tokenizer.ggml.scores", np.float32)
     if scores is None or len(scores) != len(tokens):
-        raise meta.fail("the SentencePiece tokenizer needs one tokenizer.ggml.scores entry per token.")
+        raise meta.fail(
+            "the SentencePiece tokenizer needs one tokenizer.ggml.scores entry per token."
+        )
     unk_id = meta.integer("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
     vocab = _vocab(tokens)
     model = _bpe(
-        meta, vocab, merges_from_scores(tokens, scores, types), unk_token=unk, byte_fallback=True, fuse_unk=True
+        meta,
+        vocab,
+        merges_from_scores(tokens, scores, types),
+        unk_token=unk,
+        byte_fallback=True,
+        fuse_unk=True,
     )
     tok = tokenizers.Tokenizer(model)
     # llama.cpp prefixes a space to every stretch of text (also after a special token)
@@ -428,7 +457,7 @@ def merges_from_scores(
     """
     normal = np.flatnonzero(types == NORMAL)
     order = normal[np.argsort(-scores[normal], kind="stable")]  # best score first, then by id
-    pieces = {tokens[i] for i in normal}
+    pieces = {tokens[i] for i in normal.tolist()}
     merges: list[tuple[str, str]] = []
     for i in order.tolist():
         t = tokens[i]
@@ -462,14 +491,17 @@ def _from_hf_dir(cls: type[Tokenizer], path: Path) -> Tokenizer:
         raise ModelLoadError(f"{file}: the tokenizer cannot be read ({e}).") from None
     config = _read_json(path / "tokenizer_config.json")
 
+    model_config = _read_json(path / "config.json")
     bos_text = _token_text(config.get("bos_token"))
     eos_text = _token_text(config.get("eos_token"))
     bos_id = backend.token_to_id(bos_text) if bos_text else None
+    if bos_id is None and isinstance(model_config.get("bos_token_id"), int):
+        bos_id = model_config["bos_token_id"]
     ends: set[int] = set()
     if eos_text and backend.token_to_id(eos_text) is not None:
         ends.add(backend.token_to_id(eos_text))
-    for extra in ("generation_config.json", "config.json"):
-        ends |= _ids(_read_json(path / extra).get("eos_token_id"))
+    ends |= _ids(model_config.get("eos_token_id"))
+    ends |= _ids(_read_json(path / "generation_config.json").get("eos_token_id"))
     for i, tok in backend.get_added_tokens_decoder().items():
         if tok.special and tok.content in _END_SET:
             ends.add(i)
@@ -478,7 +510,9 @@ def _from_hf_dir(cls: type[Tokenizer], path: Path) -> Tokenizer:
     chat = None
     if template_source:
         specials = {"bos_token": bos_text or "", "eos_token": eos_text or ""}
-        chat = ChatTemplate(template_source, special_tokens=specials, origin=f"{path} chat template")
+        chat = ChatTemplate(
+            template_source, special_tokens=specials, origin=f"{path} chat template"
+        )
     return cls(
         backend,
         source=str(path),
@@ -529,26 +563,37 @@ def _hf_chat_template(path: Path, config: Mapping[str, Any]) -> str | None:
 
 def _scheme_from_decoder(decoder: Any) -> _PieceScheme:
     """Recognise the decoders whose per-token output is known; anything else re-decodes."""
-    steps = decoder.get("decoders", []) if isinstance(decoder, dict) and decoder.get("type") == "Sequence" else [decoder]
-    kinds = [s.get("type") if isinstance(s, dict) else None for s in steps]
-    if kinds == ["ByteLevel"]:
+    if not isinstance(decoder, dict):
+        return _PieceScheme("window")
+    steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    if [s.get("type") for s in steps] == ["ByteLevel"]:
         return _PieceScheme("byte_level")
-    byte_fallback = strip = space_to_blank = False
-    for step, kind in zip(steps, kinds):
+    byte_fallback = strip = spm_space = False
+    for step in steps:
+        kind = step.get("type")
         if kind == "ByteFallback":
             byte_fallback = True
-        elif kind == "Fuse":
-            pass
-        elif kind == "Replace" and step.get("pattern", {}).get("String") == SPM_SPACE and step.get("content") == " ":
-            space_to_blank = True
-        elif kind == "Strip" and step.get("content") == " " and step.get("start", 0) <= 1 and step.get("stop", 0) == 0:
-            strip = strip or step.get("start", 0) == 1
+        elif (
+            kind == "Replace"
+            and step.get("pattern") == {"String": SPM_SPACE}
+            and step.get("content") == " "
+        ):
+            spm_space = True
         elif kind == "Metaspace" and step.get("replacement") == SPM_SPACE:
-            space_to_blank = True
-            scheme = step.get("prepend_scheme", "always" if step.get("add_prefix_space", True) else "never")
-            strip = strip or scheme != "never"
-        else:
+            spm_space = True
+            prefix = step.get(
+                "prepend_scheme", "always" if step.get("add_prefix_space", True) else "never"
+            )
+            strip = strip or prefix != "never"
+        elif (
+            kind == "Strip"
+            and step.get("content") == " "
+            and step.get("stop") == 0
+            and step.get("start") in (0, 1)
+        ):
+            strip = strip or step.get("start") == 1
+        elif kind != "Fuse":
             return _PieceScheme("window")
-    if not space_to_blank:
-        return _PieceScheme("window")
-    return _PieceScheme("sentencepiece", byte_fallback, strip)
+    return (
+        _PieceScheme("sentencepiece", byte_fallback, strip) if spm_space else _PieceScheme("window")
+    )

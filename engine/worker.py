@@ -9,18 +9,31 @@ scheduler can replace ``_serve`` later without changing callers.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import queue
 import threading
 import traceback
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
+
+import mlx.core as mx
 
 from engine.events import Done, Event
 
 log = logging.getLogger(__name__)
 _END = object()
+_live_workers: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    # An engine thread still holding MLX streams at interpreter exit aborts the process
+    # ("terminate called without an active exception"); close them first.
+    for worker in list(_live_workers):
+        worker.close()
 
 
 class RequestHandle:
@@ -103,6 +116,7 @@ class EngineWorker:
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        _live_workers.add(self)
 
     def submit(self, request: Any) -> RequestHandle:
         handle = RequestHandle(request)
@@ -115,9 +129,11 @@ class EngineWorker:
         self._jobs.put(("call", fn, fut))
         return fut
 
-    def close(self, timeout: float = 5.0) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout)
+    def close(self, timeout: float = 30.0) -> None:
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join(timeout)
+        _live_workers.discard(self)
 
     @property
     def on_engine_thread(self) -> bool:
@@ -127,6 +143,9 @@ class EngineWorker:
         while True:
             job = self._jobs.get()
             if job is None:
+                # Streams this thread created must go before the thread does (MLX teardown).
+                mx.synchronize()
+                mx.clear_streams()
                 return
             kind, payload, target = job
             if kind == "call":

@@ -1,3 +1,4 @@
+import engine
 import os
 
 import pytest

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 CLIPS = {
-    "short": "Please remind me to call my sister tomorrow morning about the party.",
+    "short": "Please send the report to my manager before lunch.",
     "paragraph": (
         "Dictation works best when the speaker talks clearly and at a steady pace. "
         "The system listens to the microphone, notices when speech begins, and writes "

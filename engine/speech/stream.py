@@ -315,11 +315,14 @@ class DictationSession:
         self._emit("partial", text=" ".join(s.text for s in spec.segments[utt.committed:]))
 
     def _stale(self, utt: _Utterance, key: tuple[int, int]) -> bool:
-        """Look-ahead on ``key`` is useless once the utterance's end is known to differ."""
+        """Look-ahead on ``key`` is useless once the utterance's end is known to differ, and
+        a mere partial yields to committing a complete window (needed work)."""
         if self._cancelled:
             return True
         known_end = utt.end if utt.end is not None else utt.settled_end
-        return known_end is not None and known_end != key[1]
+        if known_end is not None:
+            return known_end != key[1]
+        return utt.transcriber.window_ready(self._n - utt.start, final=False)
 
     def _close_utterance(self, utt: _Utterance, audio: np.ndarray) -> None:
         tr = utt.transcriber
