@@ -21,7 +21,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from engine.errors import MlxtermError, ModelLoadError
 
 # For models that ship no template. Tool results are shown as their own "tool" turn.
-CHATML_TEMPLATE = (
+CHATML_FALLBACK = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' }}"
     "{%- if message['content'] is string %}{{- message['content'] }}{%- endif %}"

@@ -486,7 +486,6 @@ def _from_hf_dir(cls: type[Tokenizer], path: Path) -> Tokenizer:
         raise ModelLoadError(f"{path}: no tokenizer.json in the model directory.")
     try:
         backend = tokenizers.Tokenizer.from_file(str(file))
-        spec = json.loads(file.read_text(encoding="utf-8"))
     except Exception as e:
         raise ModelLoadError(f"{file}: the tokenizer cannot be read ({e}).") from None
     config = _read_json(path / "tokenizer_config.json")
@@ -519,8 +518,13 @@ def _from_hf_dir(cls: type[Tokenizer], path: Path) -> Tokenizer:
         bos_id=bos_id,
         eos_ids=ends,
         chat_template=chat,
-        scheme=_scheme_from_decoder(spec.get("decoder")),
+        scheme=_scheme_from_decoder(_decoder_spec(backend)),
     )
+
+
+def _decoder_spec(backend: tokenizers.Tokenizer) -> dict[str, Any] | None:
+    # the decoder's own JSON, without re-parsing a tokenizer.json of tens of megabytes
+    return None if backend.decoder is None else json.loads(backend.decoder.__getstate__())
 
 
 def _read_json(file: Path) -> dict[str, Any]:

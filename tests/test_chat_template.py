@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from engine.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from engine.chat_template import CHATML_FALLBACK, ChatTemplate, ChatTemplateError
 from engine.errors import MlxtermError, ModelLoadError
 
 # Qwen2.5-Instruct's chat template (tool-calling ChatML), as shipped in its tokenizer_config.json.
@@ -135,7 +135,7 @@ def test_qwen25_template_without_tools_uses_plain_system_turn() -> None:
 
 
 def test_chatml_fallback_renders_every_role() -> None:
-    prompt = ChatTemplate(CHATML_TEMPLATE).render(TOOL_CONVERSATION[:5])
+    prompt = ChatTemplate(CHATML_FALLBACK).render(TOOL_CONVERSATION[:5])
     assert prompt == (
         "<|im_start|>system\nYou are terse.<|im_end|>\n"
         "<|im_start|>user\nWeather in Zürich?<|im_end|>\n"
@@ -145,7 +145,7 @@ def test_chatml_fallback_renders_every_role() -> None:
         "<|im_start|>tool\nhumidity 40%<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    no_prompt = ChatTemplate(CHATML_TEMPLATE).render(
+    no_prompt = ChatTemplate(CHATML_FALLBACK).render(
         TOOL_CONVERSATION[:2], add_generation_prompt=False
     )
     assert no_prompt.endswith("Weather in Zürich?<|im_end|>\n")

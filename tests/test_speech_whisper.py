@@ -32,7 +32,10 @@ def _rules(max_initial: float | None = 0.1) -> LogitRules:
 
 
 def _allowed(seq: list[int], logits: np.ndarray | None = None, max_initial: float | None = 0.1) -> set[int]:
-    row = np.zeros((1, 40), np.float32) if logits is None else logits[None].copy()
+    if logits is None:  # text clearly likelier than any timestamp (no forcing)
+        logits = np.zeros(40, np.float32)
+        logits[:EOT + 1] = 5.0
+    row = logits[None].copy()
     out = _rules(max_initial).apply(row, [seq])
     return {int(i) for i in np.nonzero(np.isfinite(out[0]))[0]}
 

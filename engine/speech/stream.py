@@ -308,20 +308,26 @@ class DictationSession:
         key = (tr.seek, utt.start + audio.size)
         spec = tr.clone()
         try:
-            spec.advance(audio, final=True, should_stop=lambda: self._stale(utt, key))
+            spec.advance(audio, final=True, should_stop=lambda: self._stale(utt, key, settled))
         except Aborted:
             return
         utt.spec, utt.spec_key = spec, key
         self._emit("partial", text=" ".join(s.text for s in spec.segments[utt.committed:]))
 
-    def _stale(self, utt: _Utterance, key: tuple[int, int]) -> bool:
-        """Look-ahead on ``key`` is useless once the utterance's end is known to differ, and
-        a mere partial yields to committing a complete window (needed work)."""
+    def _stale(self, utt: _Utterance, key: tuple[int, int], settled: bool) -> bool:
+        """Whether look-ahead decoding of ``key`` has become useless.
+
+        Look-ahead to a settled end is useless once the utterance ends elsewhere or the
+        speaker resumes; a mere partial (talking) yields to a different settled end and to
+        committing a complete window (needed work).
+        """
         if self._cancelled:
             return True
         known_end = utt.end if utt.end is not None else utt.settled_end
         if known_end is not None:
             return known_end != key[1]
+        if settled:
+            return True
         return utt.transcriber.window_ready(self._n - utt.start, final=False)
 
     def _close_utterance(self, utt: _Utterance, audio: np.ndarray) -> None:

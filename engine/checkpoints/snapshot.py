@@ -1,0 +1,138 @@
+"""Take a KV snapshot from live caches and rebuild fresh caches from one (engine thread only).
+
+A snapshot holds new array handles that view the live buffers (``keys[..., :offset, :]``).
+MLX arrays are values: the live cache's later writes either copy (the buffer is shared, so it
+cannot be donated) or rebind its own handle, so a snapshot never changes after it is taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import QuantizedKVCache
+
+from engine.kv_cache import StaticKVCache, WindowKVCache
+
+CLASSES = ("StaticKVCache", "WindowKVCache", "QuantizedKVCache")
+
+
+class UnsupportedCache(ValueError):
+    """A cache type the checkpoint store cannot snapshot (it is then simply not stored)."""
+
+
+@dataclass
+class LayerState:
+    cls: str  # one of CLASSES
+    offset: int  # tokens the layer has seen
+    window: int | None  # WindowKVCache ring size
+    keys: tuple[mx.array, ...]  # (k,) for float caches; (packed, scales, biases) when quantized
+    values: tuple[mx.array, ...]
+    quant: tuple[int, int] | None = None  # QuantizedKVCache (group_size, bits)
+
+    @property
+    def kv_len(self) -> int:
+        return int(self.keys[0].shape[2])
+
+
+@dataclass
+class Snapshot:
+    layers: list[LayerState]
+    nbytes: int  # memory the snapshot keeps alive (whole live buffers, not just the views)
+
+    @property
+    def offset(self) -> int:
+        return self.layers[0].offset
+
+    @property
+    def trimmable(self) -> bool:
+        return all(layer.cls != "WindowKVCache" for layer in self.layers)
+
+
+def layout(cache: list) -> list[tuple[str, int | None]]:
+    """(class name, window) per layer: what a checkpoint must match to restore into ``cache``."""
+    return [(_class_name(c), getattr(c, "window", None) if isinstance(c, WindowKVCache) else None)
+            for c in cache]
+
+
+def _class_name(c) -> str:
+    # WindowKVCache subclasses KVCache, so test the specific classes first.
+    for cls in (WindowKVCache, StaticKVCache, QuantizedKVCache):
+        if isinstance(c, cls):
+            return cls.__name__
+    raise UnsupportedCache(f"cannot checkpoint a {type(c).__name__}")
+
+
+def capture(cache: list) -> Snapshot:
+    """Snapshot every layer of ``cache`` at its current offset (cheap: views, no copies)."""
+    layers: list[LayerState] = []
+    held = 0
+    for c in cache:
+        name = _class_name(c)
+        off = int(c.offset)
+        if name == "WindowKVCache":
+            state = c.state  # time-ordered last min(offset, window) positions (new arrays)
+            if not state:
+                raise UnsupportedCache("empty window cache")
+            layers.append(LayerState(name, off, c.window, (state[0],), (state[1],)))
+            held += state[0].nbytes + state[1].nbytes
+        elif name == "StaticKVCache":
+            layers.append(LayerState(name, off, None, (c.keys[..., :off, :],), (c.values[..., :off, :],)))
+            held += c.keys.nbytes + c.values.nbytes
+        else:
+            # Always slice: the mlx_lm state property can hand back the live handles, and the
+            # cache writes into those in place (``x[...] = y`` rebinds the same Python object).
+            k = tuple(x[..., :off, :] for x in c.keys)
+            v = tuple(x[..., :off, :] for x in c.values)
+            layers.append(LayerState(name, off, None, k, v, (c.group_size, c.bits)))
+            held += sum(x.nbytes for x in (*c.keys, *c.values))
+    offsets = {layer.offset for layer in layers}
+    if len(offsets) != 1:
+        raise UnsupportedCache(f"layers disagree on the offset: {sorted(offsets)}")
+    mx.eval([[*layer.keys, *layer.values] for layer in layers])
+    return Snapshot(layers, held)
+
+
+def restore(snap: Snapshot, use: int, fresh: list) -> list:
+    """Fill ``fresh`` (empty caches of the same layout) with the first ``use`` tokens of ``snap``.
+
+    Buffers are new arrays the caller owns; Static caches get capacity rounded up to ``step``.
+    """
+    if use > snap.offset or (use < snap.offset and not snap.trimmable):
+        raise ValueError(f"cannot restore {use} of {snap.offset} tokens from this checkpoint")
+    out = []
+    for layer, c in zip(snap.layers, fresh, strict=True):
+        if layer.cls == "StaticKVCache":
+            c.keys = _padded(layer.keys[0], use, c.step)
+            c.values = _padded(layer.values[0], use, c.step)
+            c.offset = use
+        elif layer.cls == "WindowKVCache":
+            c.restore_ordered(mx.array(layer.keys[0]), mx.array(layer.values[0]), layer.offset)
+        else:
+            c.keys = tuple(mx.array(x[..., :use, :]) for x in layer.keys)
+            c.values = tuple(mx.array(x[..., :use, :]) for x in layer.values)
+            c.offset = use
+        out.append(c)
+    mx.eval([_arrays(c) for c in out])
+    return out
+
+
+def _padded(x: mx.array, use: int, step: int) -> mx.array:
+    """A new buffer holding ``x[..., :use, :]`` with room for at least one more token."""
+    cap = (use // step + 1) * step
+    B, H, _, D = x.shape
+    return mx.concatenate([x[..., :use, :], mx.zeros((B, H, cap - use, D), x.dtype)], axis=2)
+
+
+def _arrays(c) -> list[mx.array]:
+    k, v = c.keys, c.values
+    return [*(k if isinstance(k, tuple) else (k,)), *(v if isinstance(v, tuple) else (v,))]
+
+
+def host_view(x: mx.array) -> np.ndarray:
+    """A numpy view of an evaluated array (bfloat16 as its uint16 bits; numpy has no bf16)."""
+    if x.dtype == mx.bfloat16:
+        x = x.view(mx.uint16)
+        mx.eval(x)
+    return np.asarray(x)

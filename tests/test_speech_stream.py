@@ -1,0 +1,173 @@
+"""Streaming dictation and microphone capture.
+
+Audio reaches the session through ``MicrophoneCapture`` driven by a stand-in for the
+``sounddevice`` module whose input stream plays a clip in real time from its own thread,
+i.e. through the same callback path a microphone uses.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+from engine.speech.capture import MicrophoneCapture, input_available
+from engine.speech.errors import AudioInputError, NoAudioInputDevice
+from engine.speech.stream import DictationConfig, DictationSession
+
+
+class _PortAudioError(Exception):
+    pass
+
+
+def fake_sounddevice(clip: np.ndarray | None = None, has_input: bool = True, speed: float = 1.0):
+    """A ``sounddevice`` stand-in; its InputStream plays ``clip`` in blocks, in real time."""
+    mod = types.SimpleNamespace(PortAudioError=_PortAudioError, streams=[])
+
+    def query_devices(kind=None):
+        if not has_input:
+            raise _PortAudioError("Error querying device -1")
+        return {"name": "fake mic", "max_input_channels": 1}
+
+    class InputStream:
+        def __init__(self, samplerate, channels, dtype, blocksize, device, callback):
+            assert (samplerate, channels, dtype) == (16000, 1, "float32")
+            self.blocksize, self.callback = blocksize, callback
+            self.finished = threading.Event()
+            self.last_block_at = None
+            self._stop = False
+            mod.streams.append(self)
+
+        def start(self):
+            threading.Thread(target=self._play, daemon=True).start()
+
+        def _play(self):
+            t0 = time.perf_counter()
+            for i in range(0, clip.size, self.blocksize):
+                # PortAudio delivers a block once it has been recorded
+                delay = t0 + (i + self.blocksize) / 16000 / speed - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                if self._stop:
+                    break
+                block = np.zeros((self.blocksize, 1), np.float32)
+                part = clip[i:i + self.blocksize]
+                block[:part.size, 0] = part
+                self.callback(block, self.blocksize, None, None)
+                self.last_block_at = time.perf_counter()
+            self.finished.set()
+
+        def stop(self):
+            self._stop = True
+
+        def close(self):
+            pass
+
+    mod.query_devices = query_devices
+    mod.InputStream = InputStream
+    return mod
+
+
+# --- capture ----------------------------------------------------------------------------
+
+
+def test_no_portaudio_or_no_device_is_a_clear_error(monkeypatch):
+    mic = MicrophoneCapture(lambda block: None)
+    try:
+        import sounddevice  # noqa: F401
+    except OSError:  # this machine: PortAudio is not installed
+        with pytest.raises(NoAudioInputDevice, match="no audio input"):
+            mic.start()
+        assert input_available() is False
+    monkeypatch.setitem(sys.modules, "sounddevice", fake_sounddevice(has_input=False))
+    with pytest.raises(NoAudioInputDevice, match="no audio input device found"):
+        mic.start()
+    assert input_available() is False
+    assert issubclass(NoAudioInputDevice, AudioInputError)
+
+
+def test_capture_delivers_mono_float_blocks(monkeypatch):
+    clip = np.arange(8000, dtype=np.float32) / 8000
+    sd = fake_sounddevice(clip, speed=50.0)
+    monkeypatch.setitem(sys.modules, "sounddevice", sd)
+    blocks = []
+    assert input_available() is True
+    with MicrophoneCapture(blocks.append, block_ms=100):
+        assert sd.streams[0].finished.wait(5)
+    assert all(b.shape == (1600,) and b.dtype == np.float32 for b in blocks)
+    assert np.array_equal(np.concatenate(blocks)[:clip.size], clip)
+
+
+# --- session machinery without Whisper --------------------------------------------------
+
+
+def test_model_error_becomes_an_event_not_a_crash():
+    events = []
+    session = DictationSession(events.append, DictationConfig(model="/no/such/model"))
+    session.feed(np.zeros(16000, np.float32))
+    assert session.finish(timeout=30) == ""
+    assert session.done and "no such speech model" in session.error
+    kinds = [e.kind for e in events]
+    assert "error" in kinds and kinds[-1] == "done"
+
+
+def test_silence_only_take_and_cancel():
+    events = []
+    # the model is never touched when the VAD hears no speech
+    session = DictationSession(events.append, bundle=object())
+    for _ in range(4):
+        session.audio_callback(np.zeros((4000, 1), np.float32), 4000, None, None)
+    assert session.finish(timeout=30) == "" and session.error is None
+    kinds = [e.kind for e in events]
+    assert kinds.count("level") >= 1 and "speech_start" not in kinds and kinds[-1] == "done"
+    other = DictationSession(bundle=object())
+    other.feed(np.zeros(1000, np.float32))
+    t = time.perf_counter()
+    other.cancel()
+    assert other.done and time.perf_counter() - t < 5
+    other.feed(np.zeros(10, np.float32))  # ignored after the take ended
+
+
+# --- end to end -------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_stream_matches_batch_and_finishes_fast(tmp_path_factory, monkeypatch):
+    if not (shutil.which("espeak-ng") and shutil.which("sox")):
+        pytest.skip("espeak-ng and sox synthesize the speech clip")
+    from app.benches.speech import CLIPS, synthesize
+    from engine.speech.loader import load_whisper
+    from engine.speech.transcribe import transcribe
+
+    bundle = load_whisper("whisper-tiny.en", cache_root=tmp_path_factory.mktemp("whisper-cache"))
+    clip = synthesize(CLIPS["passage"])
+    assert clip.size > 30 * 16000  # crosses the 30-s window boundary
+    t = time.perf_counter()
+    batch = transcribe(bundle, clip)
+    batch_s = time.perf_counter() - t
+
+    # the user stops talking, then releases the key about a second later
+    take = np.concatenate([clip, np.zeros(16000, np.float32)])
+    sd = fake_sounddevice(take)
+    monkeypatch.setitem(sys.modules, "sounddevice", sd)
+    events = []
+    session = DictationSession(lambda e: events.append((time.perf_counter(), e)), bundle=bundle)
+    with MicrophoneCapture(session.feed, block_ms=1000):  # 1-s chunks, in real time
+        assert sd.streams[0].finished.wait(120)
+    text = session.finish()
+    latency = time.perf_counter() - sd.streams[0].last_block_at
+    print(f"\nfinish latency {latency:.2f} s after the last chunk (batch transcription took {batch_s:.1f} s)")
+
+    assert session.error is None
+    assert text == batch.text
+    kinds = [e.kind for _, e in events]
+    assert kinds[-1] == "done" and kinds.count("speech_start") == 1 and kinds.count("speech_end") == 1
+    assert kinds.count("level") >= 10 and "partial" in kinds
+    finals = [e.text for _, e in events if e.kind == "final"]
+    assert " ".join(finals).split() == text.split()
+    assert latency < 0.5 * batch_s  # most of the work happened while the audio was arriving
