@@ -86,6 +86,20 @@ class Engine:
         """Token ids of ``messages`` rendered with the profile's chat template."""
         return self._runner.chat_prompt(messages, tools, add_generation_prompt)
 
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """Prompt text of ``messages`` exactly as given (no system prompt is added)."""
+        return self._runner.render(messages, tools, add_generation_prompt)
+
+    @property
+    def completion_mode(self) -> bool:
+        """True for profiles with ``chat.template: none`` (raw text in, text out)."""
+        return self._runner.template is None
+
     def raw_prompt(self, text: str) -> list[int]:
         """Token ids for completion mode (BOS added when the model wants one)."""
         return self._runner.raw_prompt(text)

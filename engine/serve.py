@@ -14,7 +14,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine.catalog import resolve_source
-from engine.chat_template import ChatTemplate
+from engine.chat_template import CHATML_FALLBACK, ChatTemplate
 from engine.errors import ModelLoadError
 from engine.events import Done, PrefillProgress, ReasoningDelta, TextDelta, Timings, TokenLogprobs, Usage
 from engine.generate import generate_step
@@ -26,12 +26,6 @@ from engine.textstream import ReasoningSplitter, StopMatcher
 from engine.weight_policy import blas_note, choose_weights
 
 log = logging.getLogger(__name__)
-
-CHATML_FALLBACK = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 class Runner:
     def __init__(self, profile: Profile):
@@ -64,17 +58,21 @@ class Runner:
             return ChatTemplate(path.read_text(), special_tokens=specials, origin=str(path))
         return self.tokenizer.chat_template or ChatTemplate(CHATML_FALLBACK, origin="chatml")
 
-    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools=None, add_generation_prompt=True) -> list[int]:
+    def render(self, messages: Sequence[Mapping[str, Any]], tools=None, add_generation_prompt=True) -> str:
+        """Prompt text of ``messages`` under the profile's chat template."""
         if self.template is None:
             raise ModelLoadError(
                 f"profile {self.profile.name} runs in completion mode (chat.template: none); "
                 "use a raw prompt"
             )
+        return self.template.render(list(messages), tools=tools, add_generation_prompt=add_generation_prompt)
+
+    def chat_prompt(self, messages: Sequence[Mapping[str, Any]], tools=None, add_generation_prompt=True) -> list[int]:
         msgs = list(messages)
         sys_prompt = self.profile.chat.system_prompt
         if sys_prompt and not any(m.get("role") == "system" for m in msgs):
             msgs.insert(0, {"role": "system", "content": sys_prompt})
-        text = self.template.render(msgs, tools=tools, add_generation_prompt=add_generation_prompt)
+        text = self.render(msgs, tools, add_generation_prompt)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def raw_prompt(self, text: str) -> list[int]:

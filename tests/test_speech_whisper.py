@@ -242,3 +242,24 @@ def test_cli_json(clips, tmp_path, capsys, monkeypatch):
     args = parser.parse_args(["transcribe", str(tmp_path / "nope.wav")])
     with pytest.raises(AudioFileError, match="nope.wav: no such audio file"):
         args.func(args)
+
+
+@pytest.mark.e2e
+def test_draft_verification_gives_plain_greedy_tokens(whisper, clips):
+    """Drafted greedy decoding (used by streaming) picks exactly the plain greedy tokens,
+    whether the draft is right, cut short, wrong half-way or nonsense."""
+    import mlx.core as mx
+
+    from engine.speech.decoding import DecodeOptions, decode_window
+    from engine.speech.mel import log_mel_window
+
+    _, audio = clips["paragraph"]
+    features = whisper.model.encoder(mx.array(log_mel_window(audio, 0))[None])
+    cross = whisper.model.decoder.cross_kv(features)
+    plain = decode_window(whisper, cross, [], DecodeOptions())
+    toks = plain.tokens
+    assert len(toks) > 20
+    for draft in (toks, toks[:10], toks[:12] + [220] + toks[13:], [1000] * 30, toks + toks):
+        drafted = decode_window(whisper, cross, [], DecodeOptions(), draft=draft)
+        assert drafted.tokens == toks
+        assert drafted.avg_logprob == pytest.approx(plain.avg_logprob, abs=1e-4)

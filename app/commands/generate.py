@@ -24,6 +24,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--logprobs", type=int, default=0, help="return the top-N logprobs per token")
+    p.add_argument("--session", metavar="ID", help="continue (or create) this saved session")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     p.set_defaults(func=run)
 
@@ -48,16 +49,7 @@ def run(args) -> int:
 
     engine = Engine.load(args.profile)
     try:
-        if args.raw:
-            text = args.prompt if args.prompt is not None else _raw_from_messages(_messages(args))
-            prompt_ids = engine.raw_prompt(text)
-        else:
-            messages = _messages(args)
-            if args.system is not None:
-                messages = [m for m in messages if m.get("role") != "system"]
-                messages.insert(0, {"role": "system", "content": args.system})
-            prompt_ids = engine.chat_prompt(messages)
-        params = engine.sampling(
+        overrides = dict(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
             top_p=args.top_p,
@@ -68,12 +60,19 @@ def run(args) -> int:
             stop=tuple(args.stop) if args.stop else None,
             logprobs=args.logprobs or None,
         )
-        handle = engine.submit(
-            GenerationRequest(prompt_ids, params, split_reasoning=engine.profile.chat.reasoning)
-        )
+        if args.session:
+            turn = _session_turn(engine, args, overrides)
+        else:
+            turn = engine.submit(
+                GenerationRequest(
+                    _prompt_ids(engine, args),
+                    engine.sampling(**overrides),
+                    split_reasoning=engine.profile.chat.reasoning,
+                )
+            )
         done: Done | None = None
         try:
-            for ev in handle:
+            for ev in turn:
                 if isinstance(ev, Done):
                     done = ev
                 elif not args.json and isinstance(ev, TextDelta):
@@ -82,11 +81,14 @@ def run(args) -> int:
                 elif not args.json and isinstance(ev, ReasoningDelta):
                     sys.stderr.write(ev.text)
         except KeyboardInterrupt:
-            handle.cancel()
-            done = handle.result()
+            turn.cancel()
+            done = turn.result()
         assert done is not None
         if args.json:
-            print(json.dumps(_result_json(engine, done), ensure_ascii=False))
+            out = _result_json(engine, done)
+            if args.session:
+                out["session"] = turn.session_id
+            print(json.dumps(out, ensure_ascii=False))
         else:
             sys.stdout.write("\n")
         if done.error:
@@ -95,6 +97,36 @@ def run(args) -> int:
         return 0
     finally:
         engine.close()
+
+
+def _prompt_ids(engine, args) -> list[int]:
+    if args.raw:
+        text = args.prompt if args.prompt is not None else _raw_from_messages(_messages(args))
+        return engine.raw_prompt(text)
+    messages = _messages(args)
+    if args.system is not None:
+        messages = [m for m in messages if m.get("role") != "system"]
+        messages.insert(0, {"role": "system", "content": args.system})
+    return engine.chat_prompt(messages)
+
+
+def _session_turn(engine, args, overrides):
+    from engine.chat import ChatService
+    from engine.errors import MlxtermError
+    from engine.sessions import SessionNotFound, SessionStore
+
+    if args.prompt is None:
+        raise MlxtermError("--session takes the new message with --prompt")
+    store = SessionStore()
+    try:
+        session = store.get(args.session)
+    except SessionNotFound:
+        session = store.create(profile=engine.profile.name, session_id=args.session)
+    if args.system is not None and session.message_count == 0:
+        store.add_message(session.id, "system", args.system,
+                          token_ids=engine.tokenizer.encode(engine.render(
+                              [{"role": "system", "content": args.system}], add_generation_prompt=False)))
+    return ChatService(engine, store).send(session.id, args.prompt, **overrides)
 
 
 def _raw_from_messages(messages: list[dict]) -> str:
@@ -123,6 +155,7 @@ def _result_json(engine, done) -> dict:
         "model": engine.model_name,
         "weight_format": engine.weight_format,
     }
+    out["cache"] = {"source": done.cache_source, "restore_ms": done.timings.restore_ms}
     if done.logprobs:
         out["logprobs"] = [
             {"token": lp.token, "logprob": lp.logprob, "top": lp.top} for lp in done.logprobs

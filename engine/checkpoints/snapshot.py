@@ -13,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import QuantizedKVCache
 
+from engine.checkpoints.format import HostCheckpoint, HostLayer
 from engine.kv_cache import StaticKVCache, WindowKVCache
 
 CLASSES = ("StaticKVCache", "WindowKVCache", "QuantizedKVCache")
@@ -136,3 +137,65 @@ def host_view(x: mx.array) -> np.ndarray:
         x = x.view(mx.uint16)
         mx.eval(x)
     return np.asarray(x)
+
+
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def from_file(layers_meta: list[dict], tensors: dict[str, np.ndarray]) -> Snapshot:
+    """A snapshot from a verified checkpoint file's tensors (decoded to the live dtype)."""
+    layers = []
+    nbytes = 0
+    for i, head in enumerate(layers_meta):
+        dtype = _DTYPES[head["dtype"]]
+        parts = []
+        for part in ("k", "v"):
+            arrays = _decode(f"{i}.{part}", head[part], dtype, tensors)
+            nbytes += sum(a.nbytes for a in arrays)
+            parts.append(arrays)
+        quant = (head["k"]["group_size"], head["k"]["bits"]) if head["k"]["enc"] == "mlx" else None
+        layers.append(LayerState(head["class"], head["offset"], head["window"], parts[0], parts[1], quant))
+    mx.eval([[*layer.keys, *layer.values] for layer in layers])
+    return Snapshot(layers, nbytes)
+
+
+def _decode(name: str, p: dict, dtype: mx.Dtype, tensors: dict[str, np.ndarray]) -> tuple[mx.array, ...]:
+    enc = p["enc"]
+    if enc == "raw":
+        return (_to_mx(tensors[name], dtype),)
+    if enc == "fp16":
+        return (mx.array(tensors[name]).astype(dtype),)
+    q, s, b = (tensors[f"{name}.{x}"] for x in "qsb")
+    if enc == "mlx":  # a quantized live cache, kept as it was
+        return mx.array(q), _to_mx(s, dtype), _to_mx(b, dtype)
+    # Scales in the live dtype: dequantizing in float16 would add its own rounding for fp32 caches.
+    s, b = mx.array(s).astype(dtype), mx.array(b).astype(dtype)
+    return (mx.dequantize(mx.array(q), s, b, group_size=p["group_size"], bits=p["bits"]),)
+
+
+def _to_mx(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
+    if dtype == mx.bfloat16:  # carried as uint16 bits
+        return mx.array(a).view(mx.bfloat16)
+    return mx.array(a)
+
+
+def to_host(snap: Snapshot, cid: str, tokens: np.ndarray, session_id: str | None,
+            created: float) -> HostCheckpoint:
+    """Numpy views of ``snap`` for the writer thread (no copies; they keep the buffers alive)."""
+    layers = []
+    nbytes = tokens.nbytes
+    for layer in snap.layers:
+        keys = tuple(host_view(x) for x in layer.keys)
+        values = tuple(host_view(x) for x in layer.values)
+        nbytes += sum(a.nbytes for a in (*keys, *values))
+        dtype = layer.keys[1 if layer.quant else 0].dtype
+        layers.append(HostLayer(layer.cls, layer.offset, layer.window, _dtype_name(dtype),
+                                keys, values, layer.quant))
+    return HostCheckpoint(cid, tokens, layers, session_id, created, nbytes)
+
+
+def _dtype_name(dtype: mx.Dtype) -> str:
+    for name, d in _DTYPES.items():
+        if d == dtype:
+            return name
+    raise UnsupportedCache(f"KV dtype {dtype} is not supported")

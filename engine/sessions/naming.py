@@ -30,9 +30,26 @@ def new_id(now: float | None = None) -> str:
     return _encode(ms, _TIME_CHARS) + _encode(secrets.randbits(5 * _RANDOM_CHARS), _RANDOM_CHARS)
 
 
+_NAMED_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
 def is_id_prefix(text: str) -> bool:
-    """Whether ``text`` can be (the start of) a session id."""
-    return 0 < len(text) <= ID_LENGTH and all(c in ALPHABET for c in text)
+    """Whether ``text`` can be (the start of) a session id (generated or user-named)."""
+    return _NAMED_ID.fullmatch(text) is not None
+
+
+def check_named_id(text: str) -> str:
+    """A user-chosen session id (``generate --session my-notes``): lowercase letters, digits,
+    '.', '_' and '-', up to 64 characters, starting with a letter or digit."""
+    key = text.strip().lower()
+    if _NAMED_ID.fullmatch(key) is None:
+        from engine.sessions.errors import SessionError
+
+        raise SessionError(
+            f"session id {text!r} is not valid: use up to 64 lowercase letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit."
+        )
+    return key
 
 
 _MARKUP = re.compile(r"^[#>*\-+`\s]+|[*`]+")

@@ -31,7 +31,7 @@ from engine.sessions.model import (
     pack_tokens,
     unpack_tokens,
 )
-from engine.sessions.naming import DEFAULT_TITLE, is_id_prefix, new_id
+from engine.sessions.naming import DEFAULT_TITLE, check_named_id, is_id_prefix, new_id
 
 DB_NAME = "sessions.sqlite3"
 PREVIEW_CHARS = 80
@@ -144,13 +144,19 @@ class SessionStore:
 
     def create(self, title: str | None = None, profile: str = "", kind: str = "chat",
                workspace: str | os.PathLike | None = None, parent_id: str | None = None,
-               fork_at: int | None = None, meta: Mapping[str, Any] | None = None) -> Session:
+               fork_at: int | None = None, meta: Mapping[str, Any] | None = None,
+               session_id: str | None = None) -> Session:
+        """A new session; ``session_id`` names it (else a sortable id is generated)."""
         _check_kind(kind)
+        named = check_named_id(session_id) if session_id is not None else None
         meta_json = _dump_json(dict(meta or {}), "session meta")
         now = time.time()
         with self._tx(write=True) as conn:
             parent = self._resolve(conn, parent_id).id if parent_id else None
-            sid = _unused_id(conn, now)
+            if named is not None and conn.execute(
+                    "SELECT 1 FROM sessions WHERE id = ?", (named,)).fetchone():
+                raise SessionError(f"a session with id {named!r} already exists.")
+            sid = named or _unused_id(conn, now)
             conn.execute(
                 f"INSERT INTO sessions ({_SESSION_COLS}) VALUES (?,?,?,?,?,?,?,?,?,0,0,?)",
                 (sid, _clean_title(title), profile, kind,
@@ -396,7 +402,7 @@ class SessionStore:
     # -- helpers -----------------------------------------------------------------------------
 
     def _resolve(self, conn: sqlite3.Connection, ident: str | None) -> Session:
-        key = (ident or "").strip().lower()
+        key = str(ident or "").strip().lower()
         if not is_id_prefix(key):
             raise SessionNotFound(f"no session with id {ident!r}.")
         row = conn.execute(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (key,)).fetchone()

@@ -94,11 +94,12 @@ class LogitRules:
 
 
 def decode_window(bundle: WhisperBundle, cross: list, prompt: list[int], options: DecodeOptions,
-                  should_stop=None) -> DecodeResult:
+                  should_stop=None, draft: list[int] | None = None) -> DecodeResult:
     """Decode one window given its cross-attention K/V and the previous-text prompt.
 
     ``should_stop()`` is polled before every step; when it returns true, :class:`Aborted`
-    is raised (used to drop speculative work that has become stale).
+    is raised (used to drop speculative work that has become stale). ``draft``: likely
+    tokens for greedy decoding to verify in one pass (see :func:`_sample`).
     """
     tok, s = bundle.tokenizer, bundle.tokenizer.special
     n_ctx = bundle.model.dims.n_text_ctx
@@ -109,8 +110,7 @@ def decode_window(bundle: WhisperBundle, cross: list, prompt: list[int], options
     decoder = bundle.model.decoder
 
     hidden, cache = decoder(mx.array([initial]), cross, None)
-    logits = decoder.logits(hidden[0, mx.array([sot_index, len(initial) - 1])])
-    first = np.array(logits, dtype=np.float32)
+    first = decoder.logits(hidden[0, mx.array([sot_index, len(initial) - 1])])
     no_speech_prob = float(np.exp(_log_softmax(first[:1])[0, s.no_speech]))
     step_logits = first[1:]
     if should_stop is not None:
@@ -118,7 +118,7 @@ def decode_window(bundle: WhisperBundle, cross: list, prompt: list[int], options
     if options.beam_size and options.temperature == 0.0:
         tokens, sum_lp = _beam_search(decoder, cross, cache, step_logits, rules, s.eot, sample_len, options.beam_size)
     else:
-        tokens, sum_lp = _sample(decoder, cross, cache, step_logits, rules, s.eot, sample_len, options)
+        tokens, sum_lp = _sample(decoder, cross, cache, step_logits, rules, s.eot, sample_len, options, draft)
     text = tok.decode(tokens).strip()
     return DecodeResult(
         tokens=tokens, text=text, avg_logprob=sum_lp / (len(tokens) + 1),
@@ -139,10 +139,24 @@ class _Stoppable:
         return self.rules.apply(logits, sampled)
 
 
-def _sample(decoder, cross, cache, logits, rules, eot, sample_len, options) -> tuple[list[int], float]:
+def _sample(decoder, cross, cache, logits, rules, eot, sample_len, options, draft=None) -> tuple[list[int], float]:
+    """Greedy (temperature 0) or sampled decoding, one token per step.
+
+    With a ``draft`` (greedy only: the tokens an earlier look-ahead decoded for this
+    window), the decoder first runs over the whole draft in one pass; each step then
+    checks the token it would pick against the draft and, while they agree, takes the
+    next logits from that pass instead of running the decoder again. The first
+    disagreement drops the rest of the draft. The chosen tokens are those of plain greedy
+    decoding; only the arithmetic is batched.
+    """
     rng = np.random.default_rng(options.seed)
     tokens: list[int] = []
     sum_lp = 0.0
+    draft = list(draft or [])[:sample_len] if options.temperature == 0.0 else []
+    if draft:
+        base = cache[0][1].shape[2]
+        hidden, draft_cache = decoder(mx.array([draft]), cross, cache)
+        ahead = decoder.logits(hidden[0])  # logits after each draft token
     for _ in range(sample_len):
         logits = rules.apply(logits, [tokens])
         lp = _log_softmax(logits)[0]
@@ -155,8 +169,19 @@ def _sample(decoder, cross, cache, logits, rules, eot, sample_len, options) -> t
         if nxt == eot:
             return tokens, sum_lp
         tokens.append(nxt)
+        i = len(tokens) - 1
+        if draft:
+            if nxt == draft[i]:
+                logits = ahead[i:i + 1]
+                if i + 1 == len(draft):  # the whole draft agreed: continue after it
+                    cache, draft = draft_cache, []
+                continue
+            # disagreement: keep the cache of the agreed prefix, then go on one by one
+            keep = base + i
+            cache = [(k[..., :keep], v[:, :, :keep]) for k, v in draft_cache]
+            draft = []
         hidden, cache = decoder(mx.array([[nxt]]), cross, cache)
-        logits = np.array(decoder.logits(hidden[:, -1]), dtype=np.float32)
+        logits = decoder.logits(hidden[:, -1])
     return tokens, sum_lp
 
 
@@ -193,7 +218,7 @@ def _beam_search(decoder, cross, cache, logits, rules, eot, sample_len, beam_siz
         idx = mx.array(sources)
         cache = [(mx.take(k, idx, axis=0), mx.take(v, idx, axis=0)) for k, v in cache]
         hidden, cache = decoder(mx.array([[b[-1]] for b in beams]), cross, cache)
-        logits = np.array(decoder.logits(hidden[:, -1]), dtype=np.float32)
+        logits = decoder.logits(hidden[:, -1])
     if len(finished) < beam_size:  # ran out of length: unfinished beams compete too
         for seq, score in sorted(zip(map(tuple, beams), scores, strict=True), key=lambda kv: -kv[1]):
             if len(finished) >= beam_size:

@@ -34,7 +34,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -79,7 +79,6 @@ class _Utterance:
     spec: SeekTranscriber | None = None  # look-ahead decoded to spec_key[1]
     spec_key: tuple[int, int] | None = None  # (transcriber seek, end sample) of spec
     committed: int = 0  # segments already sent as final
-    texts: list[str] = field(default_factory=list)
 
 
 _END, _CANCEL = "end", "cancel"
@@ -275,11 +274,16 @@ class DictationSession:
                     self._cond.wait()
             if utt.transcriber is None:
                 utt.transcriber = self._new_transcriber(bundle)
-            if closed:
-                self._close_utterance(utt, audio)
-                index += 1
-            else:
-                self._look_ahead(utt, audio, settled)
+            try:
+                if closed:
+                    self._close_utterance(utt, audio)
+                    index += 1
+                else:
+                    self._look_ahead(utt, audio, settled)
+            except Aborted:
+                if self._cancelled:
+                    return
+                raise
 
     def _new_transcriber(self, bundle: WhisperBundle) -> SeekTranscriber:
         # the take's earlier text is the prompt, as Whisper conditions on previous text
@@ -300,7 +304,9 @@ class DictationSession:
 
     def _look_ahead(self, utt: _Utterance, audio: np.ndarray, settled: bool) -> None:
         tr = utt.transcriber
-        committed = tr.advance(audio, final=False)
+        if utt.spec is not None:  # the latest look-ahead drafts the windows decoded next
+            tr.drafts = dict(utt.spec.decoded)
+        committed = tr.advance(audio, final=False, should_stop=self._is_cancelled)
         if committed:
             utt.committed = len(tr.segments)
             self._emit("final", text=" ".join(s.text for s in committed))
@@ -313,6 +319,9 @@ class DictationSession:
             return
         utt.spec, utt.spec_key = spec, key
         self._emit("partial", text=" ".join(s.text for s in spec.segments[utt.committed:]))
+
+    def _is_cancelled(self) -> bool:
+        return self._cancelled
 
     def _stale(self, utt: _Utterance, key: tuple[int, int], settled: bool) -> bool:
         """Whether look-ahead decoding of ``key`` has become useless.
@@ -335,7 +344,8 @@ class DictationSession:
         if utt.spec is not None and utt.spec_key == (tr.seek, utt.end):
             tr = utt.spec  # decoded ahead on exactly this audio: adopt it
         else:
-            tr.advance(audio, final=True)
-        utt.texts.append(tr.text)
+            if utt.spec is not None:
+                tr.drafts = dict(utt.spec.decoded)
+            tr.advance(audio, final=True, should_stop=self._is_cancelled)
         self._texts.append(tr.text)
         self._emit("final", text=" ".join(s.text for s in tr.segments[utt.committed:]), sample=utt.end)

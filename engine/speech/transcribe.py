@@ -97,6 +97,8 @@ class SeekTranscriber:
         self.segments: list[Segment] = []
         self.timings = Timings()
         self._should_stop = None
+        self.decoded: dict[int, list[int]] = {}  # seek -> tokens decoded for that window
+        self.drafts: dict[int, list[int]] = {}  # seek -> likely tokens (an earlier look-ahead's)
 
     def clone(self) -> SeekTranscriber:
         """A copy to run ahead speculatively without touching this state."""
@@ -104,6 +106,8 @@ class SeekTranscriber:
         other.all_tokens = list(self.all_tokens)
         other.segments = list(self.segments)
         other.timings = Timings()
+        other.decoded = dict(self.decoded)
+        other.drafts = dict(self.drafts)
         return other
 
     def window_ready(self, n_samples: int, final: bool) -> bool:
@@ -127,6 +131,10 @@ class SeekTranscriber:
             new.extend(self._decode_next(audio))
         return [s for s in new if s.text]
 
+    def _check_stop(self) -> None:
+        if self._should_stop():
+            raise Aborted()
+
     @property
     def text(self) -> str:
         return self.bundle.tokenizer.decode(self.all_tokens[len(self.initial_prompt):]).strip()
@@ -140,11 +148,12 @@ class SeekTranscriber:
         mel = log_mel_window(audio, self.seek, size, self.bundle.model.dims.n_mels)
         t1 = time.perf_counter()
         model = self.bundle.model
-        features = model.encoder(mx.array(mel)[None])
+        features = model.encoder(mx.array(mel)[None], self._check_stop if self._should_stop else None)
         cross = model.decoder.cross_kv(features)
         mx.eval(cross)
         t2 = time.perf_counter()
         result = self._decode_with_fallback(cross)
+        self.decoded[self.seek] = result.tokens
         t3 = time.perf_counter()
         self.timings.add(Timings((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, 1))
 
@@ -174,7 +183,8 @@ class SeekTranscriber:
                 max_initial_timestamp=opts.max_initial_timestamp,
                 seed=self.seek * 16 + i,  # reproducible, and identical in batch and stream
             )
-            result = decode_window(self.bundle, cross, prompt, dopts, self._should_stop)
+            draft = self.drafts.get(self.seek) if temperature == 0.0 and not opts.beam_size else None
+            result = decode_window(self.bundle, cross, prompt, dopts, self._should_stop, draft)
             too_repetitive = (opts.compression_ratio_threshold is not None
                               and result.compression_ratio > opts.compression_ratio_threshold)
             too_unlikely = opts.logprob_threshold is not None and result.avg_logprob < opts.logprob_threshold

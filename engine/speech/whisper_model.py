@@ -7,10 +7,12 @@ Parameter names follow mlx-examples' Whisper port (``encoder.blocks.0.attn.query
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from engine.speech.fastmath import gelu, softmax
 
@@ -99,8 +101,12 @@ class AudioEncoder(nn.Module):
         self.blocks = [ResidualAttentionBlock(d, dims.n_audio_head) for _ in range(dims.n_audio_layer)]
         self.ln_post = nn.LayerNorm(d)
 
-    def __call__(self, mel: mx.array) -> mx.array:
-        """``mel`` (batch, 3000, n_mels) -> audio features (batch, 1500, n_state)."""
+    def __call__(self, mel: mx.array, between_layers: Callable[[], None] | None = None) -> mx.array:
+        """``mel`` (batch, 3000, n_mels) -> audio features (batch, 1500, n_state).
+
+        ``between_layers()`` is called after each block (streaming uses it to abandon
+        stale work by raising).
+        """
         x = gelu(self.conv1(mel))
         x = gelu(self.conv2(x))
         if x.shape[1:] != self.positional_embedding.shape:
@@ -111,6 +117,8 @@ class AudioEncoder(nn.Module):
             k, v = block.attn.kv(h)
             x = x + block.attn(h, k, v)
             x = x + block.mlp(x)
+            if between_layers is not None:
+                between_layers()
         return self.ln_post(x)
 
 
@@ -158,12 +166,17 @@ class TextDecoder(nn.Module):
             x = x + block.mlp(x)
         return self.ln(x), new_cache
 
-    def logits(self, hidden: mx.array) -> mx.array:
-        """Output projection (tied to the token embedding) of hidden states ``(..., d)``."""
+    def logits(self, hidden: mx.array) -> np.ndarray:
+        """Output projection (tied to the token embedding) of ``hidden (..., d)``, as float32 numpy.
+
+        Uses a contiguous ``(d, vocab)`` copy of the embedding: ``x @ W.T`` on the
+        ``(vocab, d)`` matrix is ~2x slower on the CPU backend, and this product is most of a
+        decoder step. (numpy's own BLAS is faster in isolation but its spinning threads slow
+        the MLX work around it, so the product stays in MLX.)
+        """
         if self._embedding_t is None:  # built once, after the weights are loaded
-            # (d, vocab) contiguous: x @ W.T with W (vocab, d) is ~3x slower on the CPU backend.
             self._embedding_t = mx.contiguous(self.token_embedding.weight.T)
-        return hidden @ self._embedding_t
+        return np.array(hidden @ self._embedding_t, dtype=np.float32)
 
 
 class Whisper(nn.Module):

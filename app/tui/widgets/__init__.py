@@ -1,0 +1,1 @@
+"""Widgets of the chat TUI, one per module."""

@@ -1,0 +1,134 @@
+"""What a checkpoint's KV depends on: the exact weights, how they run, and the code that ran them.
+
+A checkpoint is restored only under an identical fingerprint. The weights hash is the SHA-256
+of the model file(s), remembered in ``cache_dir()/weights-sha256.json`` keyed by (path, size,
+mtime_ns) so a large file is hashed once, not at every start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from engine import paths
+from engine.atomic import atomic_write_text
+from engine.checkpoints.format import VERSION
+
+log = logging.getLogger(__name__)
+HASH_CACHE = "weights-sha256.json"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    weights_sha256: str
+    weight_format: str  # quantized, fp32, fp16, bf16
+    kv_format: str  # live KV: "dense" (dtype follows the weights) or e.g. "q8-g64"
+    checkpoint_format: str  # storage: same, fp16, q8, q4
+    backend: str  # cpu, metal, cuda (kernels differ numerically)
+    engine_version: str  # mlxterm, mlx-lm and checkpoint format versions
+    mlx_version: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @property
+    def key(self) -> str:
+        """Short stable id: the name of this fingerprint's directory in the SSD tier."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_files(path: Path) -> list[Path]:
+    """The files whose bytes define a model: a GGUF file, or a directory's config and weights."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.gguf"))
+    config = path / "config.json"
+    return ([config] if config.is_file() else []) + files
+
+
+def weights_sha256(path: Path) -> str:
+    """SHA-256 over the model's files (each file's hash cached by path, size and mtime)."""
+    cache_file = paths.cache_dir() / HASH_CACHE
+    try:
+        known = json.loads(cache_file.read_text())
+        if not isinstance(known, dict):
+            known = {}
+    except (OSError, ValueError):
+        known = {}
+    total = hashlib.sha256()
+    changed = False
+    for f in model_files(path):
+        st = f.stat()
+        key = f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+        digest = known.get(key)
+        if not isinstance(digest, str):
+            digest = _file_sha256(f)
+            known[key] = digest
+            changed = True
+        total.update(f"{f.name}:{digest}\n".encode())
+    if changed:
+        try:
+            atomic_write_text(cache_file, json.dumps(known, indent=0, sort_keys=True))
+        except OSError as e:  # only a speed-up: hashing again next time is fine
+            log.debug("cannot save weight hashes to %s: %s", cache_file, e)
+    return total.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 * 1024 * 1024):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def make_fingerprint(model_path: Path, weight_format: str, kv_format: str = "dense",
+                     checkpoint_format: str = "same", backend: str | None = None) -> Fingerprint:
+    import mlx.core as mx
+
+    from engine.weight_policy import backend as current_backend
+
+    return Fingerprint(
+        weights_sha256=weights_sha256(model_path),
+        weight_format=weight_format,
+        kv_format=kv_format,
+        checkpoint_format=checkpoint_format,
+        backend=backend or current_backend(),
+        engine_version=f"mlxterm {_version('mlxterm')}; mlx-lm {_version('mlx-lm')}; ckpt v{VERSION}",
+        mlx_version=mx.__version__,
+    )
+
+
+def live_kv_format(kv_cache_config, backend: str) -> str:
+    """The live KV format a profile runs with (must agree with engine.prompt_cache.new_cache)."""
+    if backend != "cpu" and kv_cache_config.format in ("q8", "q4"):
+        return f"{kv_cache_config.format}-g{kv_cache_config.group_size}"
+    return "dense"
+
+
+def fingerprint_for_profile(profile) -> Fingerprint:
+    """The fingerprint of ``profile``'s model as the engine would run it, without loading it."""
+    from engine.catalog import resolve_source
+    from engine.weight_policy import backend, choose_weights
+
+    be = backend()
+    return make_fingerprint(
+        resolve_source(profile.model.source, profile.base_dir),
+        choose_weights(profile.model.weights),
+        live_kv_format(profile.kv_cache, be),
+        profile.kv_cache.checkpoint_format,
+        be,
+    )
