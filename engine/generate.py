@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine.constraints import TokenConstraint, additive_mask
 from engine.kv_cache import is_static
 from engine.sampling import SamplingParams, make_sampler
 
@@ -51,39 +52,42 @@ def prefill(
 
 
 class DecodeStep:
-    """One decode step ``(token, key, recent) -> (next_token, logprobs, key, recent)``.
+    """One decode step ``(token, key, recent, mask) -> (next_token, logprobs, key, recent)``.
 
     Compiled over static caches; falls back to plain calls for other caches (quantized KV).
     """
 
-    def __init__(self, model, cache: list, params: SamplingParams, compile_step: bool = True):
+    def __init__(self, model, cache: list, params: SamplingParams, vocab: int, compile_step: bool = True):
         self.model = model
         self.cache = cache
         self.sample = make_sampler(params)
         self.static = compile_step and is_static(cache)
         self._compiled = mx.compile(self._traced) if self.static else None
+        self._no_mask = mx.zeros((vocab,), dtype=mx.float32)
 
-    def _traced(self, token, pos, key, recent, kv):
+    def _traced(self, token, pos, key, recent, mask, kv):
         for c, (k, v) in zip(self.cache, kv, strict=True):
             c.bind(k, v, pos)
         logits = self.model(token[None], cache=self.cache)[:, -1, :]
         key, sub = mx.random.split(key)
-        nxt, logprobs = self.sample(logits, sub, recent)
+        nxt, logprobs = self.sample(logits, sub, recent, mask)
         recent = mx.concatenate([recent[1:], nxt.astype(recent.dtype)])
         return nxt, logprobs, key, recent, [(c.keys, c.values) for c in self.cache]
 
-    def __call__(self, token: mx.array, key: mx.array, recent: mx.array):
+    def __call__(self, token: mx.array, key: mx.array, recent: mx.array, mask: mx.array | None = None):
+        if mask is None:
+            mask = self._no_mask
         if not self.static:
             logits = self.model(token[None], cache=self.cache)[:, -1, :]
             key, sub = mx.random.split(key)
-            nxt, logprobs = self.sample(logits, sub, recent)
+            nxt, logprobs = self.sample(logits, sub, recent, mask)
             recent = mx.concatenate([recent[1:], nxt.astype(recent.dtype)])
             return nxt, logprobs, key, recent
         for c in self.cache:
             c.reserve(1)  # grows the buffer (and so re-traces) once per block of tokens
         offset = self.cache[0].offset
         kv = [(c.keys, c.values) for c in self.cache]
-        nxt, logprobs, key, recent, kv = self._compiled(token, mx.array(offset), key, recent, kv)
+        nxt, logprobs, key, recent, kv = self._compiled(token, mx.array(offset), key, recent, mask, kv)
         for c, (k, v) in zip(self.cache, kv, strict=True):
             c.unbind(k, v, offset + 1)
         return nxt, logprobs, key, recent
@@ -100,11 +104,13 @@ def generate_step(
     prefill_chunk: int = PREFILL_CHUNK,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    constraint: TokenConstraint | None = None,
 ) -> Iterator[StepOutput]:
     """Yield sampled tokens for ``prompt`` (the part of the context not yet in ``cache``).
 
     ``history`` is the full token context so far (for the repetition penalty window). The
     caller stops iterating to end generation; at most ``params.max_tokens`` are produced.
+    With a ``constraint``, each token is drawn under its mask (see engine.constraints).
     """
     if not prompt:
         raise ValueError("generate_step needs at least one new prompt token")
@@ -117,19 +123,30 @@ def generate_step(
     logits = prefill(model, cache, prompt, prefill_chunk, progress, should_stop)
     if should_stop and should_stop():
         return
+    vocab = logits.shape[-1]
+
+    def mask_now() -> mx.array | None:
+        allowed = constraint.allowed() if constraint is not None else None
+        return None if allowed is None else additive_mask(allowed, vocab)
+
     sample = make_sampler(params)
     key, sub = mx.random.split(key)
-    y, logprobs = sample(logits, sub, recent)
+    y, logprobs = sample(logits, sub, recent, mask_now())
     recent = mx.concatenate([recent[1:], y.astype(mx.int32)])
-    step = DecodeStep(model, cache, params, compile_step)
+    step = DecodeStep(model, cache, params, vocab, compile_step)
     mx.async_eval(y, logprobs)
 
     n = 0
     while True:
+        token = None
+        if constraint is not None:
+            # The next mask depends on this token: resolve it before building the next step.
+            token = int(y.item())
+            constraint.advance(token)
         if n + 1 < params.max_tokens:
-            next_y, next_logprobs, key, recent = step(y, key, recent)
+            next_y, next_logprobs, key, recent = step(y, key, recent, mask_now())
             mx.async_eval(next_y, next_logprobs)
-        yield StepOutput(int(y.item()), logprobs)
+        yield StepOutput(int(y.item()) if token is None else token, logprobs)
         n += 1
         if n >= params.max_tokens:
             return

@@ -27,7 +27,7 @@ class GenerationRequest:
     session_id: str | None = None  # checkpoint affinity
     split_reasoning: bool = True
     start_in_reasoning: bool = False  # the prompt itself opened a reasoning block
-    stream_text: bool = True
+    constraint: Any = None  # an engine.constraints.TokenConstraint, used for this request only
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,8 +1,9 @@
 """Token sampling as pure MLX functions, so the decode step can compile them with the model.
 
-``make_sampler(params)`` returns ``sample(logits, key, recent) -> (token, logprobs)`` where
-``logits`` is (1, vocab), ``key`` a PRNG key (ignored when greedy) and ``recent`` a fixed-size
-int32 window of the most recent token ids (-1 = empty slot) for the repetition penalty.
+``make_sampler(params)`` returns ``sample(logits, key, recent, mask=None) -> (token, logprobs)``
+where ``logits`` is (1, vocab), ``key`` a PRNG key (ignored when greedy), ``recent`` a
+fixed-size int32 window of the most recent token ids (-1 = empty slot) for the repetition
+penalty, and ``mask`` an optional additive (vocab,) mask from a constraint (0 or -inf).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
-SampleFn = Callable[[mx.array, mx.array, mx.array], tuple[mx.array, mx.array]]
+SampleFn = Callable[..., tuple[mx.array, mx.array]]
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,14 @@ def make_sampler(params: SamplingParams) -> SampleFn:
     temp = params.temperature
     top_k, top_p, min_p = params.top_k, params.top_p, params.min_p
 
-    def sample(logits: mx.array, key: mx.array, recent: mx.array) -> tuple[mx.array, mx.array]:
+    def sample(
+        logits: mx.array, key: mx.array, recent: mx.array, mask: mx.array | None = None
+    ) -> tuple[mx.array, mx.array]:
         logits = logits.astype(mx.float32)
         if penalty != 1.0:
             logits = _apply_repetition_penalty(logits, recent, penalty)
+        if mask is not None:
+            logits = logits + mask
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         if temp <= 0.0:
             return mx.argmax(logits, axis=-1), logprobs

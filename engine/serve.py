@@ -143,6 +143,7 @@ class Runner:
             history=req.prompt_ids,
             progress=progress,
             should_stop=lambda: handle.cancelled,
+            constraint=req.constraint,
         )
         for out in steps:
             if t_first is None:

@@ -51,7 +51,7 @@ def test_teacher_forced_logits_bit_exact(tiny_llama_dir):
     cache = make_cache(model)
     first = prefill(model, cache, PROMPT)
     params = SamplingParams(temperature=0.0)
-    step = DecodeStep(model, cache, params)
+    step = DecodeStep(model, cache, params, first.shape[-1])
     key, recent = mx.random.key(0), mx.full((8,), -1, mx.int32)
     ours_lp = []
     for t in forced:
@@ -81,3 +81,33 @@ def test_cache_grows_past_a_block(tiny_llama_dir):
     params = SamplingParams(temperature=0.0, max_tokens=24)
     ours = [o.token for o in generate_step(model, prompt, make_cache(model), params)]
     assert ours == _stock_greedy(model, prompt, 24)
+
+
+class _OnlyAfter:
+    """Test constraint: after ``trigger`` appears, only ids in ``allowed_ids`` may follow."""
+
+    def __init__(self, trigger, allowed_ids, vocab):
+        self.trigger, self.vocab = trigger, vocab
+        self.mask = mx.zeros((vocab,), dtype=mx.bool_)
+        self.mask[mx.array(allowed_ids)] = True
+        self.active = False
+        self.seen = []
+
+    def allowed(self):
+        return self.mask if self.active else None
+
+    def advance(self, token):
+        self.seen.append(token)
+        if token == self.trigger:
+            self.active = True
+
+
+def test_constraint_masks_tokens_after_trigger(tiny_llama_dir):
+    model, _ = load_model(tiny_llama_dir)
+    free = [o.token for o in generate_step(model, PROMPT, make_cache(model), SamplingParams(temperature=0.0, max_tokens=12))]
+    trigger = free[2]
+    c = _OnlyAfter(trigger, [7, 8, 9], model.args.vocab_size)
+    got = [o.token for o in generate_step(model, PROMPT, make_cache(model), SamplingParams(temperature=0.0, max_tokens=12), constraint=c)]
+    assert got[:3] == free[:3]  # unconstrained until the trigger
+    assert all(t in (7, 8, 9) for t in got[3:])
+    assert c.seen == got
