@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from engine.errors import MlxtermError, ModelLoadError
+
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-from engine.errors import MlxtermError, ModelLoadError
 
 # For models that ship no template. Tool results are shown as their own "tool" turn.
 CHATML_FALLBACK = (

@@ -8,14 +8,15 @@ repetition window, sampling -- is one ``mx.compile``d function traced once per b
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import mlx.core as mx
-
 from engine.constraints import TokenConstraint, additive_mask
-from engine.kv_cache import is_static
+from engine.kv_cache import StaticKVCache, WindowKVCache, is_static
 from engine.sampling import SamplingParams, make_sampler
+
+import mlx.core as mx
 
 PREFILL_CHUNK = 512
 
@@ -52,45 +53,77 @@ def prefill(
 
 
 class DecodeStep:
-    """One decode step ``(token, key, recent, mask) -> (next_token, logprobs, key, recent)``.
+    """One decode step ``(cache, token, key, recent, mask) -> (next_token, logprobs, key, recent)``.
 
     Compiled over static caches; falls back to plain calls for other caches (quantized KV).
+    The trace runs on private scratch cache objects, so one compiled step serves every
+    request with the same cache layout and sampler (see ``decode_step_for``).
     """
 
-    def __init__(self, model, cache: list, params: SamplingParams, vocab: int, compile_step: bool = True):
+    def __init__(self, model, layout: list, params: SamplingParams, vocab: int, compile_step: bool = True):
         self.model = model
-        self.cache = cache
         self.sample = make_sampler(params)
-        self.static = compile_step and is_static(cache)
+        self.static = compile_step and is_static(layout)
+        self._scratch = [_blank_like(c) for c in layout] if self.static else None
         self._compiled = mx.compile(self._traced) if self.static else None
         self._no_mask = mx.zeros((vocab,), dtype=mx.float32)
 
     def _traced(self, token, pos, key, recent, mask, kv):
-        for c, (k, v) in zip(self.cache, kv, strict=True):
+        for c, (k, v) in zip(self._scratch, kv, strict=True):
             c.bind(k, v, pos)
-        logits = self.model(token[None], cache=self.cache)[:, -1, :]
+        logits = self.model(token[None], cache=self._scratch)[:, -1, :]
         key, sub = mx.random.split(key)
         nxt, logprobs = self.sample(logits, sub, recent, mask)
         recent = mx.concatenate([recent[1:], nxt.astype(recent.dtype)])
-        return nxt, logprobs, key, recent, [(c.keys, c.values) for c in self.cache]
+        out = [(c.keys, c.values) for c in self._scratch]
+        for c in self._scratch:
+            c.unbind(None, None, 0)  # drop tracer arrays
+        return nxt, logprobs, key, recent, out
 
-    def __call__(self, token: mx.array, key: mx.array, recent: mx.array, mask: mx.array | None = None):
+    def __call__(self, cache: list, token: mx.array, key: mx.array, recent: mx.array, mask: mx.array | None = None):
         if mask is None:
             mask = self._no_mask
         if not self.static:
-            logits = self.model(token[None], cache=self.cache)[:, -1, :]
+            logits = self.model(token[None], cache=cache)[:, -1, :]
             key, sub = mx.random.split(key)
             nxt, logprobs = self.sample(logits, sub, recent, mask)
             recent = mx.concatenate([recent[1:], nxt.astype(recent.dtype)])
             return nxt, logprobs, key, recent
-        for c in self.cache:
+        for c in cache:
             c.reserve(1)  # grows the buffer (and so re-traces) once per block of tokens
-        offset = self.cache[0].offset
-        kv = [(c.keys, c.values) for c in self.cache]
+        offset = cache[0].offset
+        kv = [(c.keys, c.values) for c in cache]
         nxt, logprobs, key, recent, kv = self._compiled(token, mx.array(offset), key, recent, mask, kv)
-        for c, (k, v) in zip(self.cache, kv, strict=True):
+        for c, (k, v) in zip(cache, kv, strict=True):
             c.unbind(k, v, offset + 1)
         return nxt, logprobs, key, recent
+
+
+def _blank_like(c):
+    return WindowKVCache(c.window) if isinstance(c, WindowKVCache) else StaticKVCache()
+
+
+# Compiled steps per live model (keyed by id: mlx Modules are dicts, so not hashable).
+_steps: dict[int, dict] = {}
+
+
+def decode_step_for(model, cache: list, params: SamplingParams, vocab: int, compile_step: bool = True) -> DecodeStep:
+    """The (cached) decode step for ``model`` with this cache layout and sampler."""
+    layout = tuple((type(c).__name__, getattr(c, "window", None)) for c in cache)
+    key = (
+        layout, vocab, compile_step, params.temperature, params.top_p, params.top_k,
+        params.min_p, params.repetition_penalty, max(1, params.repetition_context),
+    )
+    per_model = _steps.get(id(model))
+    if per_model is None:
+        per_model = _steps[id(model)] = {}
+        weakref.finalize(model, _steps.pop, id(model), None)
+    step = per_model.get(key)
+    if step is None:
+        if len(per_model) >= 8:  # a few sampler settings in use at once, not unbounded
+            per_model.pop(next(iter(per_model)))
+        step = per_model[key] = DecodeStep(model, cache, params, vocab, compile_step)
+    return step
 
 
 def generate_step(
@@ -133,7 +166,7 @@ def generate_step(
     key, sub = mx.random.split(key)
     y, logprobs = sample(logits, sub, recent, mask_now())
     recent = mx.concatenate([recent[1:], y.astype(mx.int32)])
-    step = DecodeStep(model, cache, params, vocab, compile_step)
+    step = decode_step_for(model, cache, params, vocab, compile_step)
     mx.async_eval(y, logprobs)
 
     n = 0
@@ -144,7 +177,7 @@ def generate_step(
             token = int(y.item())
             constraint.advance(token)
         if n + 1 < params.max_tokens:
-            next_y, next_logprobs, key, recent = step(y, key, recent, mask_now())
+            next_y, next_logprobs, key, recent = step(cache, y, key, recent, mask_now())
             mx.async_eval(next_y, next_logprobs)
         yield StepOutput(int(y.item()) if token is None else token, logprobs)
         n += 1

@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlx.core as mx
-import mlx.nn as nn
-
 from engine.errors import ModelLoadError
 from engine.gguf import LoadedModel, load_gguf
 from engine.tokenizer import Tokenizer
+
+import mlx.core as mx
+import mlx.nn as nn
 
 
 @dataclass

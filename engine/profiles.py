@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import engine
 from engine import paths
 from engine.errors import CatalogError, ModelLoadError, ProfileError
@@ -40,6 +38,8 @@ from engine.profile_schema import (
     plain,
     suggest,
 )
+
+import yaml
 
 __all__ = [
     "DEFAULT_PROFILE", "Profile", "ProfileInfo", "CheckResult", "ProfileValidationError",

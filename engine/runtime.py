@@ -123,8 +123,18 @@ class Engine:
         """Run ``fn(runner)`` on the engine thread; returns a Future."""
         return self._worker.call(lambda: fn(self._runner))
 
+    def flush_checkpoints(self, timeout: float | None = None):
+        """Wait for queued checkpoint writes; returns the durability report."""
+        return self._worker.call(lambda: self._runner.cache.flush(timeout)).result()
+
     def close(self) -> None:
-        self._worker.close()
+        """Finish checkpoint writes (durably) and stop the engine thread."""
+        try:
+            report = self._worker.call(self._runner.close).result()
+            if report is not None and not report.durable:
+                log.warning("checkpoints not all written at close: %s", report)
+        finally:
+            self._worker.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -11,19 +11,27 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import mlx.core as mx
-
 from engine.catalog import resolve_source
 from engine.chat_template import CHATML_FALLBACK, ChatTemplate
 from engine.errors import ModelLoadError
-from engine.events import Done, PrefillProgress, ReasoningDelta, TextDelta, Timings, TokenLogprobs, Usage
+from engine.events import (
+    Done,
+    PrefillProgress,
+    ReasoningDelta,
+    TextDelta,
+    Timings,
+    TokenLogprobs,
+    Usage,
+)
 from engine.generate import generate_step
 from engine.model_loader import load_bundle
-from engine.prompt_cache import PromptCache
 from engine.profiles import Profile
+from engine.prompt_cache import PromptCache
 from engine.sampling import SamplingParams, top_logprobs
 from engine.textstream import ReasoningSplitter, StopMatcher
 from engine.weight_policy import blas_note, choose_weights
+
+import mlx.core as mx
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +85,10 @@ class Runner:
 
     def raw_prompt(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def close(self):
+        """Finish pending checkpoint writes; returns the durability report."""
+        return self.cache.close(timeout=60)
 
     def describe(self) -> dict[str, Any]:
         lm = self.bundle.loaded

@@ -23,10 +23,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import tokenizers
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
-
 from engine.chat_template import ChatTemplate
 from engine.detokenizer import (
     ByteStreamDetokenizer,
@@ -35,6 +31,10 @@ from engine.detokenizer import (
     WindowDetokenizer,
 )
 from engine.errors import ModelLoadError
+
+import numpy as np
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 
 log = logging.getLogger(__name__)
 

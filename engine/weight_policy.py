@@ -8,9 +8,9 @@ Metal/CUDA the quantized kernels are fast and save memory bandwidth, so keep qua
 
 from __future__ import annotations
 
-import mlx.core as mx
-
 from engine import blas
+
+import mlx.core as mx
 
 
 def backend() -> str:

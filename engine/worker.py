@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-import mlx.core as mx
-
 from engine.events import Done, Event
+
+import mlx.core as mx
 
 log = logging.getLogger(__name__)
 _END = object()

@@ -1,4 +1,3 @@
-import engine
 import os
 
 import pytest

@@ -10,11 +10,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
-
 from engine import catalog, paths
 from engine.catalog import CatalogEntry, PackageFile
 from engine.errors import CatalogError, ModelLoadError
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

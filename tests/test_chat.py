@@ -1,10 +1,10 @@
 """ChatService: exact token history across turns, cache reuse, retry and fork."""
 
-import pytest
-
 from engine.chat import ChatService, junction_tail
 from engine.runtime import Engine
 from engine.sessions import SessionStore
+
+import pytest
 
 
 @pytest.fixture(scope="module")

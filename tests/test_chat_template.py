@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-import pytest
-
 from engine.chat_template import CHATML_FALLBACK, ChatTemplate, ChatTemplateError
 from engine.errors import MlxtermError, ModelLoadError
+
+import pytest
 
 # Qwen2.5-Instruct's chat template (tool-calling ChatML), as shipped in its tokenizer_config.json.
 QWEN25_TEMPLATE = r"""{%- if tools %}

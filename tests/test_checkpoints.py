@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
+import engine  # noqa: F401  (loads OpenBLAS before mlx)
+
+# isort: split
 import logging
 import threading
 import time
-
-import mlx.core as mx
-import numpy as np
-import pytest
-from mlx_lm.models.cache import QuantizedKVCache
-from mlx_lm.utils import load_model
 
 from engine.checkpoints import CheckpointStore, make_fingerprint
 from engine.checkpoints import format as fmt
@@ -18,7 +15,20 @@ from engine.checkpoints import snapshot as snap_mod
 from engine.checkpoints.ssd import SsdTier
 from engine.checkpoints.trie import TokenTrie
 from engine.kv_cache import StaticKVCache
-from tests.test_checkpoints_helpers import continuation, fake_static_cache, make_store, prefilled, tokens
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import QuantizedKVCache
+from mlx_lm.utils import load_model
+
+from tests.test_checkpoints_helpers import (
+    continuation,
+    fake_static_cache,
+    make_store,
+    prefilled,
+    tokens,
+)
 
 
 @pytest.fixture(scope="module")

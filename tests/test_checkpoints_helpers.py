@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import engine  # noqa: F401  (loads OpenBLAS before mlx)
-import mlx.core as mx
-import numpy as np
+
+# isort: split
+from pathlib import Path
 
 from engine.checkpoints import CheckpointStore, make_fingerprint
 from engine.generate import generate_step, prefill
 from engine.kv_cache import StaticKVCache, make_cache
 from engine.sampling import SamplingParams
+
+import mlx.core as mx
+import numpy as np
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, repetition_context=0)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
+import engine  # noqa: F401  (loads OpenBLAS before mlx)
+
+# isort: split
 import errno
 import json
 import logging
@@ -13,16 +15,23 @@ import sys
 import time
 from pathlib import Path
 
+from engine.checkpoints import CheckpointStore, make_fingerprint, quant
+from engine.checkpoints import format as fmt
+from engine.checkpoints.fingerprint import weights_sha256
+from engine.kv_cache import StaticKVCache
+
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.utils import load_model
 
-from engine.checkpoints import CheckpointStore, make_fingerprint, quant
-from engine.checkpoints import format as fmt
-from engine.checkpoints.fingerprint import weights_sha256
-from engine.kv_cache import StaticKVCache
-from tests.test_checkpoints_helpers import continuation, fake_static_cache, make_store, prefilled, tokens
+from tests.test_checkpoints_helpers import (
+    continuation,
+    fake_static_cache,
+    make_store,
+    prefilled,
+    tokens,
+)
 from tests.tiny_models import LLAMA_CONFIG, make_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,6 +156,7 @@ def test_corrupt_file_is_discarded_with_one_warning(llama, tmp_path, caplog, kin
     warnings = _warnings(caplog)
     assert len(warnings) == 1 and path.name in warnings[0], warnings
     assert not path.exists() and _files(other_dir) == [other]
+    assert store.stats()["discarded"] == 1
     store.close()
 
 
@@ -213,7 +223,7 @@ def test_temp_files_of_live_writers_are_kept(tmp_path):
     fp = make_fingerprint(weights, "fp32")
     d = tmp_path / "ssd" / fp.key
     d.mkdir(parents=True)
-    dead = subprocess.run(["true"]).args and _dead_pid()
+    dead = _dead_pid()
     (d / f".{dead}-abc123.safetensors.x1.tmp").write_bytes(b"partial")
     (d / f".{os.getppid()}-abc123.safetensors.x2.tmp").write_bytes(b"in progress")
     CheckpointStore(fp, None, ram_bytes=0, ssd_dir=tmp_path / "ssd", ssd_bytes=1 << 20).close()
@@ -379,22 +389,15 @@ def test_weights_hash_is_computed_once_per_file(tmp_path, monkeypatch):
     assert weights_sha256(weights) != first and len(calls) == 2
 
 
-def _cli(*argv: str) -> tuple[int, str]:
-    import contextlib
-    import io
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    from app.cli import main
 
-    from app.commands import cache
-
-    parser = argparse.ArgumentParser()
-    cache.register(parser.add_subparsers())
-    args = parser.parse_args(["cache", *argv])
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        rc = args.func(args)
-    return rc, out.getvalue()
+    capsys.readouterr()
+    rc = main(["cache", *argv])
+    return rc, capsys.readouterr().out
 
 
-def test_cache_command_stats_flush_clear(llama, tiny_profile):
+def test_cache_command_stats_flush_clear(llama, tiny_profile, capsys):
     from engine.checkpoints import open_store
     from engine.kv_cache import make_cache
     from engine.profiles import load_profile
@@ -404,12 +407,70 @@ def test_cache_command_stats_flush_clear(llama, tiny_profile):
     store = open_store(load_profile(str(tiny_profile)), lambda: make_cache(model))
     store.release(toks, prefilled(model, toks))
     store.close()
-    rc, out = _cli("stats", "--json", "--profile", str(tiny_profile))
+    rc, out = _cli(capsys, "stats", "--json", "--profile", str(tiny_profile))
     stats = json.loads(out)
     assert rc == 0 and stats["ssd"]["entries"] == 1 and stats["ssd"]["bytes"] > 0
-    rc, out = _cli("flush", "--json", "--profile", str(tiny_profile))
+    rc, out = _cli(capsys, "flush", "--json", "--profile", str(tiny_profile))
     assert rc == 0 and json.loads(out)["durable"] and json.loads(out)["pending"] == 0
-    rc, out = _cli("clear", "--profile", str(tiny_profile))
+    rc, out = _cli(capsys, "clear", "--profile", str(tiny_profile))
     assert rc == 0 and "deleted 1 checkpoint file" in out
-    rc, out = _cli("stats", "--profile", str(tiny_profile))
+    rc, out = _cli(capsys, "stats", "--profile", str(tiny_profile))
     assert rc == 0 and "files:    0" in out
+
+
+def _roundtrip_store(tmp_path, make_layers, **kw) -> CheckpointStore:
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(b"w")
+    fp = make_fingerprint(weights, "bf16", checkpoint_format=kw.get("checkpoint_format", "same"))
+    return CheckpointStore(fp, make_layers, ram_bytes=1 << 30, ssd_dir=tmp_path / "ssd",
+                           ssd_bytes=1 << 30, **kw)
+
+
+def test_bfloat16_and_quantized_live_caches_round_trip_exactly(tmp_path):
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    toks = tokens(70, seed=19)
+    bf16 = fake_static_cache(2, 2, 70, 32, seed=19, dtype=mx.bfloat16)
+    mx.random.seed(19)
+    q = [QuantizedKVCache(group_size=32, bits=4) for _ in range(2)]
+    for c in q:
+        c.update_and_fetch(mx.random.normal((1, 2, 70, 32)), mx.random.normal((1, 2, 70, 32)))
+    for name, live, make in (("bf16", bf16, lambda: [StaticKVCache() for _ in range(2)]),
+                             ("q4-live", q, lambda: [QuantizedKVCache(group_size=32, bits=4) for _ in range(2)])):
+        root = tmp_path / name
+        root.mkdir()
+        store = _roundtrip_store(root, make)
+        store.release(toks, live)
+        assert store.close(timeout=30).durable
+        r = _roundtrip_store(root, make).acquire(toks + [3])
+        assert (r.source, r.cached_tokens) == ("ssd", 70), name
+        for got, want in zip(r.cache, live, strict=True):
+            g = got.keys if isinstance(got.keys, tuple) else (got.keys,)
+            w = want.keys if isinstance(want.keys, tuple) else (want.keys,)
+            for a, b in zip(g, w, strict=True):
+                assert a.dtype == b.dtype
+                assert mx.array_equal(a[..., :70, :], b[..., :70, :]).item(), name
+
+
+def test_cache_command_names_a_bad_profile_in_one_line(capsys):
+    from app.cli import main
+
+    assert main(["cache", "stats", "--profile", "no-such-profile"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mlxterm: ") and "no-such-profile" in err and err.count("\n") == 1
+
+
+def test_superseded_session_file_is_deleted_once_the_newer_one_is_written(tmp_path):
+    make = lambda: [StaticKVCache() for _ in range(2)]  # noqa: E731
+    toks = tokens(120, seed=20)
+    store = _roundtrip_store(tmp_path, make)
+    first = store.release(toks[:80], fake_static_cache(2, 2, 80, 16, seed=1), session_id="s1")
+    store.flush(timeout=30)
+    second = store.release(toks, fake_static_cache(2, 2, 120, 16, seed=2), session_id="s1")
+    report = store.close(timeout=30)
+    assert report.durable and report.written == 2 and store.stats()["superseded"] == 1
+    assert [p.stem for p in _files(tmp_path / "ssd")] == [second] != [first]
+    fresh = _roundtrip_store(tmp_path, make)
+    r = fresh.acquire(toks[:90] + [1], session_id="s1")
+    assert (r.source, r.cached_tokens) == ("ssd", 90)  # the newer file, trimmed
+    assert fresh.stats()["sessions"] == 1

@@ -5,15 +5,15 @@ import subprocess
 import sys
 
 import engine  # noqa: F401
-import mlx.core as mx
-import pytest
-from mlx_lm.models.cache import make_prompt_cache
-
 from engine.catalog import model_path
 from engine.generate import generate_step
 from engine.kv_cache import WindowKVCache, make_cache
 from engine.model_loader import load_bundle
 from engine.sampling import SamplingParams
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
 
 pytestmark = pytest.mark.e2e
 

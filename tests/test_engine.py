@@ -3,10 +3,10 @@
 import threading
 import time
 
-import pytest
-
 from engine.events import Done, TextDelta
 from engine.runtime import Engine, GenerationRequest
+
+import pytest
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +113,7 @@ async def test_async_iteration(tiny_engine):
 
 def test_missing_model_is_one_clear_error(tmp_path):
     from engine.errors import MlxtermError
+
     from tests.tiny_models import write_profile
 
     profile = write_profile(tmp_path / "gone.yaml", tmp_path / "no-such-model")

@@ -1,14 +1,14 @@
 """Decode loop: compiled static-cache decoding matches mlx_lm exactly on tiny models."""
 
 import engine  # noqa: F401
+from engine.generate import generate_step
+from engine.kv_cache import StaticKVCache, WindowKVCache, make_cache
+from engine.sampling import SamplingParams
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
-
-from engine.generate import generate_step
-from engine.kv_cache import StaticKVCache, WindowKVCache, make_cache
-from engine.sampling import SamplingParams
 
 PROMPT = [5, 40, 77, 101, 200, 13, 64, 90, 91, 92, 150, 151, 152, 153, 20, 21, 22, 23, 24, 25]
 
@@ -55,7 +55,7 @@ def test_teacher_forced_logits_bit_exact(tiny_llama_dir):
     key, recent = mx.random.key(0), mx.full((8,), -1, mx.int32)
     ours_lp = []
     for t in forced:
-        _, lp, _, _ = step(mx.array([t]), key, recent)
+        _, lp, _, _ = step(cache, mx.array([t]), key, recent)
         ours_lp.append(lp)
     for i in range(32):
         want = ref[i + 1].astype(mx.float32)

@@ -13,16 +13,16 @@ import importlib.util
 import os
 from pathlib import Path
 
+from engine.errors import ModelLoadError
+from engine.gguf import load_gguf, read_gguf
+from engine.gguf.writer import RawTensor, encode_gguf, write_gguf
+
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text, llama, qwen2
 from mlx_lm.models.cache import make_prompt_cache
-
-from engine.errors import ModelLoadError
-from engine.gguf import load_gguf, read_gguf
-from engine.gguf.writer import RawTensor, encode_gguf, write_gguf
 
 rng = np.random.default_rng(7)
 

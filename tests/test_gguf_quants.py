@@ -4,13 +4,13 @@ MLX affine triples -> ``mx.dequantize`` bit-exact, and where ``mx.load`` goes wr
 import engine  # loads OpenBLAS before mlx is imported
 
 # isort: split
-import mlx.core as mx
-import numpy as np
-import pytest
-
 from engine.gguf import quants
 from engine.gguf.ggml_types import BY_NAME
 from engine.gguf.writer import RawTensor, write_gguf
+
+import mlx.core as mx
+import numpy as np
+import pytest
 
 F32 = np.float32
 rng = np.random.default_rng(1234)

@@ -8,9 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-import yaml
-
 from engine import paths
 from engine.errors import ProfileError
 from engine.profiles import (
@@ -23,6 +20,9 @@ from engine.profiles import (
     profile_to_dict,
     shipped_dir,
 )
+
+import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = {"smollm2-135m", "smollm2-135m-kv8", "gemma3-270m", "qwen2.5-coder-0.5b", "mlx-qwen2.5-7b-apple"}

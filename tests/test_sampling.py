@@ -1,8 +1,8 @@
 import engine  # noqa: F401
+from engine.sampling import SamplingParams, make_sampler
+
 import mlx.core as mx
 import numpy as np
-
-from engine.sampling import SamplingParams, make_sampler
 
 LOGITS = mx.array([[1.0, 3.0, 2.0, 0.5, -1.0, 2.9]])
 EMPTY = mx.full((4,), -1, mx.int32)

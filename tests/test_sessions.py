@@ -8,9 +8,6 @@ import random
 import sqlite3
 import struct
 
-import numpy as np
-import pytest
-
 from engine.errors import MlxtermError
 from engine.sessions import (
     SessionError,
@@ -20,6 +17,9 @@ from engine.sessions import (
 )
 from engine.sessions.naming import ALPHABET, ID_LENGTH, new_id
 from engine.sessions.schema import SCHEMA_VERSION
+
+import numpy as np
+import pytest
 
 
 @pytest.fixture(params=["fts", "like"])

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from engine.sessions import SessionStore
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 

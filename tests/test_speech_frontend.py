@@ -7,9 +7,6 @@ import shutil
 import subprocess
 import wave
 
-import numpy as np
-import pytest
-
 from engine.speech.audio import load_audio, resample
 from engine.speech.errors import AudioFileError
 from engine.speech.mel import (
@@ -21,6 +18,9 @@ from engine.speech.mel import (
     mel_power,
 )
 from engine.speech.wer import normalize, word_error_rate, word_errors
+
+import numpy as np
+import pytest
 
 # --- reference: Whisper's recipe written out plainly -------------------------------------
 
@@ -219,3 +219,35 @@ def test_tokenizer_suppression_list_matches_the_shipped_model_config():
     assert sorted(set(tok.non_speech_tokens()) | specials) == config["suppress_ids"]
     assert tok.encode(" ") + [s.eot] == config["suppress_ids_begin"]
     assert tok.decode(tok.encode(" Hello world") + [s.eot, s.timestamp_begin + 7]) == " Hello world"
+
+
+def test_model_loading_errors(tmp_path):
+    from engine.errors import ModelLoadError
+    from engine.speech.loader import load_whisper, model_dir
+
+    with pytest.raises(ModelLoadError, match="no such speech model directory or name"):
+        model_dir("whisper-giant")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelLoadError, match="neither a CTranslate2"):
+        load_whisper(str(empty))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.bin").write_bytes(b"\x06\x00\x00\x00\x0c\x00WhisperSpec\x00\x03\x00\x00\x00\xff")
+    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+        load_whisper(str(broken), cache_root=tmp_path / "cache")
+
+
+def test_bench_rewrites_only_its_section(tmp_path):
+    from app.benches.speech import write_section
+
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n## Engine\n\nE\n\n## Speech\n\nold\n\n## Resume\n\nR\n")
+    write_section("NEW", doc)
+    text = doc.read_text()
+    assert "old" not in text and "NEW" in text
+    assert text.index("## Engine") < text.index("## Speech") < text.index("NEW") < text.index("## Resume")
+    assert text.endswith("## Resume\n\nR\n")
+    fresh = tmp_path / "new.md"
+    write_section("T", fresh)
+    assert fresh.read_text().startswith("# Benchmarks\n\n## Speech\n")

@@ -32,13 +32,13 @@ import random
 import shutil
 from pathlib import Path
 
-import mlx.core as mx
-import pytest
-
 from engine.atomic import atomic_write
 from engine.errors import ModelLoadError
 from engine.gguf.reader import read_gguf
 from engine.tokenizer import PRE_TOKENIZER_SPLITS, Tokenizer
+
+import mlx.core as mx
+import pytest
 
 # fmt: off
 SMOLLM2_REFERENCE: dict[str, list[int]] = {

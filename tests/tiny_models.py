@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import engine  # noqa: F401  (loads OpenBLAS before mlx)
+
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers

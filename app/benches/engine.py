@@ -50,12 +50,6 @@ def _time_stream(tokens_iter) -> tuple[float, float, int]:
 
 
 def run(args) -> dict:
-    import mlx.core as mx
-    from mlx_lm.generate import stream_generate
-    from mlx_lm.sample_utils import make_sampler as stock_sampler
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from transformers import PreTrainedTokenizerFast
-
     from engine import blas
     from engine.catalog import resolve_source
     from engine.generate import generate_step
@@ -64,6 +58,12 @@ def run(args) -> dict:
     from engine.profiles import load_profile
     from engine.sampling import SamplingParams
     from engine.weight_policy import backend, choose_weights
+
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.sample_utils import make_sampler as stock_sampler
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from transformers import PreTrainedTokenizerFast
 
     profile = load_profile(args.profile)
     source = resolve_source(profile.model.source, profile.base_dir)
@@ -113,12 +113,12 @@ def run(args) -> dict:
             "tokens": [r[2] for r in runs],
             "runs": len(runs),
         }
-    e, s, l = summary["engine"], summary["stock_same"], summary["stock_loaded"]
+    e, s, q = summary["engine"], summary["stock_same"], summary["stock_loaded"]
     ratios = {
         "decode_vs_stock_same": round(e["decode_tps"] / s["decode_tps"], 2),
         "prefill_vs_stock_same": round(e["prefill_tps"] / s["prefill_tps"], 2),
-        "decode_vs_stock_loaded": round(e["decode_tps"] / l["decode_tps"], 2),
-        "prefill_vs_stock_loaded": round(e["prefill_tps"] / l["prefill_tps"], 2),
+        "decode_vs_stock_loaded": round(e["decode_tps"] / q["decode_tps"], 2),
+        "prefill_vs_stock_loaded": round(e["prefill_tps"] / q["prefill_tps"], 2),
     }
     table = ["| arm | weights | prefill tok/s | decode tok/s | TTFT ms |", "|---|---|---|---|---|"]
     for name, w in (("engine", fmt), ("stock_same", fmt), ("stock_loaded", stock.loaded.weight_format)):

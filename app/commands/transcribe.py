@@ -60,7 +60,7 @@ def _batch(bundle, audio, args) -> dict:
 
 
 def _streamed(bundle, audio, args) -> dict:
-    """Feed 100-ms blocks as fast as the pipeline takes them, printing partials to stderr."""
+    """Feed the file in 100-ms blocks at once (no real-time pacing), printing finals to stderr."""
     from engine.errors import MlxtermError
     from engine.speech.stream import DictationConfig, DictationSession
 
@@ -78,4 +78,6 @@ def _streamed(bundle, audio, args) -> dict:
     text = session.finish()
     if session.error:
         raise MlxtermError(session.error)
-    return {"text": text, "segments": [], "timings": {"finish_ms": round((time.perf_counter() - t) * 1e3, 1)}}
+    timings = _timings(session.timings)  # includes look-ahead work that was discarded
+    timings["finish_ms"] = round((time.perf_counter() - t) * 1e3, 1)
+    return {"text": text, "segments": [s.as_dict() for s in session.segments], "timings": timings}

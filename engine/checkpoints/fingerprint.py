@@ -97,9 +97,9 @@ def _version(dist: str) -> str:
 
 def make_fingerprint(model_path: Path, weight_format: str, kv_format: str = "dense",
                      checkpoint_format: str = "same", backend: str | None = None) -> Fingerprint:
-    import mlx.core as mx
-
     from engine.weight_policy import backend as current_backend
+
+    import mlx.core as mx
 
     return Fingerprint(
         weights_sha256=weights_sha256(model_path),

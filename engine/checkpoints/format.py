@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
-
 from engine.checkpoints import quant
 from engine.errors import MlxtermError
+
+import numpy as np
 
 FORMAT = "mlxterm-kv-checkpoint"
 VERSION = 1

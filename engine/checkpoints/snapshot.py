@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.checkpoints.format import HostCheckpoint, HostLayer
+from engine.kv_cache import StaticKVCache, WindowKVCache
+
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import QuantizedKVCache
 
-from engine.checkpoints.format import HostCheckpoint, HostLayer
-from engine.kv_cache import StaticKVCache, WindowKVCache
-
 CLASSES = ("StaticKVCache", "WindowKVCache", "QuantizedKVCache")
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
 class UnsupportedCache(ValueError):
@@ -137,9 +138,6 @@ def host_view(x: mx.array) -> np.ndarray:
         x = x.view(mx.uint16)
         mx.eval(x)
     return np.asarray(x)
-
-
-_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
 def from_file(layers_meta: list[dict], tensors: dict[str, np.ndarray]) -> Snapshot:

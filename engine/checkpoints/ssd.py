@@ -53,6 +53,7 @@ class SsdTier:
         self.layout = layout
         self.dir = self.root / fingerprint.key
         self.disabled_reason: str | None = None
+        self.discarded = 0
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             probe = self.dir / f".probe-{os.getpid()}-{secrets.token_hex(4)}"
@@ -151,6 +152,7 @@ class SsdTier:
 
     def discard(self, path: Path, reason: str) -> None:
         log.warning("discarding checkpoint %s: %s", path, reason)
+        self.discarded += 1
         self.delete(path)
 
     @staticmethod

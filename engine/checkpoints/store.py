@@ -20,8 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from engine.checkpoints import format as fmt
 from engine.checkpoints import snapshot as snap_mod
 from engine.checkpoints.fingerprint import Fingerprint
@@ -29,6 +27,8 @@ from engine.checkpoints.snapshot import Snapshot, UnsupportedCache
 from engine.checkpoints.ssd import SsdTier
 from engine.checkpoints.trie import TokenTrie, common_prefix
 from engine.checkpoints.writer import Writer
+
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class _Entry:
     ssd_bytes: int = 0
     write: str = "none"  # none | pending | written | dropped | failed
     supersedes: str | None = None  # older checkpoint of the session to delete once written
+    superseded: bool = False  # a newer one covers it: losing it is not a loss
     last_used: int = 0
 
 
@@ -104,8 +105,7 @@ class CheckpointStore:
         self._ram_used = 0
         self._clock = 0
         self._counts = dict.fromkeys(
-            ("ram_hits", "ssd_hits", "misses", "written", "write_failures", "dropped",
-             "discarded", "superseded"), 0)
+            ("ram_hits", "ssd_hits", "misses", "written", "write_failures", "dropped", "superseded"), 0)
         self._reset_report()
         self.ssd: SsdTier | None = None
         if ssd_dir is not None:
@@ -188,7 +188,6 @@ class CheckpointStore:
         except fmt.CorruptCheckpoint as e:
             self.ssd.discard(path, str(e))
             with self._lock:
-                self._counts["discarded"] += 1
                 self._drop_ssd(entry)
             return None
         except OSError as e:  # evicted by another process meanwhile
@@ -262,6 +261,7 @@ class CheckpointStore:
                 and common_prefix(old.tokens, new.tokens) == len(old.tokens)):
             return
         self._counts["superseded"] += 1
+        old.superseded = True
         self._drop_ram(old)
         if old.write == "pending" and self._writer.cancel(old.cid):
             old.write = "none"
@@ -297,12 +297,12 @@ class CheckpointStore:
             return
         evicted = ssd.evict(keep=path)
         with self._lock:
-            self._counts["written"] += 1
-            self._report["written"] += 1
             entry = self._entries.get(job.cid)
             if entry is None:  # cleared while it was being written
                 SsdTier.delete(path)
                 return
+            self._counts["written"] += 1
+            self._report["written"] += 1
             entry.path, entry.ssd_bytes, entry.write = path, size, "written"
             old = self._entries.get(entry.supersedes or "")
             if old is not None:  # the newer file covers everything the older one could serve
@@ -323,8 +323,7 @@ class CheckpointStore:
             if entry is not None:
                 entry.write = "failed"
                 if entry.snapshot is None:
-                    self._report["missing"].append(cid)
-                    self._remove(entry)
+                    self._lost(entry)
 
     def _dropped(self, entry: _Entry | None, cid: str, reason: str) -> None:
         """Lock held. A snapshot that will not be written: say so (log + report), never silently."""
@@ -334,8 +333,7 @@ class CheckpointStore:
         if entry is not None:
             entry.write = "dropped"
             if entry.snapshot is None:
-                self._report["missing"].append(cid)
-                self._remove(entry)
+                self._lost(entry)
 
     # -- tiers and index (lock held) ---------------------------------------------------------------
     def _adopt(self, found) -> None:
@@ -362,8 +360,15 @@ class CheckpointStore:
         self._drop_ram(entry)
         if entry.path is None and entry.write != "pending":
             if entry.write in ("dropped", "failed"):
-                self._report["missing"].append(cid)
-            self._remove(entry)
+                self._lost(entry)
+            else:
+                self._remove(entry)
+
+    def _lost(self, entry: _Entry) -> None:
+        """In neither tier any more and never written: report it as missing and forget it."""
+        if not entry.superseded:
+            self._report["missing"].append(entry.cid)
+        self._remove(entry)
 
     def _drop_ram(self, entry: _Entry) -> None:
         if entry.snapshot is not None:
@@ -402,8 +407,8 @@ class CheckpointStore:
         pending = self._writer.pending()
         with self._lock:
             r = self._report
-            unwritten = [cid for cid in pending
-                         if cid in self._entries and self._entries[cid].snapshot is None]
+            unwritten = [cid for cid in pending if cid in self._entries
+                         and self._entries[cid].snapshot is None and not self._entries[cid].superseded]
             missing = list(r["missing"]) + [c for c in unwritten if c not in r["missing"]]
             reason = self.ssd.disabled_reason if self.ssd else "no SSD tier configured"
             durable = reason is None and not (pending or r["dropped"] or r["failed"] or missing)
@@ -428,7 +433,7 @@ class CheckpointStore:
                 "pending": len(self._writer.pending()),
                 "write_failures": self._counts["write_failures"],
                 "dropped": self._counts["dropped"],
-                "discarded": self._counts["discarded"],
+                "discarded": ssd.discarded if ssd else 0,  # corrupt or foreign files deleted
                 "superseded": self._counts["superseded"],
                 "checkpoint_format": self.storage,
                 "ssd_disabled_reason": ssd.disabled_reason if ssd else "no SSD tier configured",

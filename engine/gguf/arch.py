@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from engine.errors import ModelLoadError
+
+import numpy as np
 
 _COMMON = {
     "attn_norm": "input_layernorm",

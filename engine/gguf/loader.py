@@ -17,16 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-import mlx.nn as nn
-import numpy as np
-from mlx.utils import tree_flatten
-
 from engine.errors import ModelLoadError
 from engine.gguf.arch import ARCHS, ArchSpec, Meta, check_args, unpermute_rows
 from engine.gguf.ggml_types import FILE_TYPES
 from engine.gguf.quants import AFFINE_TYPES, SUPPORTED, dequantize, to_affine
 from engine.gguf.reader import GGUFFile, TensorInfo, read_gguf
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
 
 WEIGHT_FORMATS = ("quantized", "fp32", "fp16", "bf16")
 

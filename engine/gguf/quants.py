@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.errors import ModelLoadError
 from engine.gguf.ggml_types import BY_NAME, GGMLType
+
+import numpy as np
 
 GROUP_SIZE = 32
 # Values decoded per step: bounds the float32 temporaries for big tensors (embeddings).

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from engine.errors import ModelLoadError
 from engine.gguf.ggml_types import GGML_TYPES, GGMLType
+
+import numpy as np
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from engine.atomic import atomic_write_bytes
 from engine.gguf.ggml_types import BY_NAME
+
+import numpy as np
 
 _FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
         10: "<Q", 11: "<q", 12: "<d"}

@@ -14,10 +14,10 @@ import wave
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
-
 from engine.speech.errors import AudioFileError
 from engine.speech.mel import SAMPLE_RATE
+
+import numpy as np
 
 
 def load_audio(path: str | Path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:

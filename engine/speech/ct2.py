@@ -17,9 +17,9 @@ import re
 import struct
 from pathlib import Path
 
-import numpy as np
-
 from engine.errors import ModelLoadError
+
+import numpy as np
 
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
 

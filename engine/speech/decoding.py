@@ -15,11 +15,11 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
-import mlx.core as mx
-import numpy as np
-
 from engine.speech.loader import WhisperBundle
 from engine.speech.tokenizer import TIME_PRECISION
+
+import mlx.core as mx
+import numpy as np
 
 
 class Aborted(Exception):

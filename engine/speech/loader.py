@@ -17,16 +17,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mlx.core as mx
-import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
-
 from engine import paths
 from engine.atomic import atomic_write_bytes, atomic_write_text
 from engine.errors import ModelLoadError
 from engine.speech.ct2 import convert_ct2_whisper
 from engine.speech.tokenizer import WhisperTokenizer
 from engine.speech.whisper_model import Whisper, WhisperDims
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
 
 log = logging.getLogger(__name__)
 

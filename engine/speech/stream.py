@@ -36,14 +36,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.errors import MlxtermError
 from engine.speech.decoding import Aborted
 from engine.speech.loader import DEFAULT_SPEECH_MODEL, WhisperBundle, load_whisper
 from engine.speech.mel import SAMPLE_RATE
-from engine.speech.transcribe import SeekTranscriber, TranscribeOptions
+from engine.speech.transcribe import SeekTranscriber, Segment, Timings, TranscribeOptions
 from engine.speech.vad import SpeechSegmenter, VadStream
+
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,8 @@ class DictationSession:
         self._utts: list[_Utterance] = []  # in order; all but the last are closed
         self._listening = True  # the listener has not finished yet
         self._texts: list[str] = []  # texts of finished utterances
+        self.segments: list[Segment] = []  # finished segments, times from the take's start
+        self.timings = Timings()  # all Whisper work, look-ahead included
         self.error: str | None = None
         self._done = threading.Event()
         self._listener = threading.Thread(target=self._guard, args=(self._listen,), name="dictation-vad", daemon=True)
@@ -306,7 +308,7 @@ class DictationSession:
         tr = utt.transcriber
         if utt.spec is not None:  # the latest look-ahead drafts the windows decoded next
             tr.drafts = dict(utt.spec.decoded)
-        committed = tr.advance(audio, final=False, should_stop=self._is_cancelled)
+        committed = self._advance(tr, audio, False, self._is_cancelled)
         if committed:
             utt.committed = len(tr.segments)
             self._emit("final", text=" ".join(s.text for s in committed))
@@ -314,11 +316,18 @@ class DictationSession:
         key = (tr.seek, utt.start + audio.size)
         spec = tr.clone()
         try:
-            spec.advance(audio, final=True, should_stop=lambda: self._stale(utt, key, settled))
+            self._advance(spec, audio, True, lambda: self._stale(utt, key, settled))
         except Aborted:
             return
         utt.spec, utt.spec_key = spec, key
         self._emit("partial", text=" ".join(s.text for s in spec.segments[utt.committed:]))
+
+    def _advance(self, tr: SeekTranscriber, audio: np.ndarray, final: bool, should_stop) -> list[Segment]:
+        try:
+            return tr.advance(audio, final=final, should_stop=should_stop)
+        finally:
+            self.timings.add(tr.timings)
+            tr.timings = Timings()
 
     def _is_cancelled(self) -> bool:
         return self._cancelled
@@ -346,6 +355,9 @@ class DictationSession:
         else:
             if utt.spec is not None:
                 tr.drafts = dict(utt.spec.decoded)
-            tr.advance(audio, final=True, should_stop=self._is_cancelled)
+            self._advance(tr, audio, True, self._is_cancelled)
         self._texts.append(tr.text)
+        offset = utt.start / SAMPLE_RATE
+        self.segments.extend(Segment(s.start + offset, s.end + offset, s.text, s.tokens, s.temperature,
+                                     s.avg_logprob, s.no_speech_prob) for s in tr.segments)
         self._emit("final", text=" ".join(s.text for s in tr.segments[utt.committed:]), sample=utt.end)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer
-
 from engine.errors import ModelLoadError
+
+from tokenizers import Tokenizer
 
 TIME_PRECISION = 0.02  # seconds per timestamp token
 

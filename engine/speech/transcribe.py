@@ -15,9 +15,6 @@ import copy
 import time
 from dataclasses import dataclass
 
-import mlx.core as mx
-import numpy as np
-
 from engine.speech.decoding import Aborted, DecodeOptions, DecodeResult, decode_window
 from engine.speech.loader import WhisperBundle
 from engine.speech.mel import (
@@ -29,6 +26,9 @@ from engine.speech.mel import (
     log_mel_window,
 )
 from engine.speech.tokenizer import TIME_PRECISION
+
+import mlx.core as mx
+import numpy as np
 
 
 @dataclass(frozen=True)

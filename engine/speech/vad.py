@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.errors import ModelLoadError
+
 import mlx.core as mx
 import numpy as np
-
-from engine.errors import ModelLoadError
 
 FRAME = 512  # samples per VAD step at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous frame prepended to each step

@@ -10,11 +10,11 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from engine.speech.fastmath import gelu, softmax
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-
-from engine.speech.fastmath import gelu, softmax
 
 
 @dataclass(frozen=True)

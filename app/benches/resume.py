@@ -1,0 +1,97 @@
+"""Resume cost: cold prefill vs RAM-hit vs SSD-restore time to first token, per context size.
+
+For each context size the same conversation prefix is timed three ways in one run, arms
+alternated (cold, ram, ssd, then ssd, ram, cold): cold = the prompt with a fresh nonce so no
+checkpoint matches; ram = a follow-up turn of a session whose checkpoint is in the RAM tier;
+ssd = the same follow-up from a second engine whose RAM tier is empty (a new process would
+see the same), restoring the flushed checkpoint file.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import uuid
+
+from app.benches.engine import PASSAGE
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--profile", default="smollm2-135m")
+    p.add_argument("--contexts", default="1024,4096,8000", help="comma-separated token counts")
+    p.add_argument("--repeats", type=int, default=1, help="rounds per context (each runs every arm twice)")
+
+
+def _conversation(engine, n_tokens: int, nonce: str) -> list[int]:
+    text = f"[{nonce}] Summarise this text.\n"
+    while len(engine.tokenizer.encode(text)) < n_tokens:
+        text += PASSAGE
+    ids = engine.chat_prompt([{"role": "user", "content": text}])
+    return ids[: n_tokens - 16] + ids[-16:] if len(ids) > n_tokens else ids
+
+
+def run(args) -> dict:
+    from engine.profiles import load_profile, profile_to_dict
+    from engine.runtime import Engine, GenerationRequest
+
+    import yaml
+
+    base = load_profile(args.profile)
+    tmp = tempfile.mkdtemp(prefix="mlxterm-bench-resume-")
+    data = profile_to_dict(base)
+    data["cache"]["ssd_dir"] = f"{tmp}/ssd"
+    data["cache"]["ram_bytes"] = 8 * 1024**3
+    data["context"]["max_context"] = max(data["context"]["max_context"], 8192 + 64)
+    data["name"] = base.name + "-bench"
+    prof_path = f"{tmp}/bench.yaml"
+    with open(prof_path, "w") as f:
+        yaml.safe_dump(data, f)
+
+    warm = Engine.load(prof_path)
+    contexts = [int(x) for x in args.contexts.split(",")]
+    follow = warm.tokenizer.encode("<|im_end|>\n<|im_start|>user\nAnd in one word?<|im_end|>\n<|im_start|>assistant\n")
+    rows = []
+    try:
+        for n in contexts:
+            times: dict[str, list[float]] = {"cold": [], "ram": [], "ssd": []}
+            restored: dict[str, list[int]] = {"ram": [], "ssd": []}
+            for _ in range(args.repeats):
+                for arm in ("cold", "ram", "ssd", "ssd", "ram", "cold"):
+                    sid = f"bench-{uuid.uuid4().hex[:8]}"
+                    prompt = _conversation(warm, n, sid)  # a new nonce: nothing cached yet
+                    if arm == "cold":
+                        done = warm.submit(GenerationRequest(prompt, warm.sampling(max_tokens=1, temperature=0), session_id=sid)).result()
+                        times["cold"].append(done.timings.ttft_ms)
+                        continue
+                    # Build the session's checkpoint (untimed), then time the follow-up.
+                    first = warm.submit(GenerationRequest(prompt, warm.sampling(max_tokens=1, temperature=0), session_id=sid)).result()
+                    follow_up = prompt + first.completion_token_ids + follow
+                    if arm == "ram":
+                        eng = warm
+                    else:
+                        warm.flush_checkpoints()
+                        eng = Engine.load(prof_path)  # empty RAM tier: must read the SSD file
+                    done = eng.submit(GenerationRequest(follow_up, eng.sampling(max_tokens=1, temperature=0), session_id=sid)).result()
+                    if eng is not warm:
+                        eng.close()
+                    assert done.cache_source == arm, (arm, done.cache_source)
+                    times[arm].append(done.timings.ttft_ms)
+                    restored[arm].append(done.usage.cached_tokens)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            rows.append({
+                "context_tokens": n,
+                "cold_ttft_ms": round(med["cold"], 1),
+                "ram_ttft_ms": round(med["ram"], 1),
+                "ssd_ttft_ms": round(med["ssd"], 1),
+                "ram_speedup": round(med["cold"] / med["ram"], 1),
+                "ssd_speedup": round(med["cold"] / med["ssd"], 1),
+                "restored_tokens": restored["ssd"][0],
+                "runs": {k: [round(x, 1) for x in v] for k, v in times.items()},
+            })
+    finally:
+        warm.close()
+    table = ["| context | cold prefill TTFT ms | RAM hit TTFT ms | SSD restore TTFT ms | RAM speed-up | SSD speed-up |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        table.append(f"| {r['context_tokens']} | {r['cold_ttft_ms']} | {r['ram_ttft_ms']} | {r['ssd_ttft_ms']} | {r['ram_speedup']}x | {r['ssd_speedup']}x |")
+    return {"bench": "resume", "profile": base.name, "rows": rows, "summary": "\n".join(table)}

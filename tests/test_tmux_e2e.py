@@ -1,0 +1,120 @@
+"""End to end: the real ``mlxterm`` TUI on SmolLM2, driven through tmux like a person would.
+
+Ask a question, see the answer, quit, start ``mlxterm`` again, open the chat from the
+sidebar, ask a follow-up, and see the status bar report the context restored from the SSD
+checkpoint tier (the RAM cache of the first process is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
+]
+
+MLXTERM = Path(sys.executable).parent / "mlxterm"
+RESTORED = re.compile(r"restored ([\d,]+) tokens from (RAM|SSD) in (\d+) ms")
+
+
+class Tmux:
+    """One detached tmux session on a private server socket."""
+
+    def __init__(self, name: str, env: dict[str, str], width: int = 160, height: int = 40):
+        self.base = ["tmux", "-L", name, "-f", os.devnull]
+        self.target = "mlx"
+        env_args = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+        subprocess.run([*self.base, "new-session", "-d", "-s", self.target, "-x", str(width),
+                        "-y", str(height), *env_args, "bash --noprofile --norc"], check=True)
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run([*self.base, "send-keys", "-t", self.target, *keys], check=True)
+
+    def type(self, text: str) -> None:
+        subprocess.run([*self.base, "send-keys", "-t", self.target, "-l", text], check=True)
+
+    def screen(self) -> str:
+        return subprocess.run([*self.base, "capture-pane", "-p", "-t", self.target],
+                              capture_output=True, text=True, check=True).stdout
+
+    def wait_for(self, pattern: str | re.Pattern, timeout: float = 120.0) -> re.Match:
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.screen()
+            match = regex.search(screen)
+            if match:
+                return match
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {regex.pattern!r}; screen:\n{screen}")
+            time.sleep(0.25)
+
+    def kill(self) -> None:
+        subprocess.run([*self.base, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def tmux(_isolated_home, tmp_path):
+    env = {"MLXTERM_HOME": os.environ["MLXTERM_HOME"],
+           "MLXTERM_MODELS_DIR": os.environ["MLXTERM_MODELS_DIR"],
+           "HOME": str(tmp_path), "TERM": "xterm-256color", "LANG": "C.UTF-8"}
+    t = Tmux(f"mlxterm-e2e-{os.getpid()}", env)
+    yield t
+    t.kill()
+
+
+def _launch(tmux: Tmux) -> None:
+    tmux.type(f"{MLXTERM}; echo EXIT=$?")
+    tmux.keys("Enter")
+    tmux.wait_for(r"smollm2-135m · KV fp16")  # the status bar once the model is loaded
+
+
+def _ask(tmux: Tmux, question: str) -> str:
+    tmux.type(question)
+    tmux.keys("Enter")
+    match = tmux.wait_for(r"tok/s", timeout=240)  # the last turn's speed: the reply is done
+    return match.string
+
+
+def _quit(tmux: Tmux) -> None:
+    tmux.keys("C-q")
+    tmux.wait_for(r"EXIT=0", timeout=60)
+    tmux.keys("clear", "Enter")
+
+
+def test_ask_quit_resume_and_restore_from_ssd(tmux):
+    from engine.sessions import SessionStore
+
+    _launch(tmux)
+    screen = _ask(tmux, "What is the capital of France?")
+    assert "What is the capital of France?" in screen
+    assert re.search(r"Assistant #3", screen)  # system prompt #1, question #2, answer #3
+    _quit(tmux)
+
+    (session,) = SessionStore().list()
+    first = SessionStore().messages(session.id)
+    assert [m.role for m in first] == ["system", "user", "assistant"]
+    assert first[-1].content.strip()
+
+    _launch(tmux)
+    tmux.keys("C-l", "Enter")  # the chat list, then open the newest chat
+    tmux.wait_for(r"opened “")
+    screen = _ask(tmux, "And what is its population?")
+    _quit(tmux)
+
+    messages = SessionStore().messages(session.id)
+    assert [m.role for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    restored = RESTORED.search(screen)
+    assert restored, f"no restore report in the status bar:\n{screen}"
+    cached = int(restored.group(1).replace(",", ""))
+    assert cached == messages[-1].meta["usage"]["cached_tokens"] > 0
+    assert restored.group(2) == "SSD", f"expected the SSD tier after a restart: {restored[0]}"
