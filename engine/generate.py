@@ -138,12 +138,14 @@ def generate_step(
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     constraint: TokenConstraint | None = None,
+    prefill_model=None,
 ) -> Iterator[StepOutput]:
     """Yield sampled tokens for ``prompt`` (the part of the context not yet in ``cache``).
 
     ``history`` is the full token context so far (for the repetition penalty window). The
     caller stops iterating to end generation; at most ``params.max_tokens`` are produced.
     With a ``constraint``, each token is drawn under its mask (see engine.constraints).
+    ``prefill_model`` (same architecture, other weight format) processes the prompt.
     """
     if not prompt:
         raise ValueError("generate_step needs at least one new prompt token")
@@ -153,7 +155,7 @@ def generate_step(
     seed = params.seed if params.seed is not None else int.from_bytes(_urandom(4), "little")
     key = mx.random.key(seed)
 
-    logits = prefill(model, cache, prompt, prefill_chunk, progress, should_stop)
+    logits = prefill(prefill_model or model, cache, prompt, prefill_chunk, progress, should_stop)
     if should_stop and should_stop():
         return
     vocab = logits.shape[-1]

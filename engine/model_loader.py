@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ class ModelBundle:
     loaded: LoadedModel
     tokenizer: Tokenizer
     load_ms: float
+    prefill_model: nn.Module | None = None  # "hybrid": dense copy used for prompt processing
 
     @property
     def model(self) -> nn.Module:
@@ -27,18 +29,41 @@ class ModelBundle:
 
 
 def load_bundle(path: Path, weights: str) -> ModelBundle:
-    """Load ``path`` (a .gguf file or a model directory) in weight format ``weights``."""
+    """Load ``path`` (a .gguf file or a model directory) in weight format ``weights``.
+
+    ``hybrid`` loads the quantized weights for decoding plus a dense fp32 copy for prefill
+    (BLAS matmuls win for many tokens at once, packed weights for one token at a time).
+    """
     t0 = time.perf_counter()
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model not found at {path}")
+    base = "quantized" if weights == "hybrid" else weights
     if path.is_dir():
-        loaded = _load_mlx_dir(path, weights)
+        loaded = _load_mlx_dir(path, base)
         tokenizer = Tokenizer.from_hf_dir(path)
     else:
-        loaded = load_gguf(path, weights)
+        loaded = load_gguf(path, base)
         tokenizer = Tokenizer.from_gguf_metadata(loaded.metadata, str(path))
-    return ModelBundle(loaded, tokenizer, (time.perf_counter() - t0) * 1000)
+    prefill_model = None
+    if weights == "hybrid":
+        prefill_model = copy.deepcopy(loaded.model)
+        densify(prefill_model, mx.float32)
+        mx.eval(prefill_model.parameters())
+        # Decode runs dense float16/bf16 leftovers (e.g. Q6_K tensors) in fp32 as well: the CPU
+        # half-precision matmul has no fast kernel.
+        _upcast_dense(loaded.model)
+        loaded.weight_format = "hybrid"
+    return ModelBundle(loaded, tokenizer, (time.perf_counter() - t0) * 1000, prefill_model)
+
+
+def _upcast_dense(model: nn.Module) -> None:
+    def up(_, m):
+        if isinstance(m, (nn.Linear, nn.Embedding)) and m.weight.dtype in (mx.float16, mx.bfloat16):
+            m.update({k: v.astype(mx.float32) for k, v in m.parameters().items()})
+        return m
+
+    model.update_modules(_map_modules(model.leaf_modules(), up))
 
 
 def _load_mlx_dir(path: Path, weights: str) -> LoadedModel:

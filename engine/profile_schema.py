@@ -285,7 +285,7 @@ def opt(default: Any, rule: Rule) -> Any:
 @dataclass(frozen=True)
 class ModelConfig:
     source: str = field(metadata={"rule": Text()})  # required: catalogue name, path or pkg:...
-    weights: str = opt("auto", Choice("auto", "quantized", "fp32", "fp16", "bf16"))
+    weights: str = opt("auto", Choice("auto", "quantized", "hybrid", "fp32", "fp16", "bf16"))
 
 
 @dataclass(frozen=True)

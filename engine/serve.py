@@ -156,6 +156,7 @@ class Runner:
             progress=progress,
             should_stop=lambda: handle.cancelled,
             constraint=req.constraint,
+            prefill_model=self.bundle.prefill_model,
         )
         for out in steps:
             if t_first is None:

@@ -38,6 +38,13 @@ def tiny_llama_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory):
+    from tests.tiny_models import QWEN2_CONFIG, make_model_dir
+
+    return make_model_dir(tmp_path_factory.mktemp("tiny-qwen2"), QWEN2_CONFIG)
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma_dir(tmp_path_factory):
     from tests.tiny_models import GEMMA3_CONFIG, make_model_dir
 

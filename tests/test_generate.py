@@ -24,10 +24,15 @@ def _stock_greedy(model, prompt, n):
     return out
 
 
-@pytest.mark.parametrize("which", ["llama", "gemma3"])
+@pytest.fixture
+def model_dirs(tiny_llama_dir, tiny_qwen2_dir, tiny_gemma_dir):
+    return {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir, "gemma3": tiny_gemma_dir}
+
+
+@pytest.mark.parametrize("which", ["llama", "qwen2", "gemma3"])
 @pytest.mark.parametrize("compiled", [True, False])
-def test_greedy_matches_stock(which, compiled, tiny_llama_dir, tiny_gemma_dir):
-    model, _ = load_model(tiny_llama_dir if which == "llama" else tiny_gemma_dir)
+def test_greedy_matches_stock(which, compiled, model_dirs):
+    model, _ = load_model(model_dirs[which])
     params = SamplingParams(temperature=0.0, max_tokens=40)
     cache = make_cache(model)
     if which == "gemma3":
@@ -37,11 +42,12 @@ def test_greedy_matches_stock(which, compiled, tiny_llama_dir, tiny_gemma_dir):
     assert ours == _stock_greedy(model, PROMPT, 40)
 
 
-def test_teacher_forced_logits_bit_exact(tiny_llama_dir):
+@pytest.mark.parametrize("which", ["llama", "qwen2", "gemma3"])
+def test_teacher_forced_logits_bit_exact(which, model_dirs):
     """Feeding the same tokens one at a time, the compiled step's logits equal mlx_lm's."""
     from engine.generate import DecodeStep, prefill
 
-    model, _ = load_model(tiny_llama_dir)
+    model, _ = load_model(model_dirs[which])
     forced = [(7 * i + 3) % 300 for i in range(32)]
     ref_cache = make_prompt_cache(model)
     ref = [model(mx.array(PROMPT)[None], cache=ref_cache)[:, -1, :]]
@@ -60,7 +66,13 @@ def test_teacher_forced_logits_bit_exact(tiny_llama_dir):
     for i in range(32):
         want = ref[i + 1].astype(mx.float32)
         want = want - mx.logsumexp(want, axis=-1, keepdims=True)
-        assert mx.array_equal(ours_lp[i], want).item(), f"step {i} differs"
+        if which == "gemma3":
+            # Sliding-window layers keep keys in ring order, so attention sums the same terms in
+            # another order than mlx_lm's time-ordered RotatingKVCache: equal up to rounding.
+            err = mx.abs(ours_lp[i] - want).max().item()
+            assert err < 1e-4, f"step {i} differs by {err}"
+        else:
+            assert mx.array_equal(ours_lp[i], want).item(), f"step {i} differs"
     assert mx.array_equal(first, ref[0]).item()
 
 

@@ -37,6 +37,20 @@ LLAMA_CONFIG = {
     "max_position_embeddings": 4096,
 }
 
+QWEN2_CONFIG = {
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": VOCAB,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 4096,
+}
+
 GEMMA3_CONFIG = {
     "model_type": "gemma3_text",
     "hidden_size": 64,

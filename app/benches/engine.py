@@ -85,7 +85,8 @@ def run(args) -> dict:
 
     def engine_arm():
         cache = make_cache(ours.model)
-        return _time_stream(o.token for o in generate_step(ours.model, prompt, cache, params))
+        steps = generate_step(ours.model, prompt, cache, params, prefill_model=ours.prefill_model)
+        return _time_stream(o.token for o in steps)
 
     def stock_arm(model):
         def run_():
