@@ -43,6 +43,7 @@ from engine.speech.mel import SAMPLE_RATE
 from engine.speech.transcribe import SeekTranscriber, Segment, Timings, TranscribeOptions
 from engine.speech.vad import SpeechSegmenter, VadStream
 
+import mlx.core as mx
 import numpy as np
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,9 @@ class DictationSession:
                 self._listening = False
                 self._cond.notify_all()
         finally:
+            # A thread that used MLX must drop its streams before it ends (MLX teardown).
+            mx.synchronize()
+            mx.clear_streams()
             if threading.current_thread() is self._transcriber:
                 self._listener.join()
                 self._done.set()
