@@ -15,12 +15,17 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
+from engine.errors import MlxtermError
 from engine.events import Done, Event
 from engine.runtime import Engine, GenerationRequest
 from engine.sessions import Message, Session, SessionStore, suggest_title
 
 log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New chat"
+
+
+class ChatError(MlxtermError):
+    """A chat action that cannot be done in the session's current state."""
 
 
 def message_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -112,6 +117,18 @@ class ChatService:
             self.store.rename(session.id, suggest_title(text))
         return self._generate(session.id, **overrides)
 
+    def set_system(self, session_id: str, text: str) -> Message:
+        """Give an empty session its system message (with the exact tokens it renders to)."""
+        session = self.store.get(session_id)
+        if session.message_count:
+            raise ChatError("the system prompt can only be set before the first message; "
+                            "start a new chat first.")
+        if self.engine.completion_mode:
+            raise ChatError(f"profile {self.engine.profile.name} has no chat template, so it has "
+                            "no system prompt.")
+        self._add(session, {"role": "system", "content": text})
+        return self.store.messages(session_id)[-1]
+
     def retry(self, session_id: str, **overrides) -> ChatTurn:
         """Drop the last assistant reply and generate it again from the same context."""
         msgs = self.store.messages(session_id, tokens=False)
@@ -139,6 +156,10 @@ class ChatService:
         """Store ``message`` with exactly the tokens it adds to the context."""
         eng = self.engine
         history = self.store.messages(session.id)
+        if history and session.profile and session.profile != eng.profile.name:
+            # Its token ids belong to another model's tokenizer: never feed them to this one.
+            raise ChatError(f"session {session.id} was made with profile {session.profile}; "
+                            f"load that profile to continue it (this is {eng.profile.name}).")
         fed = [t for m in history for t in m.token_ids]
         if eng.completion_mode:
             ids = eng.raw_prompt(message["content"]) if not fed else eng.tokenizer.encode(message["content"])
@@ -146,6 +167,7 @@ class ChatService:
             return
         dicts = message_dicts(history)
         sys_prompt = eng.profile.chat.system_prompt
+        add_generation_prompt = message["role"] != "system"
         if not history and sys_prompt and message["role"] != "system":
             text = eng.render([{"role": "system", "content": sys_prompt}], tools, add_generation_prompt=False)
             sys_ids = eng.tokenizer.encode(text)
@@ -153,7 +175,7 @@ class ChatService:
             dicts = [{"role": "system", "content": sys_prompt}]
             fed = sys_ids
         before = eng.render(dicts, tools, add_generation_prompt=False) if dicts else ""
-        after = eng.render([*dicts, dict(message)], tools, add_generation_prompt=True)
+        after = eng.render([*dicts, dict(message)], tools, add_generation_prompt=add_generation_prompt)
         tail = junction_tail(before, eng.tokenizer.decode(fed)) if fed else ""
         if not after.startswith(before):
             log.warning("chat template renders history differently once a message is added")

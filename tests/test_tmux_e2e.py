@@ -106,7 +106,9 @@ def test_ask_quit_resume_and_restore_from_ssd(tmux):
     assert first[-1].content.strip()
 
     _launch(tmux)
-    tmux.keys("C-l", "Enter")  # the chat list, then open the newest chat
+    tmux.keys("C-l")  # go to the chat list (focus moves on the next refresh)...
+    time.sleep(0.5)
+    tmux.keys("Enter")  # ...and open the newest chat
     tmux.wait_for(r"opened “")
     screen = _ask(tmux, "And what is its population?")
     _quit(tmux)

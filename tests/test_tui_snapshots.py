@@ -16,6 +16,7 @@ from engine.sessions import SessionStore
 import pytest
 
 from app.tui.app import MlxtermApp
+from app.tui.widgets.prompt import PromptInput
 from tests.tiny_models import write_profile
 
 NOW = 1_750_000_000.0
@@ -68,9 +69,10 @@ def make_app(profile, store=None, session_id=None, **kwargs) -> MlxtermApp:
 
 async def settle(pilot, condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while not condition():
+    while not (pilot.app.query(PromptInput) and condition()):
         assert time.monotonic() < deadline, "the app did not settle"
         await pilot.pause(0.02)
+    pilot.app.query_one(PromptInput).cursor_blink = False  # a blinking cursor is a coin toss
     await pilot.pause()
 
 
@@ -86,7 +88,11 @@ def test_main_screen(snap_compare, tiny_profile, store):
 
 def test_help_screen(snap_compare, tiny_profile, store):
     app = make_app(tiny_profile, store, autoload=False)
-    assert snap_compare(app, terminal_size=SIZE, press=["f1"])
+
+    async def steady(pilot):
+        await settle(pilot, lambda: app.query_one("#session-list").option_count == 3)
+
+    assert snap_compare(app, terminal_size=SIZE, press=["f1"], run_before=steady)
 
 
 def test_error_screen_for_missing_model(snap_compare, tmp_path, store):

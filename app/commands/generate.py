@@ -122,11 +122,10 @@ def _session_turn(engine, args, overrides):
         session = store.get(args.session)
     except SessionNotFound:
         session = store.create(profile=engine.profile.name, session_id=args.session)
+    chat = ChatService(engine, store)
     if args.system is not None and session.message_count == 0:
-        store.add_message(session.id, "system", args.system,
-                          token_ids=engine.tokenizer.encode(engine.render(
-                              [{"role": "system", "content": args.system}], add_generation_prompt=False)))
-    return ChatService(engine, store).send(session.id, args.prompt, **overrides)
+        chat.set_system(session.id, args.system)
+    return chat.send(session.id, args.prompt, **overrides)
 
 
 def _raw_from_messages(messages: list[dict]) -> str:

@@ -11,9 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.errors import MlxtermError
+
 from textual.app import App
 from textual.binding import Binding
-from textual.message import Message
 from textual.worker import WorkerFailed
 
 from app.tui import logs, settings
@@ -24,7 +25,6 @@ from app.tui.screens.help import HelpScreen
 from app.tui.screens.main import MainScreen
 from app.tui.widgets.message import MessageView
 from app.tui.widgets.prompt import PromptInput
-from engine.errors import MlxtermError
 
 log = logging.getLogger(__name__)
 STYLES = Path(__file__).parent / "styles"
@@ -38,13 +38,6 @@ class MlxtermApp(App[int]):
         Binding("ctrl+t", "toggle_theme", "Light/dark theme", show=False),
         Binding("ctrl+q", "quit", "Quit"),
     ]
-
-    class ProfileLoaded(Message):
-        """A profile's model finished loading (tests and scripts wait for it)."""
-
-        def __init__(self, info) -> None:
-            super().__init__()
-            self.info = info
 
     def __init__(self, profile: str | None = None, session_id: str | None = None, *,
                  store=None, store_path: Path | None = None, history_path: Path | None = None,

@@ -1,63 +1,19 @@
-"""Slash commands and command-palette entries: one table, two ways in.
+"""Command-palette entries (each runs an action of the main screen) and the slash commands.
 
-A prompt starting with ``/`` runs a command; start it with ``//`` to send a literal slash.
-Every palette entry runs an action of the main screen.
+The slash-command table lives in ``app/tui/slash.py`` (no Textual import: the plain REPL
+uses it too).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from engine.errors import MlxtermError
+from app.tui.slash import SLASH_COMMANDS, Command, UnknownCommand, literal, parse_slash
 
-
-@dataclass(frozen=True)
-class Command:
-    name: str  # slash name without the slash
-    usage: str
-    help: str
-
-
-SLASH_COMMANDS: dict[str, Command] = {c.name: c for c in (
-    Command("new", "/new", "start a new chat"),
-    Command("profile", "/profile [NAME]", "switch profile (no name: pick from a list)"),
-    Command("system", "/system [TEXT]", "set the system prompt of a new chat (no text: edit it)"),
-    Command("fork", "/fork [N]", "copy the first N messages (default: all) into a new chat"),
-    Command("export", "/export [md|json] [PATH]", "write the chat to a file (default: Markdown "
-            "under the data dir)"),
-    Command("retry", "/retry", "answer the last message again"),
-    Command("clear", "/clear", "delete this chat's messages (keeps its system prompt)"),
-    Command("rename", "/rename [TITLE]", "rename this chat"),
-    Command("delete", "/delete", "delete this chat"),
-    Command("help", "/help", "show keys and commands"),
-    Command("quit", "/quit", "leave mlxterm"),
-)}
-
-
-class UnknownCommand(MlxtermError):
-    """A prompt that looks like a slash command but names none."""
-
-
-def parse_slash(text: str) -> tuple[Command, str] | None:
-    """``(command, argument text)`` for a slash command, None for an ordinary message."""
-    stripped = text.strip()
-    if not stripped.startswith("/") or stripped.startswith("//"):
-        return None
-    word, _, rest = stripped[1:].partition(" ")
-    command = SLASH_COMMANDS.get(word.lower())
-    if command is None:
-        raise UnknownCommand(f"unknown command /{word}; type /help for the list "
-                             "(start a message with // to send a literal slash)")
-    return command, rest.strip()
-
-
-def literal(text: str) -> str:
-    """The message to send for ``text`` (``//x`` sends ``/x``)."""
-    return text[1:] if text.lstrip().startswith("//") else text
-
+__all__ = ["SLASH_COMMANDS", "Command", "UnknownCommand", "literal", "parse_slash", "PALETTE",
+           "ChatCommands"]
 
 # (palette title, help, main-screen action)
 PALETTE: tuple[tuple[str, str, str], ...] = (
@@ -80,8 +36,9 @@ PALETTE: tuple[tuple[str, str, str], ...] = (
 class ChatCommands(Provider):
     """Palette entries for chat actions on the main screen."""
 
-    def _run(self, action: str) -> None:
-        self.screen.run_action(action)
+    async def _run(self, action: str) -> None:
+        # The palette calls this with call_later, which awaits coroutines.
+        await self.screen.run_action(action)
 
     async def discover(self) -> Hits:
         for title, help_text, action in PALETTE:

@@ -174,16 +174,8 @@ class ChatController:
 
     def set_system(self, session_id: str, text: str) -> None:
         """Give an empty session its system message, with the exact tokens the template renders."""
-        eng = self._engine()
-        if self.store.get(session_id).message_count:
-            raise ChatError("the system prompt can only be set before the first message; "
-                            "start a new chat with /new first.")
-        if eng.completion_mode:
-            raise ChatError(f"profile {eng.profile.name} has no chat template, so it has no "
-                            "system prompt.")
-        message = [{"role": "system", "content": text}]
-        ids = eng.tokenizer.encode(eng.render(message, add_generation_prompt=False))
-        self.store.add_message(session_id, "system", text, token_ids=ids)
+        self._engine()
+        self.service.set_system(session_id, text)
 
     def export(self, session_id: str, fmt: str = "md", path: str | Path | None = None) -> Path:
         """Write the transcript to ``path`` (default: ``data_dir()/exports/TITLE-ID.EXT``)."""

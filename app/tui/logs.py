@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import logging.handlers
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,8 +33,15 @@ def log_to_file(path: Path, level: int = logging.INFO) -> Callable[[], None]:
     old_level = root.level
     root.setLevel(min(level, old_level) if old_level else level)
     logging.captureWarnings(True)
+    # stderr is the screen: `kill -USR1 PID` writes every thread's stack to the log instead.
+    dump_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by restore)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
 
     def restore() -> None:
+        if hasattr(signal, "SIGUSR1"):
+            faulthandler.unregister(signal.SIGUSR1)
+        dump_file.close()
         logging.captureWarnings(False)
         root.removeHandler(handler)
         handler.close()

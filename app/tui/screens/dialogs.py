@@ -15,6 +15,7 @@ class ConfirmScreen(ModalScreen[bool]):
     """Yes/no question; dismisses with True for yes."""
 
     BINDINGS = [Binding("escape", "dismiss(False)", "Cancel"), Binding("y", "dismiss(True)", "Yes")]
+    AUTO_FOCUS = "#no"
 
     def __init__(self, question: str, yes: str = "Yes") -> None:
         super().__init__(classes="dialog-screen")
@@ -27,9 +28,6 @@ class ConfirmScreen(ModalScreen[bool]):
             with Horizontal(classes="dialog-buttons"):
                 yield Button(self.yes, variant="error", id="yes")
                 yield Button("Cancel", id="no")
-
-    def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")

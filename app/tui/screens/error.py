@@ -15,6 +15,7 @@ class ErrorScreen(ModalScreen[str]):
     """Dismisses with the id of the button pressed: "profiles", "quit" or "close"."""
 
     BINDINGS = [Binding("escape", "dismiss('close')", "Close")]
+    AUTO_FOCUS = "Button"
 
     def __init__(self, title: str, message: str, log_path: Path | None = None,
                  offer_profiles: bool = False) -> None:
@@ -35,9 +36,6 @@ class ErrorScreen(ModalScreen[str]):
                     yield Button("Choose a profile", variant="primary", id="profiles")
                 yield Button("Close", id="close")
                 yield Button("Quit", variant="error", id="quit")
-
-    def on_mount(self) -> None:
-        self.query_one(Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id or "close")

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Label, Markdown
+from textual.widgets import Label, Static
 
-from app.tui.commands import SLASH_COMMANDS
+from app.tui.slash import SLASH_COMMANDS
 
-TIPS = """\
-**Tips.** Ctrl+J always inserts a new line (Shift+Enter and Alt+Enter too, where the
-terminal reports them). Start a message with `//` to send a literal `/`. Ctrl+P opens the
-command palette. Selecting an older chat and sending a message restores its saved context,
-and the status bar reports how many tokens came back and from where (RAM or SSD).
-"""
+TIPS = (
+    "Ctrl+J always inserts a new line (Shift+Enter and Alt+Enter too, where the terminal "
+    "reports them). Start a message with // to send a literal /. Ctrl+P opens the command "
+    "palette. Opening an older chat and sending a message restores its saved context; the "
+    "status bar says how many tokens came back and from where (RAM or SSD)."
+)
 
 
 def binding_rows(app, sections: list[tuple[str, type]]) -> list[tuple[str, str, str]]:
@@ -32,18 +34,13 @@ def binding_rows(app, sections: list[tuple[str, type]]) -> list[tuple[str, str, 
     return rows
 
 
-def help_markdown(app, sections: list[tuple[str, type]]) -> str:
-    lines = ["# Keys", ""]
-    current = None
-    for section, keys, description in binding_rows(app, sections):
-        if section != current:
-            lines += ["", f"**{section}**", "", "| Key | Action |", "|---|---|"]
-            current = section
-        lines.append(f"| `{keys}` | {description} |")
-    lines += ["", "# Slash commands", "", "| Command | What it does |", "|---|---|"]
-    lines += [f"| `{c.usage}` | {c.help} |" for c in SLASH_COMMANDS.values()]
-    lines += ["", TIPS]
-    return "\n".join(lines)
+def _table(rows: list[tuple[str, str]]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", min_width=14, no_wrap=True)
+    table.add_column()
+    for left, right in rows:
+        table.add_row(left, right)
+    return table
 
 
 class HelpScreen(ModalScreen[None]):
@@ -54,6 +51,16 @@ class HelpScreen(ModalScreen[None]):
         self.sections = sections
 
     def compose(self) -> ComposeResult:
+        rows = binding_rows(self.app, self.sections)
         with VerticalScroll(classes="dialog -wide -tall", id="help-dialog"):
-            yield Label("mlxterm help  (Esc to close)", classes="dialog-title")
-            yield Markdown(help_markdown(self.app, self.sections), id="help-text")
+            yield Label("Keys and commands  (Esc closes)", classes="dialog-title")
+            for section, _ in self.sections:
+                keys = [(k, d) for s, k, d in rows if s == section]
+                if keys:
+                    yield Label(section, classes="help-section")
+                    yield Static(_table(keys), classes="help-table")
+            yield Label("Slash commands", classes="help-section")
+            yield Static(_table([(c.usage, c.help) for c in SLASH_COMMANDS.values()]),
+                         classes="help-table")
+            yield Label("Tips", classes="help-section")
+            yield Static(Text(TIPS), classes="help-table")

@@ -1,17 +1,20 @@
 """``MainScreen``: sessions sidebar, conversation, message box and status bar.
 
-It turns user intent (keys, slash commands, palette entries, widget messages) into calls on
-the app's ``ChatController`` and streams chat turns into the conversation. Model loading
-runs in a thread worker and generation on the engine thread, so the UI never waits on MLX.
+It turns user intent (keys, palette entries, widget messages) into calls on the app's
+``ChatController``, loads profiles and streams chat turns into the conversation (the chat
+commands and slash commands live in ``chat_actions.py``). Model loading runs in a thread
+worker and generation on the engine thread, so the UI never waits on MLX.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import shlex
 from collections.abc import Callable
 from pathlib import Path
+
+from engine.errors import MlxtermError
+from engine.events import Done, PrefillProgress, ReasoningDelta, TextDelta
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -20,24 +23,24 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from app.tui.commands import ChatCommands, literal, parse_slash
+from app.tui.commands import ChatCommands
 from app.tui.format import done_meta, turn_summary
-from app.tui.screens.dialogs import ConfirmScreen, PickScreen, TextScreen
+from app.tui.screens.chat_actions import ChatActions
+from app.tui.screens.dialogs import PickScreen
 from app.tui.screens.error import ErrorScreen
 from app.tui.screens.profiles import ProfileScreen
+from app.tui.slash import literal, parse_slash
 from app.tui.widgets.conversation import Conversation
 from app.tui.widgets.message import MessageView
 from app.tui.widgets.prompt import PromptInput
 from app.tui.widgets.sidebar import SessionSidebar
 from app.tui.widgets.status import StatusBar
-from engine.errors import MlxtermError
-from engine.events import Done, PrefillProgress, ReasoningDelta, TextDelta
 
 log = logging.getLogger(__name__)
 STATUS_EVERY = 8  # update the "generating" counter every N text deltas
 
 
-class MainScreen(Screen):
+class MainScreen(ChatActions, Screen):
     COMMANDS = {ChatCommands}
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
@@ -51,10 +54,13 @@ class MainScreen(Screen):
         Binding("ctrl+f", "focus_filter", "Filter chats", show=False),
     ]
 
+    AUTO_FOCUS = "#prompt"
+
     def __init__(self) -> None:
         super().__init__()
         self.session_id: str | None = None
         self.turn = None  # the ChatTurn streaming now
+        self._starting = False  # between Enter and the ChatTurn existing
         self._stop_requested = False
         self._loading: str | None = None  # profile spec being loaded
 
@@ -88,10 +94,11 @@ class MainScreen(Screen):
     def generating(self) -> bool:
         return self.turn is not None or self._starting
 
-    _starting = False  # between submit and the ChatTurn existing
+    def on_mount(self) -> None:
+        # Nested containers may still be mounting their children: start after a refresh.
+        self.call_after_refresh(self._startup)
 
-    async def on_mount(self) -> None:
-        self.prompt.focus()
+    async def _startup(self) -> None:
         if self.app.initial_session:
             await self.open_session(self.app.initial_session, switch_profile=False)
         else:
@@ -169,68 +176,6 @@ class MainScreen(Screen):
     def _filtered(self, event: SessionSidebar.FilterChanged) -> None:
         self.refresh_sessions()
 
-    def _need_session(self) -> str | None:
-        if self.session_id is None:
-            self.notify("This chat has no messages yet.", severity="warning")
-        return self.session_id
-
-    def action_rename(self, title: str = "") -> None:
-        sid = self._need_session()
-        if sid is None:
-            return
-        if title:
-            self._rename(sid, title)
-            return
-        current = self.controller.session(sid).title
-        self.app.push_screen(TextScreen("Rename chat", current),
-                             lambda t: self._rename(sid, t) if t else None)
-
-    def _rename(self, sid: str, title: str) -> None:
-        try:
-            self.controller.rename(sid, title)
-        except MlxtermError as e:
-            self.notify(str(e), severity="error")
-            return
-        self.refresh_sessions()
-        self.notify(f"Renamed the chat to “{title.strip()}”.")
-
-    def action_delete(self) -> None:
-        sid = self._need_session()
-        if sid is None:
-            return
-        title = self.controller.session(sid).title
-
-        async def confirmed(yes: bool | None) -> None:
-            if not yes:
-                return
-            if self.generating:
-                await self.stop_and_wait()
-            self.controller.delete(sid)
-            self.notify(f"Deleted “{title}”.")
-            await self.action_new_chat()
-
-        self.app.push_screen(ConfirmScreen(f"Delete “{title}” and all its messages?", "Delete"),
-                             confirmed)
-
-    async def action_fork(self, at: int | None = None) -> None:
-        sid = self._need_session()
-        if sid is None:
-            return
-        if self.generating:
-            self.notify("Wait for the reply to finish (or press Esc) before forking.",
-                        severity="warning")
-            return
-        count = self.controller.session(sid).message_count
-        at = count if at is None else at
-        try:
-            new = self.controller.fork(sid, at)
-        except MlxtermError as e:
-            self.notify(str(e), severity="error")
-            return
-        await self.open_session(new.id)
-        self.notify(f"Forked at message {at} into a new chat; its next reply reuses the "
-                    "cached context.")
-
     @on(MessageView.ForkRequested)
     async def _fork_at(self, event: MessageView.ForkRequested) -> None:
         if event.view.number is None:
@@ -249,60 +194,6 @@ class MainScreen(Screen):
                 self.notify(f"Copied code block {i + 1} to the clipboard.")
 
         self.app.push_screen(PickScreen("Copy which code block?", labels), picked)
-
-    def action_export(self, fmt: str = "md", path: str | None = None) -> None:
-        sid = self._need_session()
-        if sid is None:
-            return
-        try:
-            written = self.controller.export(sid, fmt, path)
-        except MlxtermError as e:
-            self.notify(str(e), severity="error")
-            return
-        self.notify(f"Exported the chat to {written}", timeout=8)
-
-    def action_clear(self) -> None:
-        sid = self._need_session()
-        if sid is None:
-            return
-
-        async def confirmed(yes: bool | None) -> None:
-            if not yes:
-                return
-            if self.generating:
-                await self.stop_and_wait()
-            removed = self.controller.clear(sid)
-            await self.open_session(sid, switch_profile=False)
-            self.notify(f"Cleared {removed} messages.")
-
-        self.app.push_screen(ConfirmScreen("Delete all messages of this chat?", "Clear"), confirmed)
-
-    async def action_system(self, text: str = "") -> None:
-        if text:
-            await self._set_system(text)
-            return
-        current = self.controller.system_prompt(self.session_id)
-        self.app.push_screen(TextScreen("System prompt for a new chat", current,
-                                        "You are a helpful assistant."), self._set_system)
-
-    async def _set_system(self, text: str | None) -> None:
-        if text is None or not text.strip():
-            return
-        if self.generating:
-            self.notify("Wait for the reply to finish first.", severity="warning")
-            return
-        try:
-            if self.session_id and self.controller.session(self.session_id).message_count:
-                await self.action_new_chat()  # a system prompt only makes sense at the start
-            created = self.session_id is None
-            if created:
-                self.session_id = self.controller.new_session().id
-            self.controller.set_system(self.session_id, text.strip())
-        except MlxtermError as e:
-            self.notify(str(e), severity="error")
-            return
-        await self.open_session(self.session_id, switch_profile=False)
-        self.notify("System prompt set for this chat.")
 
     # -- profiles ------------------------------------------------------------------------------
     def action_switch_profile(self, spec: str = "") -> None:
@@ -344,7 +235,6 @@ class MainScreen(Screen):
                 await self.action_new_chat()
                 self.notify(f"Started a new chat for profile {info.profile}; the previous chat "
                             "stays in the sidebar.")
-        self.app.post_message(self.app.ProfileLoaded(info))
 
     def _load_failed(self, spec: str, message: str) -> None:
         self._loading = None
@@ -412,8 +302,7 @@ class MainScreen(Screen):
 
     @work(exclusive=True, group="turn")
     async def _stream_turn(self, start: Callable, user: MessageView | None) -> None:
-        reply = MessageView("assistant")
-        reply.start()
+        reply = MessageView("assistant", state="streaming")
         await self.conversation.add(reply)
         self.status.set_turn("waiting for the model…")
         try:
@@ -491,46 +380,3 @@ class MainScreen(Screen):
         for worker in self.workers:
             if worker.group == "turn":
                 await worker.wait()
-
-    # -- slash commands -------------------------------------------------------------------------
-    async def run_slash(self, command, arg: str) -> None:
-        name = command.name
-        if name == "new":
-            await self.action_new_chat()
-        elif name == "profile":
-            self.action_switch_profile(arg)
-        elif name == "system":
-            await self.action_system(arg)
-        elif name == "fork":
-            if arg and not arg.isdigit():
-                self.notify(f"/fork takes a message number, not {arg!r}.", severity="warning")
-                return
-            await self.action_fork(int(arg) if arg else None)
-        elif name == "export":
-            self._slash_export(arg)
-        elif name == "retry":
-            await self.action_retry()
-        elif name == "clear":
-            self.action_clear()
-        elif name == "rename":
-            self.action_rename(arg)
-        elif name == "delete":
-            self.action_delete()
-        elif name == "help":
-            self.app.action_help()
-        elif name == "quit":
-            self.app.exit()
-
-    def _slash_export(self, arg: str) -> None:
-        try:
-            words = shlex.split(arg)
-        except ValueError as e:
-            self.notify(f"cannot read /export arguments: {e}.", severity="warning")
-            return
-        fmt = "md"
-        if words and words[0].lower() in ("md", "json", "markdown"):
-            fmt = "md" if words.pop(0).lower() in ("md", "markdown") else "json"
-        path = words[0] if words else None
-        if path and Path(path).suffix.lower() == ".json" and not arg.lower().startswith("md"):
-            fmt = "json"
-        self.action_export(fmt, path)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-MARKS = {"ok": ("✓", "green"), "warning": ("!", "yellow"), "invalid": ("✗", "red")}
+# Theme variables, so the marks read well in the light and the dark theme.
+MARKS = {"ok": ("✓", "$success"), "warning": ("!", "$warning"), "invalid": ("✗", "$error")}
 
 
 class ProfileScreen(ModalScreen[str | None]):
@@ -61,14 +62,13 @@ class ProfileScreen(ModalScreen[str | None]):
         self.dismiss(choice.spec)
 
 
-def _row(choice, current: bool) -> Text:
+def _row(choice, current: bool) -> Content:
     mark, color = MARKS[choice.status]
-    row = Text(f"{mark} ", style=f"bold {color}")
-    row.append(choice.name, style="bold")
+    parts: list[tuple[str, str] | str] = [(f"{mark} ", f"bold {color}"), (choice.name, "bold")]
     if current:
-        row.append("  (current)", style="italic")
+        parts.append(("  (current)", "italic"))
     if choice.description:
-        row.append(f"\n  {choice.description}", style="dim")
+        parts.append((f"\n  {choice.description}", "$text-muted"))
     if choice.note:
-        row.append(f"\n  {choice.note}", style=color)
-    return row
+        parts.append((f"\n  {choice.note}", color))
+    return Content.assemble(*parts)

@@ -90,7 +90,8 @@ class MessageView(Vertical, can_focus=True):
     def _refresh_header(self) -> None:
         self.set_class(self.state == "stopped", "-stopped")
         self.set_class(self.state == "error", "-error")
-        self.query_one(".message-header", Label).update(self._header_text())
+        if self.is_mounted:
+            self.query_one(".message-header", Label).update(self._header_text())
 
     def set_number(self, number: int | None) -> None:
         self.number = number
@@ -120,10 +121,6 @@ class MessageView(Vertical, can_focus=True):
             body = self.query_one(".reasoning-body", Markdown)
             self._reasoning_stream = Markdown.get_stream(body)
         await self._reasoning_stream.write(text)
-
-    def start(self) -> None:
-        self.state = "streaming"
-        self._refresh_header()
 
     async def finish(self, state: str = "done", note: str = "") -> None:
         """Flush the streams and mark the reply done, stopped (Esc) or failed."""

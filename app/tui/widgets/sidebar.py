@@ -28,7 +28,7 @@ class SessionSidebar(Vertical):
             self.query = query
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="Filter sessions…", id="session-filter")
+        yield Input(placeholder="Filter chats (Ctrl+F)", id="session-filter", compact=True)
         yield OptionList(id="session-list")
 
     @property
@@ -40,11 +40,9 @@ class SessionSidebar(Vertical):
         options = self.query_one("#session-list", OptionList)
         options.clear_options()
         options.add_options([Option(_row(s, now), id=s.id) for s in sessions])
-        if current is not None:
-            for i, s in enumerate(sessions):
-                if s.id == current:
-                    options.highlighted = i
-                    break
+        ids = [s.id for s in sessions]
+        if ids:
+            options.highlighted = ids.index(current) if current in ids else 0
 
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
@@ -60,9 +58,16 @@ class SessionSidebar(Vertical):
             self.post_message(self.Opened(event.option.id))
 
 
+ROW_WIDTH = 28  # the option width (sidebar 34 - border - padding): cut lines, do not wrap
+
+
 def _row(s, now: float) -> Text:
-    row = Text(s.title, style="bold", no_wrap=True, overflow="ellipsis")
-    detail = f"{s.profile or '?'} · {ago(s.updated, now)} · {tokens(s.token_count)} tok"
+    detail = f"{ago(s.updated, now)} · {tokens(s.token_count)} tok · {s.profile or '?'}"
+    row = Text(_cut(s.title), style="bold")
     row.append("\n")
-    row.append(detail, style="dim")
+    row.append(_cut(detail), style="dim")
     return row
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= ROW_WIDTH else text[: ROW_WIDTH - 1] + "…"

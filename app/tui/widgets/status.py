@@ -14,7 +14,7 @@ MEMORY_REFRESH_S = 2.0
 
 
 class StatusBar(Horizontal):
-    """One line: ``profile · KV fmt │ ctx used/limit │ last turn │ RSS``."""
+    """One line: ``profile · KV fmt  ctx used/limit  last turn  RSS``."""
 
     def __init__(self, memory_probe: Callable[[], int], **kwargs) -> None:
         super().__init__(**kwargs)
@@ -49,7 +49,8 @@ class StatusBar(Horizontal):
         if info is None:
             label.update("no model")
         else:
-            label.update(f"{info.profile} · {info.weight_format} · KV {info.kv_format}")
+            label.update(f"{info.profile} · KV {info.kv_format}")
+            label.tooltip = f"{info.model} ({info.weight_format} weights, loaded in {info.load_ms:.0f} ms)"
 
     def set_context(self, used: int | None, limit: int | None) -> None:
         text = "" if used is None or not limit else f"ctx {tokens(used)}/{tokens(limit)}"
