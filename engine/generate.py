@@ -178,9 +178,10 @@ def generate_step(
             # The next mask depends on this token: resolve it before building the next step.
             token = int(y.item())
             constraint.advance(token)
-        if n + 1 < params.max_tokens:
-            next_y, next_logprobs, key, recent = step(cache, y, key, recent, mask_now())
-            mx.async_eval(next_y, next_logprobs)
+        # Always feed the token just sampled, even the last one: the cache then covers the
+        # whole reply and the next turn starts from its checkpoint without re-feeding it.
+        next_y, next_logprobs, key, recent = step(cache, y, key, recent, mask_now())
+        mx.async_eval(next_y, next_logprobs)
         yield StepOutput(int(y.item()) if token is None else token, logprobs)
         n += 1
         if n >= params.max_tokens:
