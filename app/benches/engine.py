@@ -1,8 +1,9 @@
 """Engine decode/prefill speed vs stock mlx_lm.stream_generate on the same model.
 
-Arms, alternated A/B/C then C/B/A each round (medians over rounds):
+Arms, alternated in order then in reverse each round (medians over rounds):
   engine        mlxterm's generate_step (compiled static-cache decode, pipelined) on the model in
                 the engine's weight format for this backend (``auto`` policy)
+  engine_hybrid the engine with ``hybrid`` weights: dense fp32 prefill, packed quantized decode
   stock_same    mlx_lm.stream_generate on the very same in-memory model object
   stock_loaded  mlx_lm.stream_generate on the model as a user gets it today: the GGUF's weights
                 as ``mx.load`` returns them (quantized), no engine policy
@@ -29,7 +30,7 @@ def add_arguments(p) -> None:
     p.add_argument("--profile", default="smollm2-135m")
     p.add_argument("--prompt-tokens", type=int, default=500)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=3, help="each round runs every arm twice (ABC CBA)")
+    p.add_argument("--rounds", type=int, default=2, help="each round runs every arm twice (in order, then reversed)")
 
 
 def _prompt_ids(tokenizer, n: int) -> list[int]:
@@ -74,6 +75,7 @@ def run(args) -> dict:
     t = time.perf_counter()
     stock = load_bundle(source, "quantized") if fmt != "quantized" else ours
     load_stock_ms = (time.perf_counter() - t) * 1000
+    hybrid = load_bundle(source, "hybrid")
 
     tok = ours.tokenizer
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
@@ -83,10 +85,13 @@ def run(args) -> dict:
     # Greedy, and no EOS stop for our arm either: every arm decodes the same number of tokens.
     params = SamplingParams(temperature=0.0, max_tokens=n)
 
-    def engine_arm():
-        cache = make_cache(ours.model)
-        steps = generate_step(ours.model, prompt, cache, params, prefill_model=ours.prefill_model)
-        return _time_stream(o.token for o in steps)
+    def engine_arm(bundle):
+        def run_():
+            cache = make_cache(bundle.model)
+            steps = generate_step(bundle.model, prompt, cache, params, prefill_model=bundle.prefill_model)
+            return _time_stream(o.token for o in steps)
+
+        return run_
 
     def stock_arm(model):
         def run_():
@@ -95,7 +100,12 @@ def run(args) -> dict:
 
         return run_
 
-    arms = {"engine": engine_arm, "stock_same": stock_arm(ours.model), "stock_loaded": stock_arm(stock.model)}
+    arms = {
+        "engine": engine_arm(ours),
+        "engine_hybrid": engine_arm(hybrid),
+        "stock_same": stock_arm(ours.model),
+        "stock_loaded": stock_arm(stock.model),
+    }
     for fn in arms.values():  # warm-up: compile traces, allocator, BLAS threads
         fn()
     results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in arms}
@@ -120,9 +130,12 @@ def run(args) -> dict:
         "prefill_vs_stock_same": round(e["prefill_tps"] / s["prefill_tps"], 2),
         "decode_vs_stock_loaded": round(e["decode_tps"] / q["decode_tps"], 2),
         "prefill_vs_stock_loaded": round(e["prefill_tps"] / q["prefill_tps"], 2),
+        "hybrid_decode_vs_engine": round(summary["engine_hybrid"]["decode_tps"] / e["decode_tps"], 2),
+        "hybrid_decode_vs_stock_loaded": round(summary["engine_hybrid"]["decode_tps"] / q["decode_tps"], 2),
     }
     table = ["| arm | weights | prefill tok/s | decode tok/s | TTFT ms |", "|---|---|---|---|---|"]
-    for name, w in (("engine", fmt), ("stock_same", fmt), ("stock_loaded", stock.loaded.weight_format)):
+    weights = {"engine": fmt, "engine_hybrid": "hybrid", "stock_same": fmt, "stock_loaded": stock.loaded.weight_format}
+    for name, w in weights.items():
         r = summary[name]
         table.append(f"| {name} | {w} | {r['prefill_tps']} | {r['decode_tps']} | {r['ttft_ms']} |")
     table.append("")
