@@ -10,13 +10,16 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from app.tui.dictation import DICTATE_SLASH
 from app.tui.slash import SLASH_COMMANDS
 
 TIPS = (
     "Ctrl+J always inserts a new line (Shift+Enter and Alt+Enter too, where the terminal "
     "reports them). Start a message with // to send a literal /. Ctrl+P opens the command "
     "palette. Opening an older chat and sending a message restores its saved context; the "
-    "status bar says how many tokens came back and from where (RAM or SSD)."
+    "status bar says how many tokens came back and from where (RAM or SSD). F5 dictates into "
+    "the message box (press it again to stop, or pause when the profile's speech.auto_stop "
+    "is on); edit the text, then send it."
 )
 
 
@@ -60,7 +63,8 @@ class HelpScreen(ModalScreen[None]):
                     yield Label(section, classes="help-section")
                     yield Static(_table(keys), classes="help-table")
             yield Label("Slash commands", classes="help-section")
-            yield Static(_table([(c.usage, c.help) for c in SLASH_COMMANDS.values()]),
+            commands = [*SLASH_COMMANDS.values(), DICTATE_SLASH]
+            yield Static(_table([(c.usage, c.help) for c in commands]),
                          classes="help-table")
             yield Label("Tips", classes="help-section")
             yield Static(Text(TIPS), classes="help-table")

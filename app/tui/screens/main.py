@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from app.tui.commands import ChatCommands
+from app.tui.dictation import DictationActions, DictationCommands, is_dictate_command
 from app.tui.format import done_meta, turn_summary
 from app.tui.screens.chat_actions import ChatActions
 from app.tui.screens.dialogs import PickScreen
@@ -33,6 +34,7 @@ from app.tui.slash import literal, parse_slash
 from app.tui.widgets.conversation import Conversation
 from app.tui.widgets.message import MessageView
 from app.tui.widgets.prompt import PromptInput
+from app.tui.widgets.recording import RecordingIndicator
 from app.tui.widgets.sidebar import SessionSidebar
 from app.tui.widgets.status import StatusBar
 
@@ -40,14 +42,15 @@ log = logging.getLogger(__name__)
 STATUS_EVERY = 8  # update the "generating" counter every N text deltas
 
 
-class MainScreen(ChatActions, Screen):
-    COMMANDS = {ChatCommands}
+class MainScreen(ChatActions, DictationActions, Screen):
+    COMMANDS = {ChatCommands, DictationCommands}
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+o", "switch_profile", "Profile"),
         Binding("ctrl+r", "retry", "Retry"),
         Binding("f2", "rename", "Rename chat"),
+        Binding("f5", "dictate", "Dictate"),
         Binding("f8", "delete", "Delete chat", show=False),
         Binding("ctrl+s", "export('md')", "Export chat (Markdown)", show=False),
         Binding("ctrl+l", "focus_sessions", "Go to the chat list", show=False),
@@ -63,6 +66,7 @@ class MainScreen(ChatActions, Screen):
         self._starting = False  # between Enter and the ChatTurn existing
         self._stop_requested = False
         self._loading: str | None = None  # profile spec being loaded
+        self.init_dictation()
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -70,6 +74,7 @@ class MainScreen(ChatActions, Screen):
             yield SessionSidebar(id="sidebar")
             with Vertical(id="chat"):
                 yield Conversation(id="conversation")
+                yield RecordingIndicator(id="recording")
                 yield PromptInput(prompts=self.app.history.entries, id="prompt")
         yield StatusBar(self.app.memory_probe, id="status")
         yield Footer()
@@ -94,6 +99,9 @@ class MainScreen(ChatActions, Screen):
     def generating(self) -> bool:
         return self.turn is not None or self._starting
 
+    def on_unmount(self) -> None:
+        self.close_dictation()
+
     def on_mount(self) -> None:
         # Nested containers may still be mounting their children: start after a refresh.
         self.call_after_refresh(self._startup)
@@ -109,6 +117,8 @@ class MainScreen(ChatActions, Screen):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "stop":
             return self.generating  # Esc does nothing (and is not shown) when idle
+        if action == "dictate":
+            return self.dictation_state()  # shown disabled when there is no microphone
         return True
 
     # -- sessions ------------------------------------------------------------------------------
@@ -254,6 +264,10 @@ class MainScreen(ChatActions, Screen):
     @on(PromptInput.Submitted)
     async def _submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text
+        if is_dictate_command(text):
+            self.prompt.sent(text)
+            self.dictate_command()
+            return
         try:
             slash = parse_slash(text)
         except MlxtermError as e:

@@ -54,10 +54,14 @@ class PromptInput(TextArea):
         await super()._on_key(event)
 
     def action_submit(self) -> None:
+        if self.read_only:
+            return  # dictating: the text is not final yet
         if self.text.strip():
             self.post_message(self.Submitted(self, self.text))
 
     def action_newline(self) -> None:
+        if self.read_only:
+            return
         start, end = self.selection
         self.replace("\n", start, end, maintain_selection_offset=False)
 
@@ -72,7 +76,7 @@ class PromptInput(TextArea):
     def action_history_previous(self) -> None:
         loc = self.cursor_location
         at_top = loc[0] == 0 and self.navigator.is_first_wrapped_line(loc)
-        if not at_top or self._index + 1 >= len(self.prompts):
+        if not at_top or self.read_only or self._index + 1 >= len(self.prompts):
             self.action_cursor_up()
             return
         if self._index == -1:
@@ -83,7 +87,7 @@ class PromptInput(TextArea):
     def action_history_next(self) -> None:
         loc = self.cursor_location
         at_bottom = loc[0] == self.document.line_count - 1 and self.navigator.is_last_wrapped_line(loc)
-        if not at_bottom or self._index == -1:
+        if not at_bottom or self._index == -1 or self.read_only:
             self.action_cursor_down()
             return
         self._index -= 1

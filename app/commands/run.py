@@ -1,0 +1,70 @@
+"""``mlxterm run TASK.yaml``: run an agent task headless and check the result.
+
+Writes ``transcript.jsonl`` and ``result.json`` to the run directory (default
+``<data_dir>/runs/<id>``); the run is also a stored agent session that can be continued.
+Exit status: 0 passed, 1 failed or error, 130 cancelled (Ctrl-C), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+EXIT = {"passed": 0, "failed": 1, "error": 1, "cancelled": 130}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run an agent task file headless (checks, transcript, result.json)")
+    p.add_argument("task", type=Path, help="task YAML file (prompt, limits, checks...)")
+    p.add_argument("--workspace", type=Path, help="directory the agent works in (default: RUN_DIR/workspace)")
+    p.add_argument("--profile", help="profile name or path (default: the task's, else smollm2-135m)")
+    p.add_argument("--allow", action="append", default=[], metavar="TOOL",
+                   help="let TOOL run without approval (repeatable; e.g. --allow bash)")
+    p.add_argument("--run-dir", type=Path, help="where transcript.jsonl and result.json go")
+    p.add_argument("--json", action="store_true", help="print result.json to stdout instead of progress")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from agents.headless import HeadlessRun, describe_event
+    from agents.tasks import TaskError, load_task
+    from tools import TOOL_NAMES
+
+    task = load_task(args.task)
+    for tool in args.allow:
+        if tool not in TOOL_NAMES:
+            raise TaskError(f"--allow {tool}: unknown tool (tools: {', '.join(TOOL_NAMES)})")
+
+    def progress(ev) -> None:
+        line = describe_event(ev)
+        if line:
+            print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    headless = HeadlessRun(task, profile=args.profile, workspace=args.workspace, allow=tuple(args.allow),
+                           run_dir=args.run_dir, on_event=progress)
+
+    def on_sigint(signum, frame) -> None:
+        # First Ctrl-C: stop the agent cleanly (the running tool is killed, the transcript
+        # stays valid); a second one interrupts at once.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nmlxterm: cancelling the run (Ctrl-C again to abort)", file=sys.stderr, flush=True)
+        headless.cancel()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        result = headless.run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        for check in result["checks"]:
+            print(f"check {check['name']}: {'passed' if check['passed'] else 'FAILED'}")
+        print(f"{result['status']}: {result['checks_passed']}/{len(result['checks'])} checks passed, "
+              f"{result['steps']} steps, {result['tokens']['completion']} tokens, {result['wall_s']:.1f} s "
+              f"(cached {result['cached_ratio']:.0%} of prompt tokens); run dir {result['run_dir']}")
+        if result.get("error"):
+            print(f"mlxterm: {result['error']}", file=sys.stderr)
+    return EXIT[result["status"]]
