@@ -52,9 +52,9 @@ def test_window_cache_matches_stock_rotating_cache_past_512(gemma):
 def test_continuation_past_window_stays_coherent(gemma):
     """Greedy text after a 700-token prompt is fluent: confident tokens, no loops."""
     tok, model = gemma.tokenizer, gemma.model
-    text = STORY * 10 + "Years later, when Maria"
+    text = STORY * 11 + "Years later, when Maria"
     prompt = tok.encode(text, add_special_tokens=True)
-    assert len(prompt) > 700
+    assert len(prompt) > 700  # past the 512-token window of the local layers
     outs = list(generate_step(model, prompt, make_cache(model), SamplingParams(temperature=0.0, max_tokens=40)))
     ids = [o.token for o in outs]
     mean_lp = sum(float(o.logprobs.reshape(-1)[o.token].item()) for o in outs) / len(outs)
@@ -64,12 +64,14 @@ def test_continuation_past_window_stays_coherent(gemma):
 
 
 def test_cli_raw_completion_on_gemma_profile():
+    # A 270M base model is weak on facts (" Paris" is only its third guess after "The capital
+    # of France is"), so the check is a pattern it must continue exactly.
     proc = subprocess.run(
         [sys.executable, "-m", "app", "generate", "--profile", "gemma3-270m", "--raw",
-         "--prompt", "The capital of France is", "--temperature", "0", "--max-tokens", "8", "--json"],
+         "--prompt", "Monday, Tuesday, Wednesday, Thursday,", "--temperature", "0", "--max-tokens", "8", "--json"],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert "Paris" in out["text"]
+    assert out["text"].startswith(" Friday, Saturday, Sunday")
     assert out["profile"] == "gemma3-270m"
