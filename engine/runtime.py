@@ -62,6 +62,11 @@ class Engine:
         return self._runner.tokenizer
 
     @property
+    def logits_width(self) -> int:
+        """Length of the model's logits row (>= the tokenizer's vocabulary)."""
+        return self._runner.logits_width
+
+    @property
     def model_name(self) -> str:
         return self._runner.model_name
 

@@ -44,6 +44,8 @@ class Runner:
         self.bundle = bundle
         self.model = bundle.model
         self.tokenizer = bundle.tokenizer
+        # the logits row can be wider than the tokenizer's vocabulary (padded embeddings)
+        self.logits_width = int(bundle.loaded.config.get("vocab_size") or self.tokenizer.vocab_size)
         self.load_ms = bundle.load_ms
         self.model_name = source.name
         self.template = self._template(profile)

@@ -1,0 +1,205 @@
+"""Headless task runs: workspace, agent loop, acceptance checks, ``result.json``.
+
+``HeadlessRun(task, ...).run()`` returns the result dict (also written to
+``RUN_DIR/result.json``, atomically); ``transcript.jsonl`` is written as the run goes.
+``cancel()`` (e.g. from a SIGINT handler) stops the agent; the run then reports "cancelled"
+and skips the checks. ``status``: passed (every check passed; with no checks, the agent gave a
+final answer), failed, error (the run itself broke), cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine import paths
+from engine.atomic import atomic_write_text
+from engine.errors import MlxtermError
+from engine.sessions import SessionStore
+
+from agents.events import (
+    AgentDone,
+    AgentEvent,
+    StepDone,
+    ToolCallMalformed,
+    ToolCallParsed,
+    ToolFinished,
+)
+from agents.session import AgentLimits, AgentOptions, AgentSession
+from agents.tasks import Check, TaskSpec
+from agents.transcript import Transcript
+
+CHECK_OUTPUT_CHARS = 4000
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+class HeadlessRun:
+    def __init__(self, task: TaskSpec, *, engine=None, profile: str | None = None, workspace: str | Path | None = None,
+                 allow: tuple[str, ...] = (), run_dir: str | Path | None = None, store: SessionStore | None = None,
+                 on_event: Callable[[AgentEvent], None] | None = None):
+        self.task = task
+        self.run_id = new_run_id()
+        self.run_dir = Path(run_dir) if run_dir is not None else paths.data_dir() / "runs" / self.run_id
+        self.workspace = Path(workspace) if workspace is not None else self.run_dir / "workspace"
+        self.profile = profile or task.profile
+        self.allow = tuple(dict.fromkeys((*task.allow, *allow)))
+        self._engine = engine
+        self._store = store
+        self.on_event = on_event
+        self.agent: AgentSession | None = None
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        if self.agent is not None:
+            self.agent.cancel()
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare_workspace()
+        transcript = Transcript(self.run_dir / "transcript.jsonl")
+        own_engine = self._engine is None
+        engine = self._engine
+        try:
+            transcript.write("task", 0, task=str(self.task.path), name=self.task.name, prompt=self.task.prompt,
+                             workspace=str(self.workspace), profile=self.profile, allow=list(self.allow),
+                             checks=[{"name": c.name, "run": c.run} for c in self.task.checks])
+            if engine is None:
+                from engine.runtime import Engine
+
+                engine = Engine.load(self.profile)
+            store = self._store or SessionStore()
+            done = self._run_agent(engine, store, transcript)
+            checks = [] if done.reason == "cancelled" else [self._check(c, transcript) for c in self.task.checks]
+            result = self._result(engine, done, checks, transcript, time.monotonic() - t0)
+            store.set_meta(self.agent.session_id, {"run": {k: result[k] for k in ("status", "run_dir", "task")}})
+        except MlxtermError as e:
+            result = self._error_result(str(e), time.monotonic() - t0)
+        finally:
+            if own_engine and engine is not None:
+                engine.close()
+        transcript.write("result", result.get("steps", 0), result=result)
+        transcript.close()
+        atomic_write_text(self.run_dir / "result.json", json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+        return result
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def _prepare_workspace(self) -> None:
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        template = self.task.workspace_template
+        if template is not None:
+            shutil.copytree(template, self.workspace, dirs_exist_ok=True, symlinks=True)
+
+    def _run_agent(self, engine, store: SessionStore, transcript: Transcript) -> AgentDone:
+        task = self.task
+        options = AgentOptions(system_prompt=task.system, examples=task.examples, allow=self.allow,
+                               interactive=False, temperature=task.temperature, seed=task.seed,
+                               max_tokens_per_step=task.max_tokens)
+        self.agent = AgentSession.create(engine, store, self.workspace, title=f"run: {task.name}", options=options,
+                                         transcript=transcript,
+                                         meta={"task": str(task.path), "run_dir": str(self.run_dir)})
+        if self._cancelled.is_set():
+            self.agent.cancel()
+        ignored = self.agent.policy.ignored_allows()
+        if ignored:
+            transcript.write("warning", 0, message=f"--allow has no effect on tools the profile denies: {', '.join(ignored)}")
+        limits = AgentLimits(steps=task.steps, tokens=task.tokens, wall_s=task.wall_s)
+        done = None
+        for ev in self.agent.run(task.prompt, limits):
+            if self.on_event is not None:
+                self.on_event(ev)
+            if isinstance(ev, AgentDone):
+                done = ev
+        assert done is not None
+        return done
+
+    def _check(self, check: Check, transcript: Transcript) -> dict[str, Any]:
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(["bash", "-c", check.run], cwd=self.workspace, capture_output=True,
+                                  timeout=check.timeout_s, stdin=subprocess.DEVNULL)
+            code: int | None = proc.returncode
+            output = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
+            passed = code == 0
+        except subprocess.TimeoutExpired as e:
+            code, passed = None, False
+            output = ((e.stdout or b"") + (e.stderr or b"")).decode("utf-8", errors="replace")
+            output += f"\n[check timed out after {check.timeout_s:g} s]"
+        record = {"name": check.name, "run": check.run, "passed": passed, "exit_code": code,
+                  "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000)}
+        transcript.write("check", 0, **record)
+        return record
+
+    def _result(self, engine, done: AgentDone, checks: list[dict[str, Any]], transcript: Transcript,
+                wall: float) -> dict[str, Any]:
+        if done.reason == "cancelled":
+            status = "cancelled"
+        elif done.reason == "error":
+            status = "error"
+        elif checks:
+            status = "passed" if all(c["passed"] for c in checks) else "failed"
+        else:
+            status = "passed" if done.reason == "answered" else "failed"
+        calls = transcript.of_type("tool_result")
+        parsed = sum(1 for r in calls if not r["data"].get("malformed"))
+        return {
+            "status": status,
+            "task": str(self.task.path),
+            "name": self.task.name,
+            "session_id": self.agent.session_id,
+            "run_dir": str(self.run_dir),
+            "workspace": str(self.workspace),
+            "profile": engine.profile.name,
+            "stop_reason": done.reason,
+            "error": done.error,
+            "final_text": done.final_text,
+            "checks": checks,
+            "checks_passed": sum(1 for c in checks if c["passed"]),
+            "checks_failed": sum(1 for c in checks if not c["passed"]),
+            "steps": done.step,
+            "tool_calls": parsed,
+            "malformed_calls": len(calls) - parsed,
+            "tokens": {"prompt": done.prompt_tokens, "cached": done.cached_tokens, "completion": done.completion_tokens},
+            "cached_ratio": round(done.cached_ratio, 4),
+            "agent_wall_s": done.wall_s,
+            "wall_s": round(wall, 3),
+        }
+
+    def _error_result(self, message: str, wall: float) -> dict[str, Any]:
+        return {
+            "status": "error", "task": str(self.task.path), "name": self.task.name,
+            "session_id": self.agent.session_id if self.agent else None, "run_dir": str(self.run_dir),
+            "workspace": str(self.workspace), "profile": self.profile, "stop_reason": "error", "error": message,
+            "final_text": "", "checks": [], "checks_passed": 0, "checks_failed": 0, "steps": 0,
+            "tool_calls": 0, "malformed_calls": 0, "tokens": {"prompt": 0, "cached": 0, "completion": 0},
+            "cached_ratio": 0.0, "agent_wall_s": 0.0, "wall_s": round(wall, 3),
+        }
+
+
+def describe_event(ev: AgentEvent) -> str | None:
+    """One progress line for the terminal (None: nothing worth a line)."""
+    if isinstance(ev, ToolCallParsed):
+        args = json.dumps(ev.call.arguments, ensure_ascii=False)
+        return f"[step {ev.step}] call {ev.call.name} {args[:200]}"
+    if isinstance(ev, ToolCallMalformed):
+        return f"[step {ev.step}] malformed tool call: {ev.error}"
+    if isinstance(ev, ToolFinished):
+        first = ev.result.content.splitlines()[0] if ev.result.content else ""
+        return f"[step {ev.step}] {ev.name} -> {'ok' if ev.result.ok else 'error'} ({ev.duration_ms} ms): {first[:160]}"
+    if isinstance(ev, StepDone):
+        return (f"[step {ev.step}] {ev.completion_tokens} tokens, {ev.cached_tokens}/{ev.prompt_tokens} prompt tokens "
+                f"cached, {ev.finish_reason}" + (f": {ev.text[:200]}" if ev.text else ""))
+    if isinstance(ev, AgentDone):
+        return f"agent stopped: {ev.reason} after {ev.step} steps ({ev.wall_s:.1f} s)"
+    return None

@@ -1,0 +1,79 @@
+"""Exact token ids for each message an agent adds to its session.
+
+Same rule as ``engine.chat.ChatService``: a session's context is the concatenation of its
+messages' token ids and is never re-tokenized. A new message stores only the tokens it adds:
+the template's closing tail after the tokens already fed (``junction_tail``), the message as
+the template renders it, and, when the model answers next, the generation prompt. Assistant
+messages store exactly the generated ids; for rendering they are given back to the template
+as their raw generated text, so the rendered history keeps extending what was fed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.chat import junction_tail
+from engine.sessions import Message
+
+log = logging.getLogger(__name__)
+
+
+def render_dict(m: Message) -> dict[str, Any]:
+    """A stored message as chat-template input (assistant turns: their raw generated text)."""
+    d: dict[str, Any] = {"role": m.role, "content": m.meta.get("raw_text", m.content)}
+    if m.role == "tool":
+        if m.tool_call_id:
+            d["tool_call_id"] = m.tool_call_id
+        if m.name:
+            d["name"] = m.name
+    return d
+
+
+class TokenLedger:
+    """Renders with the engine's template (and ``tools`` when the template writes them)."""
+
+    def __init__(self, engine, tools: Sequence[Mapping[str, Any]] | None):
+        self.engine = engine
+        self.tools = list(tools) if tools else None
+
+    def render(self, dicts: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+        if not dicts:
+            return ""
+        return self.engine.render(list(dicts), self.tools, add_generation_prompt)
+
+    def tokens_for(
+        self,
+        history: Sequence[Mapping[str, Any]],
+        fed_ids: Sequence[int],
+        new: Sequence[Mapping[str, Any]],
+        generation_prompt: bool,
+    ) -> list[list[int]]:
+        """Token ids for each message of ``new`` appended after ``history`` (already fed as
+        ``fed_ids``); the last one ends with the generation prompt when ``generation_prompt``."""
+        tok = self.engine.tokenizer
+        prev_gp = bool(history) and history[-1]["role"] in ("user", "tool")
+        before = self.render(history, prev_gp)
+        tail = junction_tail(before, tok.decode(list(fed_ids))) if fed_ids else ""
+        out: list[list[int]] = []
+        done = list(history)
+        for i, message in enumerate(new):
+            last = i == len(new) - 1
+            after = self.render([*done, dict(message)], generation_prompt and last)
+            if not after.startswith(before):
+                log.warning("chat template renders history differently once a message is added")
+                before = before[: _common_prefix_len(before, after)]
+            out.append(tok.encode(tail + after[len(before):]))
+            tail = ""
+            done.append(dict(message))
+            before = self.render(done, False) if not last else after
+        return out
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

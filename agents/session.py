@@ -1,0 +1,574 @@
+"""``AgentSession``: the agent loop over a stored session.
+
+generate -> parse tool calls -> approval -> run tools -> append results -> generate ... until
+a reply without a tool call (the final answer), the step / token / wall-time limits, the
+context limit, or ``cancel()``. Every message goes into the SessionStore (kind "agent") with
+its exact tokens, so each step's prompt extends the previous one and the engine reuses the
+KV cache for it (requests carry the session id). See docs/agents.md.
+
+Use it from a plain loop (``for ev in session.run(prompt)``) or from asyncio
+(``async for ev in session.run_async(prompt)``, which runs the loop on a worker thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import MlxtermError
+from engine.events import Done
+from engine.events import TextDelta as EngineTextDelta
+from engine.runtime import GenerationRequest
+from engine.sessions import Message, SessionStore
+
+from agents import compaction
+from agents.constrained import TokenTable, ToolCallConstraint, ToolCallMasks, table_width
+from agents.events import (
+    AgentDone,
+    AgentEvent,
+    ApprovalNeeded,
+    ApprovalRequest,
+    Compacted,
+    StepDone,
+    StepStart,
+    TextDelta,
+    ToolCallForming,
+    ToolCallMalformed,
+    ToolCallParsed,
+    ToolFinished,
+    ToolStarted,
+)
+from agents.grammar import ToolCallGrammar
+from agents.ledger import TokenLedger, render_dict
+from agents.parser import Forming, Malformed, Parsed, ParseEvent, Text, ToolCallParser, call_name
+from agents.policy import ApprovalPolicy
+from agents.prompts import example_messages, system_prompt
+from agents.protocol import (
+    CLOSE,
+    OPEN,
+    ToolCall,
+    malformed_result,
+    template_renders_tools,
+    tool_map,
+)
+from agents.transcript import Transcript
+from tools import ToolRegistry, ToolResult, default_registry
+
+log = logging.getLogger(__name__)
+MIN_STEP_TOKENS = 32  # below this a step cannot say anything useful: stop with "context"
+_DATA_KEYS = ("path", "exit_code", "timed_out", "cancelled", "created", "bytes_written", "replacements",
+              "lines_added", "lines_removed", "content_truncated", "denied", "malformed")
+
+
+class AgentError(MlxtermError):
+    """An agent cannot run with this engine, workspace or session."""
+
+
+@dataclass
+class AgentLimits:
+    """Per-run limits; None falls back to the profile (steps) or means no limit."""
+
+    steps: int | None = None
+    tokens: int | None = None  # completion tokens over the whole run
+    wall_s: float | None = None
+
+
+@dataclass
+class AgentOptions:
+    """How the agent runs; every None falls back to the profile's ``agent:`` / ``sampling:``."""
+
+    system_prompt: str | None = None  # base prompt (the tools block is added when needed)
+    examples: bool = True  # few-shot example turns at the start of a new session
+    tools: tuple[str, ...] | None = None
+    approvals: Mapping[str, str] | None = None
+    allow: tuple[str, ...] = ()  # tools allowed without asking (headless --allow)
+    interactive: bool = True  # False: "ask" means deny (nobody to ask)
+    constrained: bool | None = None
+    temperature: float | None = None
+    seed: int | None = None  # step n samples with seed + n
+    max_tokens_per_step: int | None = None
+
+
+@dataclass
+class _Totals:
+    prompt: int = 0
+    cached: int = 0
+    completion: int = 0
+
+
+@dataclass
+class _Pending:
+    """A call (or malformed call) waiting for its result, in reply order."""
+
+    id: str
+    name: str
+    call: ToolCall | None = None
+    error: str | None = None
+    raw: str = ""
+
+
+_MASK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def shared_masks(engine, schemas: list[dict[str, Any]]) -> ToolCallMasks:
+    """One ToolCallMasks per (tokenizer, tool set): its mask cache outlives single runs."""
+    tok = engine.tokenizer
+    per_tok = _MASK_CACHE.setdefault(tok, {})
+    key = tuple(sorted(s["function"]["name"] for s in schemas))
+    masks = per_tok.get(key)
+    if masks is None:
+        grammar = ToolCallGrammar.from_schemas(schemas, close_marker=CLOSE)
+        masks = per_tok[key] = ToolCallMasks(grammar, TokenTable(tok, table_width(engine)), OPEN)
+    return masks
+
+
+class AgentSession:
+    """An agent bound to one stored session, one workspace and one engine."""
+
+    def __init__(self, engine, store: SessionStore, session_id: str, *,
+                 options: AgentOptions | None = None, transcript: Transcript | None = None):
+        if engine.completion_mode:
+            raise AgentError(f"profile {engine.profile.name} has no chat template (chat.template: none); "
+                             "agents need a chat model")
+        session = store.get(session_id)
+        if session.kind != "agent" or not session.workspace:
+            raise AgentError(f"session {session.id} is not an agent session with a workspace")
+        workspace = Path(session.workspace)
+        if not workspace.is_dir():
+            raise AgentError(f"workspace {workspace} of session {session.id} does not exist")
+        self.engine = engine
+        self.store = store
+        self.session_id = session.id
+        self.workspace = workspace
+        self.options = options or AgentOptions()
+        self.transcript = transcript or Transcript(None)
+        agent_cfg = engine.profile.agent
+        names = self.options.tools or agent_cfg.tools
+        base = default_registry(workspace)
+        self.registry = ToolRegistry(base.workspace, [base.get(n) for n in names if base.get(n)])
+        self.schemas = self.registry.schemas()
+        self.tool_params = tool_map(self.schemas)
+        self.native_tools = template_renders_tools(engine.render)
+        self.ledger = TokenLedger(engine, self.schemas if self.native_tools else None)
+        self.constrained = (agent_cfg.constrained_tool_calls if self.options.constrained is None
+                            else self.options.constrained) and bool(self.schemas)
+        self.masks = shared_masks(engine, self.schemas) if self.constrained else None
+        self.policy = ApprovalPolicy(self.options.approvals or agent_cfg.approval,
+                                     allow=self.options.allow, interactive=self.options.interactive)
+        self._cancel = threading.Event()
+        self._stop_reason: str | None = None
+        self._handle = None
+        self._lock = threading.Lock()
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, engine, store: SessionStore, workspace: str | Path, *, title: str | None = None,
+               options: AgentOptions | None = None, transcript: Transcript | None = None,
+               meta: Mapping[str, Any] | None = None, session_id: str | None = None) -> AgentSession:
+        """A new agent session in ``workspace``: system prompt (and example turns) stored.
+        ``session_id`` names the session (else the store generates an id)."""
+        ws = Path(workspace).expanduser().resolve()
+        if not ws.is_dir():
+            raise AgentError(f"workspace {ws} is not a directory")
+        session = store.create(title=title or "Agent run", profile=engine.profile.name, kind="agent",
+                               workspace=str(ws), meta=dict(meta or {}), session_id=session_id)
+        agent = cls(engine, store, session.id, options=options, transcript=transcript)
+        agent._bootstrap()
+        return agent
+
+    @classmethod
+    def open(cls, engine, store: SessionStore, session_id: str, *, options: AgentOptions | None = None,
+             transcript: Transcript | None = None) -> AgentSession:
+        """Continue a stored agent session (a headless run, or an earlier interactive one)."""
+        return cls(engine, store, session_id, options=options, transcript=transcript)
+
+    def _bootstrap(self) -> None:
+        text = system_prompt(self.options.system_prompt, self.schemas, self.native_tools)
+        self._append([{"role": "system", "content": text}], generation_prompt=False, metas=[{}])
+        if not self.options.examples:
+            return
+        for m in example_messages(self.registry.names()):
+            meta: dict[str, Any] = {"example": True}
+            calls = None
+            if "call" in m:
+                name, args = m["call"]
+                calls = [ToolCall(m["call_id"], name, args).as_message_call()]
+                meta["raw_text"] = m["content"]
+            msg = {k: m[k] for k in ("role", "content", "tool_call_id", "name") if k in m}
+            self._append([msg], generation_prompt=m["role"] in ("user", "tool"), metas=[meta],
+                         tool_calls=[calls])
+        self.store.set_meta(self.session_id, {"agent": self.describe()})
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "protocol": "native" if self.native_tools else "text",
+            "tools": self.registry.names(),
+            "constrained": self.constrained,
+            "approval": {n: self.policy.decide(n) for n in self.registry.names()},
+        }
+
+    # -- control ------------------------------------------------------------------------------
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop the run (or the next one, if none is running): generation ends within a token,
+        a running tool is killed, pending approvals count as denied. The transcript stays
+        valid (every call gets a result)."""
+        with self._lock:
+            if self._stop_reason is None:
+                self._stop_reason = reason
+            self._cancel.set()
+            handle = self._handle
+        if handle is not None:
+            handle.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    # -- running ------------------------------------------------------------------------------
+    def run(self, prompt: str, limits: AgentLimits | None = None) -> Iterator[AgentEvent]:
+        """Add ``prompt`` as a user message and run steps until done; yields AgentEvents.
+
+        An ``ApprovalNeeded`` must be answered before iteration continues (or from another
+        thread while this one waits); ``cancel()`` may be called from any thread.
+        """
+        limits = limits or AgentLimits()
+        timer = None
+        if limits.wall_s is not None:
+            timer = threading.Timer(limits.wall_s, self.cancel, kwargs={"reason": "wall_time"})
+            timer.daemon = True
+            timer.start()
+        try:
+            yield from self._run(prompt, limits)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with self._lock:  # a cancel applies to one run; the next starts afresh
+                self._cancel.clear()
+                self._stop_reason = None
+
+    async def run_async(self, prompt: str, limits: AgentLimits | None = None) -> AsyncIterator[AgentEvent]:
+        """``run`` on a worker thread, events delivered to the running event loop."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        end = object()
+
+        def work() -> None:
+            try:
+                for ev in self.run(prompt, limits):
+                    loop.call_soon_threadsafe(queue.put_nowait, ev)
+            except BaseException as e:  # delivered to the awaiting side
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, end)
+
+        thread = threading.Thread(target=work, name="mlxterm-agent", daemon=True)
+        thread.start()
+        try:
+            while True:
+                ev = await queue.get()
+                if ev is end:
+                    return
+                if isinstance(ev, BaseException):
+                    raise ev
+                yield ev
+        finally:
+            if thread.is_alive():
+                self.cancel()
+
+    def _run(self, prompt: str, limits: AgentLimits) -> Iterator[AgentEvent]:
+        t0 = time.monotonic()
+        totals = _Totals()
+        step, final_text, reason, error = 0, "", None, None
+        max_steps = limits.steps or self.engine.profile.agent.max_steps
+        self.transcript.write("run", 0, session_id=self.session_id, profile=self.engine.profile.name,
+                              workspace=str(self.workspace), prompt=prompt, limits=asdict(limits),
+                              agent=self.describe(), tools=self.schemas)
+        try:
+            self._close_interrupted_turn()
+            self._append([{"role": "user", "content": prompt}], generation_prompt=True, metas=[{}])
+            while reason is None:
+                if self._cancel.is_set():
+                    reason = self._stop_reason or "cancelled"
+                    break
+                if step >= max_steps:
+                    reason = "max_steps"
+                    break
+                left = None if limits.tokens is None else limits.tokens - totals.completion
+                if left is not None and left <= 0:
+                    reason = "max_tokens"
+                    break
+                step += 1
+                budget = yield from self._budget(step, left)
+                if budget is None:
+                    reason = "context"
+                    break
+                done, parser = yield from self._generate(step, budget)
+                totals.prompt += done.usage.prompt_tokens
+                totals.cached += done.usage.cached_tokens
+                totals.completion += done.usage.completion_tokens
+                if done.error:
+                    reason, error = "error", done.error
+                    break
+                pending = _pending(parser)
+                if not pending:
+                    final_text = parser.visible_text.strip()
+                    if done.finish_reason == "cancelled":
+                        reason = self._stop_reason or "cancelled"
+                    elif done.finish_reason == "length" and left is not None and totals.completion >= limits.tokens:
+                        reason = "max_tokens"  # cut off by the run's budget, not a finished answer
+                    else:
+                        reason = "answered"
+                    break
+                yield from self._run_tools(step, pending)
+        except MlxtermError as e:
+            reason, error = "error", str(e)
+        except Exception as e:  # a bug must end the run with a record, not a silent stop
+            log.exception("agent run failed")
+            reason, error = "error", f"{type(e).__name__}: {e}"
+        wall = time.monotonic() - t0
+        summary = {"reason": reason, "steps": step, "prompt_tokens": totals.prompt,
+                   "cached_tokens": totals.cached, "completion_tokens": totals.completion,
+                   "wall_s": round(wall, 3), "error": error}
+        self.transcript.write("done", step, **summary, final_text=final_text)
+        try:
+            self.store.set_meta(self.session_id, {"last_run": summary})
+        except MlxtermError as e:
+            log.warning("could not record the run in session %s: %s", self.session_id, e)
+        yield AgentDone(step, reason, final_text, totals.prompt, totals.cached, totals.completion,
+                        round(wall, 3), error)
+
+    # -- one step -----------------------------------------------------------------------------
+    def _budget(self, step: int, tokens_left: int | None) -> Iterator[AgentEvent]:
+        """max_tokens for this step, compacting old tool output when the context is short."""
+        limit = self.engine.profile.context.max_context
+        want = self.options.max_tokens_per_step or self.engine.profile.sampling.max_tokens
+        if tokens_left is not None:
+            want = min(want, tokens_left)
+        used = self.store.get(self.session_id).token_count
+        if limit - used < want:
+            ev = self._compact(step, want - (limit - used), limit - want)
+            if ev is not None:
+                yield ev
+            used = self.store.get(self.session_id).token_count
+        room = min(want, limit - used)
+        return room if room >= MIN_STEP_TOKENS else None
+
+    def _generate(self, step: int, max_new: int) -> Iterator[AgentEvent]:
+        prompt_ids = self.store.context_tokens(self.session_id)
+        constraint = ToolCallConstraint(self.masks, max_tokens=max_new) if self.masks else None
+        mask_ms0 = self.masks.mask_ms if self.masks else 0.0
+        seed = None if self.options.seed is None else self.options.seed + step
+        params = self.engine.sampling(max_tokens=max_new, temperature=self.options.temperature, seed=seed)
+        request = GenerationRequest(prompt_ids, params, session_id=self.session_id,
+                                    split_reasoning=self.engine.profile.chat.reasoning, constraint=constraint)
+        self.transcript.write("request", step, prompt_tokens=len(prompt_ids), max_tokens=max_new,
+                              constrained=constraint is not None,
+                              sampling={"temperature": params.temperature, "top_p": params.top_p, "seed": seed})
+        yield StepStart(step, len(prompt_ids), max_new, constraint is not None)
+        parser = ToolCallParser(self.tool_params, id_prefix=f"call_{step}")
+        with self._lock:
+            self._handle = handle = self.engine.submit(request)
+            if self._cancel.is_set():
+                handle.cancel()
+        done: Done | None = None
+        try:
+            for ev in handle:
+                if isinstance(ev, EngineTextDelta):
+                    for pe in parser.feed(ev.text):
+                        yield _event(step, pe)
+                elif isinstance(ev, Done):
+                    done = ev
+            for pe in parser.finish():
+                yield _event(step, pe)
+        finally:
+            with self._lock:
+                self._handle = None
+        assert done is not None
+        self._record_reply(step, done, parser, constraint, mask_ms0)
+        yield StepDone(step, done.finish_reason, done.usage.prompt_tokens, done.usage.cached_tokens,
+                       done.usage.completion_tokens, done.timings.decode_tps, done.timings.ttft_ms,
+                       done.cache_source, parser.visible_text.strip())
+        return done, parser
+
+    def _record_reply(self, step: int, done: Done, parser: ToolCallParser, constraint, mask_ms0: float) -> None:
+        tok = self.engine.tokenizer
+        ids = list(done.completion_token_ids)
+        body = ids[:-1] if ids and ids[-1] in tok.eos_ids else ids
+        raw = tok.decode(body)
+        usage = {"prompt_tokens": done.usage.prompt_tokens, "cached_tokens": done.usage.cached_tokens,
+                 "completion_tokens": done.usage.completion_tokens}
+        cinfo = None
+        if constraint is not None:
+            cinfo = {"tokens": constraint.tokens, "overhead_ms": round(constraint.overhead_s * 1000, 2),
+                     "mask_build_ms": round(self.masks.mask_ms - mask_ms0, 2), "wound_up": constraint.wound_up}
+        self.transcript.write("response", step, text=done.text, raw_text=raw, finish_reason=done.finish_reason,
+                              usage=usage, timings=asdict(done.timings), cache_source=done.cache_source,
+                              error=done.error, constraint=cinfo)
+        calls = []
+        for p in _pending(parser):
+            if p.call is not None:
+                calls.append(p.call.as_message_call())
+            else:
+                calls.append({"id": p.id, "type": "function", "function": {"name": p.name, "arguments": {}},
+                              "error": p.error, "raw": p.raw})
+        meta = {"step": step, "finish_reason": done.finish_reason, "usage": usage, "timings": asdict(done.timings),
+                "cache": {"source": done.cache_source, "restore_ms": done.timings.restore_ms}, "raw_text": raw}
+        if cinfo is not None:
+            meta["constraint"] = cinfo
+        if done.error:
+            meta["error"] = done.error
+        msg = self.store.add_message(self.session_id, "assistant", parser.visible_text.strip(),
+                                     tool_calls=calls or None, token_ids=ids, meta=meta)
+        self.transcript.message(msg, step)
+
+    # -- tools --------------------------------------------------------------------------------
+    def _run_tools(self, step: int, pending: list[_Pending]) -> Iterator[AgentEvent]:
+        messages, metas = [], []
+        for p in pending:
+            result, approval = yield from self._one_tool(step, p)
+            data = result.data
+            diff = data.get("diff") if p.name in ("write_file", "edit_file") else None
+            yield ToolFinished(step, p.id, p.name, result, approval, int(data.get("duration_ms", 0)),
+                               data.get("exit_code") if p.name == "bash" else None, diff)
+            self.transcript.write("tool_result", step, call_id=p.id, name=p.name, ok=result.ok,
+                                  content=result.content, error=result.error, approval=approval,
+                                  duration_ms=data.get("duration_ms"), data=data)
+            messages.append({"role": "tool", "content": result.content, "tool_call_id": p.id, "name": p.name})
+            meta = {"ok": result.ok, "approval": approval, "step": step,
+                    **{k: data[k] for k in _DATA_KEYS if k in data}}
+            if result.error:
+                meta["error"] = result.error
+            if "duration_ms" in data:
+                meta["duration_ms"] = data["duration_ms"]
+            metas.append(meta)
+        self._append(messages, generation_prompt=True, metas=metas, step=step)
+
+    def _one_tool(self, step: int, p: _Pending) -> Iterator[AgentEvent]:
+        if p.call is None:
+            content = malformed_result(p.error or "the tool call is malformed", self.tool_params)
+            return ToolResult(False, content, {"malformed": True, "raw": p.raw}, p.error), "malformed"
+        call = p.call
+        if self._cancel.is_set():
+            return ToolResult.failure(f"{call.name} was not run: the run was cancelled", cancelled=True), "cancelled"
+        verdict = self.policy.decide(call.name)
+        approval, reason = verdict, None
+        if verdict == "ask":
+            request = ApprovalRequest(call)
+            yield ApprovalNeeded(step, call, request)
+            approval = request.wait(self._cancel)
+            reason = request.reason
+            if approval == "always":
+                self.policy.remember(call.name)
+        if verdict != "allow":
+            self.transcript.write("approval", step, call_id=call.id, tool=call.name, policy=verdict,
+                                  decision=approval, reason=reason)
+        if approval == "deny":
+            message = self.policy.denial_message(call.name) if reason != "cancelled" else \
+                f"{call.name} was not run: the run was cancelled"
+            if reason and reason != "cancelled":
+                message += f" ({reason})"
+            return ToolResult.failure(message, denied=True), "deny"
+        yield ToolStarted(step, call)
+        return self.registry.run(call.name, call.arguments, self._cancel), approval
+
+    # -- messages -----------------------------------------------------------------------------
+    def _append(self, messages: list[dict[str, Any]], *, generation_prompt: bool, metas: list[dict[str, Any]],
+                step: int = 0, tool_calls: list | None = None) -> list[Message]:
+        history = self.store.messages(self.session_id)
+        fed = [t for m in history for t in m.token_ids]
+        ids = self.ledger.tokens_for([render_dict(m) for m in history], fed, messages, generation_prompt)
+        stored = []
+        for i, (m, tokens, meta) in enumerate(zip(messages, ids, metas, strict=True)):
+            calls = tool_calls[i] if tool_calls else None
+            msg = self.store.add_message(self.session_id, m["role"], m["content"], tool_calls=calls,
+                                         tool_call_id=m.get("tool_call_id"), name=m.get("name"),
+                                         token_ids=tokens, meta=meta)
+            self.transcript.message(msg, step)
+            stored.append(msg)
+        return stored
+
+    def _close_interrupted_turn(self) -> None:
+        """A run stopped after tool results (or a crash after the user message) leaves the
+        context ending in a generation prompt; close that turn with an empty assistant reply
+        so the next user message follows a complete turn."""
+        last = self.store.messages(self.session_id, tokens=False)[-1:]
+        if last and last[0].role in ("user", "tool"):
+            self._append([{"role": "assistant", "content": ""}], generation_prompt=False,
+                         metas=[{"interrupted": True}])
+
+    def _compact(self, step: int, tokens_over: int, room: int) -> Compacted | None:
+        """Shorten old tool results so the prompt fits ``room`` with some slack."""
+        messages = self.store.messages(self.session_id)
+        before = sum(m.token_count for m in messages)
+        target = int(room * compaction.TARGET_FRACTION)
+        need = max(tokens_over, before - target)
+        tok = self.engine.tokenizer
+        plan = compaction.plan(messages, need, lambda text: len(tok.encode(text)) + 8)
+        if not plan.indices:
+            return None
+        first = plan.indices[0]
+        self.store.delete_last(self.session_id, len(messages) - first)
+        removed = sum(len(messages[i].content) - len(plan.new_content[i]) for i in plan.indices)
+        self.transcript.write("compaction", step, from_index=first, messages=list(plan.indices),
+                              tokens_before=before, chars_removed=removed)
+        roles = [m.role for m in messages]
+        for m in messages[first:]:
+            following = roles[m.index + 1] if m.index + 1 < len(roles) else None
+            self._readd(m, plan.new_content.get(m.index), step, following)
+        after = self.store.get(self.session_id).token_count
+        record = {"step": step, "messages": list(plan.indices), "tokens_before": before,
+                  "tokens_after": after, "chars_removed": removed}
+        history = self.store.get_meta(self.session_id).get("compactions", [])
+        self.store.set_meta(self.session_id, {"compactions": [*history, record]})
+        self.transcript.write("compaction_done", step, tokens_after=after)
+        return Compacted(step, plan.indices, before, after, removed)
+
+    def _readd(self, m: Message, new_content: str | None, step: int, following: str | None) -> None:
+        """Put message ``m`` back after a compaction (assistant turns keep their exact tokens)."""
+        if m.role == "assistant":
+            msg = self.store.add_message(self.session_id, "assistant", m.content, reasoning=m.reasoning,
+                                         tool_calls=m.tool_calls, token_ids=m.token_ids, meta=m.meta)
+            self.transcript.message(msg, step)
+            return
+        meta = dict(m.meta)
+        content = m.content
+        if new_content is not None:
+            meta["compacted"] = {"original_chars": len(m.content), "step": step}
+            content = new_content
+        history = self.store.messages(self.session_id)
+        gp = m.role in ("user", "tool") and following in (None, "assistant")
+        fed = [t for h in history for t in h.token_ids]
+        d = {"role": m.role, "content": content}
+        if m.tool_call_id:
+            d["tool_call_id"] = m.tool_call_id
+        if m.name:
+            d["name"] = m.name
+        ids = self.ledger.tokens_for([render_dict(h) for h in history], fed, [d], gp)[0]
+        msg = self.store.add_message(self.session_id, m.role, content, tool_calls=m.tool_calls,
+                                     tool_call_id=m.tool_call_id, name=m.name, token_ids=ids, meta=meta)
+        self.transcript.message(msg, step)
+
+
+def _pending(parser: ToolCallParser) -> list[_Pending]:
+    items = [_Pending(c.id, c.name, call=c, raw=c.raw) for c in parser.calls]
+    items += [_Pending(b.id, call_name(b.raw) or "", error=b.error, raw=b.raw) for b in parser.malformed]
+    items.sort(key=lambda p: int(p.id.rsplit("_", 1)[1]))  # reply order
+    return items
+
+
+def _event(step: int, pe: ParseEvent) -> AgentEvent:
+    if isinstance(pe, Text):
+        return TextDelta(step, pe.text)
+    if isinstance(pe, Forming):
+        return ToolCallForming(step, pe.index, pe.text, pe.name)
+    if isinstance(pe, Parsed):
+        return ToolCallParsed(step, pe.call)
+    assert isinstance(pe, Malformed)
+    return ToolCallMalformed(step, pe.id, pe.raw, pe.error)

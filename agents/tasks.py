@@ -1,0 +1,193 @@
+"""Task files for headless runs (``mlxterm run TASK.yaml``).
+
+::
+
+    name: hello                      # optional; default: the file name
+    prompt: "create hello.txt containing exactly: hello world"
+    workspace_template: template/    # optional dir (relative to this file) copied in first
+    profile: smollm2-135m            # optional; --profile wins
+    system: "..."                    # optional base system prompt
+    examples: true                   # optional; few-shot example turns (default true)
+    allow: [bash]                    # optional; tools that run without asking
+    limits: {steps: 4, tokens: 600, wall_s: 120}
+    sampling: {temperature: 0.2, seed: 0, max_tokens: 256}   # max_tokens: per step
+    checks:                          # shell commands run in the workspace afterwards
+      - name: content
+        run: test "$(cat hello.txt)" = "hello world"
+        timeout_s: 30                # optional, default 60
+
+Every problem is reported as ``FILE: KEY: what is wrong`` (a TaskError, one sentence).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import MlxtermError
+
+import yaml
+
+from tools import TOOL_NAMES
+
+TOP_KEYS = ("name", "prompt", "workspace_template", "profile", "system", "examples", "allow",
+            "limits", "sampling", "checks")
+LIMIT_KEYS = ("steps", "tokens", "wall_s")
+SAMPLING_KEYS = ("temperature", "seed", "max_tokens")
+CHECK_KEYS = ("name", "run", "timeout_s")
+DEFAULT_CHECK_TIMEOUT_S = 60
+
+
+class TaskError(MlxtermError):
+    """A task file is missing, unreadable or invalid."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    run: str
+    timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    path: Path
+    name: str
+    prompt: str
+    workspace_template: Path | None = None
+    profile: str | None = None
+    system: str | None = None
+    examples: bool = True
+    allow: tuple[str, ...] = ()
+    steps: int | None = None
+    tokens: int | None = None
+    wall_s: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+
+
+def load_task(path: str | Path) -> TaskSpec:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TaskError(f"{path}: task file not found") from None
+    except OSError as e:
+        raise TaskError(f"{path}: cannot read the task file ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise TaskError(f"{path}: not valid YAML{where}") from None
+    return parse_task(data, path)
+
+
+def parse_task(data: Any, path: Path) -> TaskSpec:
+    """Validate a loaded YAML document; ``path`` names the file in errors and anchors paths."""
+    if not isinstance(data, dict):
+        raise TaskError(f"{path}: a task file must be a mapping with at least a 'prompt' key")
+    _known(path, "", data, TOP_KEYS)
+
+    def fail(key: str, problem: str) -> TaskError:
+        return TaskError(f"{path}: {key}: {problem}")
+
+    prompt = data.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise fail("prompt", "required, a non-empty string")
+    template = None
+    if data.get("workspace_template") is not None:
+        raw = _text(path, "workspace_template", data["workspace_template"])
+        template = (path.parent / raw).resolve()
+        if not template.is_dir():
+            raise fail("workspace_template", f"{template} is not a directory")
+    allow = data.get("allow") or []
+    if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
+        raise fail("allow", "expected a list of tool names")
+    for a in allow:
+        if a not in TOOL_NAMES:
+            raise fail("allow", f"unknown tool {a!r}{_suggest(a, TOOL_NAMES)} (tools: {', '.join(TOOL_NAMES)})")
+    examples = data.get("examples", True)
+    if not isinstance(examples, bool):
+        raise fail("examples", "expected true or false")
+    limits = _section(path, "limits", data.get("limits"), LIMIT_KEYS)
+    sampling = _section(path, "sampling", data.get("sampling"), SAMPLING_KEYS)
+    return TaskSpec(
+        path=path.resolve(),
+        name=_text(path, "name", data["name"]) if data.get("name") is not None else path.stem,
+        prompt=prompt,
+        workspace_template=template,
+        profile=_text(path, "profile", data["profile"]) if data.get("profile") is not None else None,
+        system=_text(path, "system", data["system"]) if data.get("system") is not None else None,
+        examples=examples,
+        allow=tuple(allow),
+        steps=_number(path, "limits.steps", limits.get("steps"), integer=True, minimum=1),
+        tokens=_number(path, "limits.tokens", limits.get("tokens"), integer=True, minimum=1),
+        wall_s=_number(path, "limits.wall_s", limits.get("wall_s"), minimum=0.001),
+        temperature=_number(path, "sampling.temperature", sampling.get("temperature"), minimum=0.0),
+        seed=_number(path, "sampling.seed", sampling.get("seed"), integer=True, minimum=0),
+        max_tokens=_number(path, "sampling.max_tokens", sampling.get("max_tokens"), integer=True, minimum=1),
+        checks=_checks(path, data.get("checks")),
+    )
+
+
+def _checks(path: Path, raw: Any) -> tuple[Check, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise TaskError(f"{path}: checks: expected a list of {{name, run}} mappings")
+    out = []
+    for i, item in enumerate(raw):
+        key = f"checks[{i}]"
+        if not isinstance(item, dict):
+            raise TaskError(f"{path}: {key}: expected a mapping with 'name' and 'run'")
+        _known(path, key + ".", item, CHECK_KEYS)
+        if "run" not in item:
+            raise TaskError(f"{path}: {key}.run: required, the shell command to run")
+        run = _text(path, f"{key}.run", item["run"])
+        name = _text(path, f"{key}.name", item["name"]) if item.get("name") is not None else f"check {i + 1}"
+        timeout = _number(path, f"{key}.timeout_s", item.get("timeout_s"), minimum=0.001)
+        out.append(Check(name, run, DEFAULT_CHECK_TIMEOUT_S if timeout is None else timeout))
+    return tuple(out)
+
+
+def _section(path: Path, key: str, raw: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise TaskError(f"{path}: {key}: expected a mapping with keys {', '.join(keys)}")
+    _known(path, key + ".", raw, keys)
+    return raw
+
+
+def _known(path: Path, prefix: str, data: dict, keys: tuple[str, ...]) -> None:
+    for k in data:
+        if k not in keys:
+            raise TaskError(f"{path}: {prefix}{k}: unknown key{_suggest(str(k), keys)} "
+                            f"(allowed: {', '.join(keys)})")
+
+
+def _text(path: Path, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise TaskError(f"{path}: {key}: expected a non-empty string")
+    return value
+
+
+def _number(path: Path, key: str, value: Any, *, integer: bool = False, minimum: float | None = None):
+    if value is None:
+        return None
+    bad_type = isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int))
+    if bad_type:
+        raise TaskError(f"{path}: {key}: expected {'an integer' if integer else 'a number'}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise TaskError(f"{path}: {key}: must be >= {minimum:g}, got {value!r}")
+    return value
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,296 @@
+"""The tool-call grammar (byte level) and its mapping onto vocabularies (constrained decoding)."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+import tools
+from agents.constrained import TokenTable, ToolCallConstraint, ToolCallMasks, force_from
+from agents.grammar import ToolCallGrammar
+from agents.parser import ToolCallParser
+from agents.protocol import parse_call, tool_map
+from agents.scripted import ByteTokenizer
+
+SCHEMAS = tools.default_registry(".").schemas()
+TOOLS = tool_map(SCHEMAS)
+EXTRA = {
+    "pick": {
+        "type": "object",
+        "properties": {
+            "mode": {"type": "string", "enum": ["fast", "slow"], "description": "m"},
+            "level": {"type": "integer", "enum": [1, 10, 100], "description": "l"},
+            "tags": {"type": "array", "items": {"type": "string"}, "description": "t"},
+            "counts": {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5}, "description": "c"},
+            "flag": {"type": "boolean", "description": "f"},
+        },
+        "required": ["mode"],
+        "additionalProperties": False,
+    }
+}
+
+
+@pytest.fixture(scope="module")
+def grammar():
+    return ToolCallGrammar({**TOOLS, **EXTRA})
+
+
+def accepts(g, text: str) -> bool:
+    state = g.feed(g.initial(), text.encode())
+    return state is not None and g.accepted(state)
+
+
+def viable(g, text: str) -> bool:
+    return g.feed(g.initial(), text.encode()) is not None
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}</tool_call>',
+    '\n{"name":"write_file","arguments":{"content":"x\\n\\"q\\" \\u00e9","path":"a"}}\n</tool_call>',
+    '{"name": "bash", "arguments": {"command": "ls", "timeout_s": 600}}</tool_call>',
+    '{"name": "bash", "arguments": {"command": "ls", "timeout_s": 1}}</tool_call>',
+    '{"name": "list_dir", "arguments": {}}</tool_call>',
+    '{"name": "grep", "arguments": {"pattern": "x", "case_insensitive": false}}</tool_call>',
+    '{"name": "pick", "arguments": {"mode": "slow", "level": 10, "tags": ["a", "b"], "counts": [-5, 0, 5], "flag": true}}</tool_call>',
+    '{"name": "pick", "arguments": {"mode": "fast", "level": 1, "tags": [], "counts": []}}</tool_call>',
+    '{"name": "write_file", "arguments": {"path": "é✓", "content": "日本"}}</tool_call>',
+])
+def test_accepts_valid_calls(grammar, text):
+    assert accepts(grammar, text)
+    body = text.replace("</tool_call>", "")
+    name, args = parse_call(body, {**TOOLS, **EXTRA})
+    assert name == json.loads(body)["name"]
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "bash", "arguments": {"command": "ls", "timeout_s": 601}}',  # above maximum
+    '{"name": "bash", "arguments": {"command": "ls", "timeout_s": 0}}',  # below minimum
+    '{"name": "bash", "arguments": {"command": "ls", "timeout_s": 07}}',  # leading zero
+    '{"name": "bash", "arguments": {"command": "ls", "timeout_s": -1}}',
+    '{"name": "bash", "arguments": {"command": "ls", "timeout_s": 1.5}}',
+    '{"name": "bash", "arguments": {"timeout_s": 5}}',  # required command missing
+    '{"name": "grep", "arguments": {"pattern": "x", "pattern": "y"}}',  # duplicate key
+    '{"name": "grep", "arguments": {"pattern": "x", "foo": 1}}',  # unknown key
+    '{"name": "grepx", "arguments": {}}',
+    '{"arguments": {}, "name": "grep"}',  # name must come first
+    '{"name": "read_file", "arguments": {"path": "a\nb"}}',  # raw control character
+    '{"name": "read_file", "arguments": {"path": "a\\x"}}',  # bad escape
+    '{"name": "pick", "arguments": {"mode": "medium"}}',  # not in enum
+    '{"name": "pick", "arguments": {"mode": "fast", "level": 5}}',
+    '{"name": "pick", "arguments": {"mode": "fast", "counts": [6]}}',
+    '{"name": "pick", "arguments": {"mode": "fast", "flag": 1}}',
+    '{"name": "list_dir", "arguments": {}}      \n\n</tool_call>',  # whitespace run too long
+])
+def test_rejects_invalid_calls(grammar, text):
+    assert not accepts(grammar, text + ("" if text.endswith("</tool_call>") else "</tool_call>"))
+
+
+def test_nothing_after_the_close_marker(grammar):
+    assert accepts(grammar, '{"name": "list_dir", "arguments": {}}</tool_call>')
+    assert not viable(grammar, '{"name": "list_dir", "arguments": {}}</tool_call>x')
+
+
+@pytest.mark.parametrize("prefix", [
+    "", '\n{"na', '{"name": "bash", "arguments": {"command": "ls -l',
+    '{"name": "bash", "arguments": {"timeout_s": 4', '{"name": "write_file", "arguments": {"content": "x\\u00',
+    '{"name": "pick", "arguments": {"mode": "fa', '{"name": "pick", "arguments": {"tags": ["a", "b',
+    '{"name": "pick", "arguments": {"mode": "fast", "counts": [-', '{"name": "pick", "arguments": {"level": 1',
+    '{"name": "list_dir", "arguments": {"depth": 2} ',
+])
+def test_completion_finishes_any_prefix(grammar, prefix):
+    state = grammar.feed(grammar.initial(), prefix.encode())
+    assert state is not None
+    tail = grammar.completion(state)
+    assert accepts(grammar, prefix + tail.decode())
+
+
+def test_completion_is_consistent_byte_by_byte(grammar):
+    """The wind-up follows completion(); after each byte the rest must be the new completion."""
+    state = grammar.feed(grammar.initial(), b'{"name": "edit_file", "arguments": {"path": "a')
+    tail = grammar.completion(state)
+    for i, b in enumerate(tail):
+        state = grammar.step(state, b)
+        assert grammar.completion(state) == tail[i + 1:]
+
+
+class PieceTokenizer:
+    """A vocabulary of multi-byte pieces (like BPE): every byte plus tokens that span JSON
+    structure, so masks must handle tokens crossing string and key boundaries."""
+
+    EXTRA = ['<tool_call>', '</tool_call>', '<tool', '_call', '>{"', '{"', '"}', '"}}', '}}', '",', '": "',
+             '":', ' "', 'name', '"name"', 'write_file', '"bash"', 'arguments', '"arguments": {"', 'hello',
+             ' world', 'hello world', '.txt', 'content', 'path', 'command', '\n', '\n\n\n\n\n', '  ', '\\n',
+             '\\"', '"\n', 'true', 'false', '60', '600', '6000', '{"x', '<|im_end|>']
+
+    def __init__(self):
+        self.pieces = [bytes((b,)) for b in range(256)] + [p.encode() for p in self.EXTRA]
+        self.special_ids = frozenset({len(self.pieces) - 1})
+        self.eos_ids = {len(self.pieces) - 1}
+
+    @property
+    def vocab_size(self):
+        return len(self.pieces)
+
+    def piece(self, i):
+        return self.pieces[i]
+
+    def encode_greedy(self, text: str) -> list[int]:
+        data, out, i = text.encode(), [], 0
+        by = {p: n for n, p in enumerate(self.pieces) if n not in self.special_ids}
+        while i < len(data):
+            size = max(s for s in range(1, 20) if data[i:i + s] in by)
+            out.append(by[data[i:i + size]])
+            i += size
+        return out
+
+
+@pytest.fixture(scope="module", params=["bytes", "pieces"])
+def masks(request):
+    tok = ByteTokenizer() if request.param == "bytes" else PieceTokenizer()
+    width = tok.vocab_size + 7  # padded logits, as real models have
+    return ToolCallMasks(ToolCallGrammar(TOOLS), TokenTable(tok, width))
+
+
+def _drive(masks, rng, max_tokens, force_call, temperature_like=0.5):
+    """A random "model": picks any allowed token (mostly prose-like when free)."""
+    c = ToolCallConstraint(masks, force_call=force_call, max_tokens=max_tokens)
+    out = []
+    table = masks.table
+    for _ in range(max_tokens):
+        mask = c.allowed()
+        if mask is None:
+            choices = np.flatnonzero(table.valid)
+        else:
+            m = np.array(mask)
+            assert m.shape == (table.width,)
+            choices = np.flatnonzero(m)
+        assert len(choices), f"no token allowed in phase {c.phase}"
+        tok = int(rng.choice(choices))
+        c.advance(tok)
+        if tok in table.eos:
+            break
+        out.append(table.pieces[tok] or b"")
+    return c, b"".join(out).decode("utf-8", errors="replace")
+
+
+def test_random_model_under_constraint_always_emits_valid_calls(masks):
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        budget = int(rng.integers(masks.min_call_tokens + 2, masks.min_call_tokens + 140))
+        c, text = _drive(masks, rng, max_tokens=budget, force_call=True)
+        assert c.calls == 1 and c.phase == "end", (trial, text)
+        parser = ToolCallParser(TOOLS)
+        parser.feed(text)
+        parser.finish()
+        assert not parser.malformed and len(parser.calls) == 1, (trial, text)
+        call = parser.calls[0]
+        tools.schema.validate_args(call.name, TOOLS[call.name], call.arguments)
+
+
+def test_tight_budget_blocks_calls_that_could_not_finish(masks):
+    rng = np.random.default_rng(1)
+    c, text = _drive(masks, rng, max_tokens=masks.min_call_tokens, force_call=True)
+    assert "</tool_call>" not in text and c.calls == 0
+    c, text = _drive(masks, rng, max_tokens=masks.min_call_tokens + 1, force_call=True)
+    assert c.calls == 1 and text.endswith("</tool_call>")
+
+
+def test_free_text_is_unconstrained_until_the_marker(masks):
+    table = masks.table
+    c = ToolCallConstraint(masks, max_tokens=500)
+    first = np.array(c.allowed())  # the first token: a bare "{" must start a valid call
+    assert first[ord("S")] and first[ord("{")] and first[ord("<")]
+    for b in b"Sure, ":
+        c.advance(b)
+    assert c.allowed() is None and c.phase == "free"
+    c.advance(ord("<"))
+    assert c.phase == "marker"  # "<" might open a call: tokens finishing it into bad JSON go
+    mask = np.array(c.allowed())
+    assert mask[ord("t")] and mask[ord(" ")]  # "<table>" or "a < b" stay possible
+    for b in b"tool_":
+        c.advance(b)
+    mask = np.array(c.allowed())  # from "<tool_" on the marker is forced
+    assert mask[ord("c")] and not mask[ord("s")] and not mask[ord(" ")]
+    for b in b"call>":
+        c.advance(b)
+    assert c.phase == "call"
+    mask = np.array(c.allowed())
+    assert mask[ord("{")] and mask[ord("\n")] and not mask[ord("x")]
+    assert not mask[table.eos].any()
+
+
+def test_special_tokens_never_appear_inside_calls(masks):
+    c = ToolCallConstraint(masks, max_tokens=500)
+    for b in b'<tool_call>{"name": "bash", "arguments": {"command": "ab':
+        c.advance(b)
+    mask = np.array(c.allowed())
+    assert not mask[masks.table.eos].any()
+    assert not mask[masks.table.width - 1]  # padding beyond the tokenizer
+
+
+def test_marker_force_threshold():
+    assert force_from("<tool_call>") == len("<tool_")
+    assert force_from("<call>") == len("<call>")
+
+
+def test_multibyte_tokens_across_boundaries():
+    tok = PieceTokenizer()
+    masks = ToolCallMasks(ToolCallGrammar(TOOLS), TokenTable(tok, tok.vocab_size))
+    text = '<tool_call>{"name": "write_file", "arguments": {"content": "hello world", "path": "a.txt"}}</tool_call>'
+    ids = tok.encode_greedy(text)
+    assert len(ids) < len(text) / 2  # really multi-byte
+    c = ToolCallConstraint(masks, max_tokens=200)
+    for i in ids:
+        mask = c.allowed()
+        assert mask is None or bool(np.array(mask)[i]), tok.pieces[i]
+        c.advance(i)
+    assert c.phase == "end"
+    bad = ToolCallConstraint(masks, max_tokens=200)
+    for i in tok.encode_greedy('<tool_call>{"name": "write_file", "arguments": {"content": "hello'):
+        bad.advance(i)
+    mask = np.array(bad.allowed())
+    by = {p: n for n, p in enumerate(tok.pieces)}
+    assert mask[by[b'"}}']] is np.False_  # path is required: the object cannot close yet
+    assert mask[by[b'",']] and mask[by[b" world"]] and mask[by[b"\\n"]] and not mask[by[b"\n"]]
+
+
+def test_masks_are_cached_per_state():
+    tok = ByteTokenizer()
+    masks = ToolCallMasks(ToolCallGrammar(TOOLS), TokenTable(tok, tok.vocab_size))
+    c = ToolCallConstraint(masks, max_tokens=400)
+    for b in b'<tool_call>{"name": "bash", "arguments": {"command": "':
+        c.advance(b)
+    first = c.allowed()
+    built = masks.mask_ms
+    for b in b"echo hi there":
+        c.advance(b)
+        assert c.allowed() is first  # same string-body state: same cached mask object
+    assert masks.mask_ms == built
+
+
+def test_grammar_rejects_random_garbage_quickly():
+    g = ToolCallGrammar(TOOLS)
+    rng = random.Random(3)
+    for _ in range(200):
+        junk = bytes(rng.randrange(256) for _ in range(12))
+        state = g.feed(g.initial(), junk)
+        assert state is None or not g.accepted(state)
+
+
+def test_a_reply_starting_with_a_brace_is_a_call_without_marker():
+    tok = PieceTokenizer()
+    masks = ToolCallMasks(ToolCallGrammar(TOOLS), TokenTable(tok, tok.vocab_size))
+    by = {p: n for n, p in enumerate(tok.pieces)}
+    first = np.array(ToolCallConstraint(masks, max_tokens=300).allowed())
+    assert first[by[b'{"']] and first[by[b"hello"]]
+    assert not first[by[b'{"x']]  # a bare call must start {"name"
+    c = ToolCallConstraint(masks, max_tokens=300)
+    for i in tok.encode_greedy('{"name": "list_dir", "arguments": {}}'):
+        c.advance(i)
+    assert c.phase == "call"
+    mask = np.array(c.allowed())
+    assert not mask[tok.eos_ids.pop()]  # the close marker has to come first
+    assert mask[by[b"</tool_call>"]] and mask[by[b"\n"]]
+    off = ToolCallConstraint(masks, max_tokens=300, bare_calls=False)
+    assert off.allowed() is None
