@@ -1,7 +1,8 @@
 """``MlxtermApp``: the chat TUI. ``mlxterm`` (or ``mlxterm chat``) runs it.
 
 Everything the tests need to pin down is injectable: the profile, the session store file,
-the prompt history and settings files, the clock used for "3h ago" and the memory probe.
+the prompt history and settings files, the clock used for "3h ago", the memory probe and
+the engine factory (tests run agent mode on ``agents.scripted.ScriptedEngine``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from app.tui.screens.help import HelpScreen
 from app.tui.screens.main import MainScreen
 from app.tui.widgets.message import MessageView
 from app.tui.widgets.prompt import PromptInput
+from app.tui.widgets.tool_card import ToolCard
 
 log = logging.getLogger(__name__)
 STYLES = Path(__file__).parent / "styles"
@@ -32,7 +34,7 @@ STYLES = Path(__file__).parent / "styles"
 
 class MlxtermApp(App[int]):
     TITLE = "mlxterm"
-    CSS_PATH = [STYLES / "app.tcss", STYLES / "dialogs.tcss"]
+    CSS_PATH = [STYLES / "app.tcss", STYLES / "agent.tcss", STYLES / "dialogs.tcss"]
     BINDINGS = [
         Binding("f1", "help", "Help"),
         Binding("ctrl+t", "toggle_theme", "Light/dark theme", show=False),
@@ -43,14 +45,15 @@ class MlxtermApp(App[int]):
                  store=None, store_path: Path | None = None, history_path: Path | None = None,
                  settings_path: Path | None = None, log_path: Path | None = None,
                  clock: Callable[[], float] = time.time,
-                 memory_probe: Callable[[], int] = process_rss, autoload: bool = True) -> None:
+                 memory_probe: Callable[[], int] = process_rss, autoload: bool = True,
+                 engine_factory: Callable[[str], object] | None = None) -> None:
         super().__init__()
         from engine.sessions import SessionStore
 
         store = store if store is not None else SessionStore(store_path)
         if profile is None and session_id is not None:
             profile = _profile_of(store, session_id)
-        self.controller = ChatController(store, profile)
+        self.controller = ChatController(store, profile, engine_factory=engine_factory)
         self.initial_session = session_id
         self.history = PromptHistory(history_path)
         self.settings_path = settings_path or settings.default_path()
@@ -113,7 +116,8 @@ class MlxtermApp(App[int]):
 
 def help_sections() -> list[tuple[str, type]]:
     return [("Chat", MainScreen), ("Message box", PromptInput),
-            ("A focused message (Tab or click)", MessageView), ("App", MlxtermApp)]
+            ("A focused message (Tab or click)", MessageView),
+            ("A focused tool card (agent mode)", ToolCard), ("App", MlxtermApp)]
 
 
 def _profile_of(store, session_id: str) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from engine.errors import MlxtermError
 log = logging.getLogger(__name__)
 
 EXPORT_FORMATS = ("md", "json")
+AGENT_TITLE = "Agent run"  # AgentSession's default title, renamed after the first task
 
 
 class ChatError(MlxtermError):
@@ -52,11 +54,13 @@ class ProfileChoice:
 class ChatController:
     """Engine + session store behind one small API. Thread-safe for one UI at a time."""
 
-    def __init__(self, store, profile: str | None = None) -> None:
+    def __init__(self, store, profile: str | None = None, *,
+                 engine_factory: Callable[[str], object] | None = None) -> None:
         from engine.profiles import DEFAULT_PROFILE
 
         self.store = store
         self.profile_spec = profile or DEFAULT_PROFILE
+        self.engine_factory = engine_factory  # spec -> engine (tests: a ScriptedEngine)
         self.engine = None
         self.service = None
         self._lock = threading.Lock()  # one load at a time
@@ -95,8 +99,11 @@ class ChatController:
 
         spec = spec or self.profile_spec
         with self._lock:
-            self.check(spec)
-            new = Engine.load(spec)
+            if self.engine_factory is None:
+                self.check(spec)
+                new = Engine.load(spec)
+            else:
+                new = self.engine_factory(spec)
             old, self.engine = self.engine, new
             self.service = ChatService(new, self.store)
             self.profile_spec = spec
@@ -135,7 +142,8 @@ class ChatController:
     # -- sessions ------------------------------------------------------------------------------
 
     def sessions(self, query: str | None = None, limit: int = 200):
-        return self.store.list(query=query or None, limit=limit, kind="chat")
+        """Chats and agent sessions, most recent first."""
+        return self.store.list(query=query or None, limit=limit)
 
     def session(self, session_id: str):
         return self.store.get(session_id)
@@ -212,6 +220,42 @@ class ChatController:
         if not any(m.role == "user" for m in msgs):
             raise ChatError("there is no message to answer again yet.")
         return self.service.retry(session_id)
+
+    # -- agent sessions (the loop runs on its own thread; see app/tui/agent_mode.py) ----------
+
+    def new_agent(self, workspace: str | Path | None = None):
+        """A new ``AgentSession`` working in ``workspace`` (default: a fresh directory
+        ``data_dir()/workspaces/<session id>``). Blocking (tokenizes the system prompt)."""
+        from engine.paths import data_dir
+        from engine.sessions.naming import new_id
+
+        from agents.session import AgentSession
+
+        engine = self._engine()
+        if workspace is not None:
+            return AgentSession.create(engine, self.store, Path(workspace).expanduser(),
+                                       title=AGENT_TITLE)
+        sid = new_id()
+        ws = data_dir() / "workspaces" / sid
+        ws.mkdir(parents=True)
+        try:
+            return AgentSession.create(engine, self.store, ws, title=AGENT_TITLE, session_id=sid)
+        except BaseException:
+            ws.rmdir()
+            raise
+
+    def open_agent(self, session_id: str):
+        """Continue a stored agent session with the loaded model (``AgentSession.open``)."""
+        from agents.session import AgentSession
+
+        return AgentSession.open(self._engine(), self.store, session_id)
+
+    def name_agent(self, session_id: str, task: str) -> None:
+        """Title a new agent session after its first task."""
+        from engine.sessions.naming import suggest_title
+
+        if self.store.get(session_id).title == AGENT_TITLE:
+            self.store.rename(session_id, suggest_title(task))
 
     def _engine(self):
         if self.engine is None or self.service is None:

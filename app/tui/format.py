@@ -70,6 +70,38 @@ def done_meta(done) -> dict[str, Any]:
     }
 
 
+def agent_step_summary(ev) -> str:
+    """Status line after an agent step (an ``agents.events.StepDone``), e.g.
+    ``agent · step 2 · cached 1,150/1,204 tokens (RAM) · TTFT 95 ms · 38.2 tok/s``."""
+    parts = [f"agent · step {ev.step}"]
+    if ev.cached_tokens and ev.cache_source != "none":
+        parts.append(f"cached {tokens(ev.cached_tokens)}/{tokens(ev.prompt_tokens)} tokens "
+                     f"({ev.cache_source.upper()})")
+    else:
+        parts.append(f"prefilled {tokens(ev.prompt_tokens)} tokens")
+    if ev.ttft_ms:
+        parts.append(f"TTFT {ev.ttft_ms:.0f} ms")
+    if ev.decode_tps:
+        parts.append(f"{ev.decode_tps:.1f} tok/s")
+    return " · ".join(parts)
+
+
+AGENT_OUTCOMES = {"answered": "answered", "cancelled": "cancelled", "error": "failed",
+                  "max_steps": "hit the step limit", "max_tokens": "hit the token budget",
+                  "wall_time": "hit the time limit", "context": "ran out of context"}
+
+
+def agent_done_summary(done) -> str:
+    """Status line after an agent run (an ``agents.events.AgentDone``)."""
+    steps = f"{done.step} step{'s' if done.step != 1 else ''}"
+    parts = [f"agent {AGENT_OUTCOMES.get(done.reason, done.reason)} after {steps}"]
+    if done.prompt_tokens:
+        parts.append(f"cached {tokens(done.cached_tokens)}/{tokens(done.prompt_tokens)} prompt "
+                     f"tokens ({done.cached_ratio:.0%})")
+    parts.append(f"{done.wall_s:.1f} s")
+    return " · ".join(parts)
+
+
 def process_rss() -> int:
     """Resident memory of this process in bytes (/proc on Linux, else the peak from resource)."""
     try:

@@ -10,6 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from app.tui.agent_mode import AGENT_SLASH
 from app.tui.dictation import DICTATE_SLASH
 from app.tui.slash import SLASH_COMMANDS
 
@@ -19,7 +20,9 @@ TIPS = (
     "palette. Opening an older chat and sending a message restores its saved context; the "
     "status bar says how many tokens came back and from where (RAM or SSD). F5 dictates into "
     "the message box (press it again to stop, or pause when the profile's speech.auto_stop "
-    "is on); edit the text, then send it."
+    "is on); edit the text, then send it. /agent starts agent mode: the model works in a "
+    "workspace with tools, each call is a card, bash asks first (y once, a always, n deny), "
+    "Esc cancels the run."
 )
 
 
@@ -63,7 +66,7 @@ class HelpScreen(ModalScreen[None]):
                     yield Label(section, classes="help-section")
                     yield Static(_table(keys), classes="help-table")
             yield Label("Slash commands", classes="help-section")
-            commands = [*SLASH_COMMANDS.values(), DICTATE_SLASH]
+            commands = [*SLASH_COMMANDS.values(), DICTATE_SLASH, AGENT_SLASH]
             yield Static(_table([(c.usage, c.help) for c in commands]),
                          classes="help-table")
             yield Label("Tips", classes="help-section")

@@ -23,6 +23,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from app.tui.agent_mode import AgentActions, AgentCommands, agent_command
 from app.tui.commands import ChatCommands
 from app.tui.dictation import DictationActions, DictationCommands, is_dictate_command
 from app.tui.format import done_meta, turn_summary
@@ -42,8 +43,8 @@ log = logging.getLogger(__name__)
 STATUS_EVERY = 8  # update the "generating" counter every N text deltas
 
 
-class MainScreen(ChatActions, DictationActions, Screen):
-    COMMANDS = {ChatCommands, DictationCommands}
+class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
+    COMMANDS = {ChatCommands, AgentCommands, DictationCommands}
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+n", "new_chat", "New chat"),
@@ -67,6 +68,7 @@ class MainScreen(ChatActions, DictationActions, Screen):
         self._stop_requested = False
         self._loading: str | None = None  # profile spec being loaded
         self.init_dictation()
+        self.init_agent()
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -97,7 +99,7 @@ class MainScreen(ChatActions, DictationActions, Screen):
 
     @property
     def generating(self) -> bool:
-        return self.turn is not None or self._starting
+        return self.turn is not None or self._starting or self.agent_busy
 
     def on_unmount(self) -> None:
         self.close_dictation()
@@ -141,7 +143,9 @@ class MainScreen(ChatActions, DictationActions, Screen):
             self.notify(str(e), severity="error")
             return
         self.session_id = session.id
-        await self.conversation.show(self.controller.messages(session.id))
+        self.set_agent_mode(session)
+        await self.conversation.show(self.controller.messages(session.id),
+                                     agent=self.agent_mode, workspace=session.workspace)
         self.status.set_turn(f"opened “{session.title}” · {session.message_count} messages")
         self.update_context()
         self.refresh_sessions()
@@ -166,6 +170,7 @@ class MainScreen(ChatActions, DictationActions, Screen):
         if self.generating:
             await self.stop_and_wait()
         self.session_id = None
+        self.set_agent_mode(None)
         await self.conversation.show([])
         self.status.set_turn("")
         self.update_context()
@@ -268,6 +273,11 @@ class MainScreen(ChatActions, DictationActions, Screen):
             self.prompt.sent(text)
             self.dictate_command()
             return
+        agent_arg = agent_command(text)
+        if agent_arg is not None:
+            self.prompt.sent(text)
+            await self.action_agent(agent_arg.strip("'\""))
+            return
         try:
             slash = parse_slash(text)
         except MlxtermError as e:
@@ -288,6 +298,9 @@ class MainScreen(ChatActions, DictationActions, Screen):
                        else "No model is loaded; pick a profile with /profile.")
             self.notify(message, severity="warning")
             return
+        if self.agent_mode:
+            await self.send_agent(text)
+            return
         if self.session_id is None:
             self.session_id = self.controller.new_session().id
         self.prompt.sent(text)
@@ -302,6 +315,10 @@ class MainScreen(ChatActions, DictationActions, Screen):
             return
         if self.generating:
             self.notify("A reply is still streaming; press Esc to stop it.", severity="warning")
+            return
+        if self.agent_mode:
+            self.notify("Retry is for chats; in agent mode send the task again.",
+                        severity="warning")
             return
         last = self.conversation.last()
         if last is not None and last.role == "assistant":
@@ -382,15 +399,17 @@ class MainScreen(ChatActions, DictationActions, Screen):
         self.refresh_sessions()
 
     def action_stop(self) -> None:
-        if self.turn is not None:
+        if self.agent_busy:
+            self.stop_agent()
+        elif self.turn is not None:
             self.turn.cancel()
             self.status.set_turn("stopping…")
         elif self._starting:
             self._stop_requested = True
 
     async def stop_and_wait(self) -> None:
-        """Stop the streaming reply and wait until it is saved."""
+        """Stop the streaming reply (or the agent run) and wait until it is saved."""
         self.action_stop()
         for worker in self.workers:
-            if worker.group == "turn":
+            if worker.group in ("turn", "agent"):
                 await worker.wait()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
 from textual.containers import VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Static
 
 from app.tui.widgets.message import MessageView
+
+W = TypeVar("W", bound=Widget)
 
 WELCOME = (
     "Type a message and press Enter. Ctrl+J adds a new line; Esc stops a reply.\n"
@@ -21,15 +25,22 @@ class Conversation(VerticalScroll):
     def compose(self):
         yield Static(WELCOME, classes="welcome")
 
-    async def show(self, messages: Iterable) -> None:
-        """Replace the view with stored messages (``engine.sessions.Message`` records)."""
-        views = [_view(m) for m in messages]
+    async def show(self, messages: Iterable, *, agent: bool = False,
+                   workspace: str | None = None) -> None:
+        """Replace the view with stored messages (``engine.sessions.Message`` records); an
+        agent session's tool calls and results become cards."""
+        if agent:
+            from app.tui.agent_view import stored_widgets
+
+            views: list[Widget] = stored_widgets(messages, workspace)
+        else:
+            views = [_view(m) for m in messages]
         async with self.batch():
             await self.remove_children()
             await self.mount_all(views or [Static(WELCOME, classes="welcome")])
         self.scroll_end(animate=False)
 
-    async def add(self, view: MessageView) -> MessageView:
+    async def add(self, view: W) -> W:
         for welcome in self.query(".welcome"):
             await welcome.remove()
         await self.mount(view)

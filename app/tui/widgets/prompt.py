@@ -13,6 +13,7 @@ from textual.widgets import TextArea
 # Ctrl+J arrives as a plain line feed in every terminal; Shift/Alt+Enter only where the
 # terminal reports modifiers (kitty keyboard protocol, or Esc-prefixed Alt).
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
+PLACEHOLDER = "Message (Enter to send, Ctrl+J for a new line, F1 for help)"
 
 
 class PromptInput(TextArea):
@@ -32,7 +33,7 @@ class PromptInput(TextArea):
             self.text = text
 
     def __init__(self, prompts: list[str] | None = None, **kwargs) -> None:
-        kwargs.setdefault("placeholder", "Message (Enter to send, Ctrl+J for a new line, F1 for help)")
+        kwargs.setdefault("placeholder", PLACEHOLDER)
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False,
                          highlight_cursor_line=False, **kwargs)
         self.prompts: list[str] = prompts if prompts is not None else []  # newest first

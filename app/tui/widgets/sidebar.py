@@ -1,4 +1,6 @@
-"""``SessionSidebar``: saved chats with a filter box (titles and message text)."""
+"""``SessionSidebar``: saved chats with a filter box (titles and message text).
+
+Agent sessions are marked with ``AGENT_MARK`` before their title and "agent" in the detail line."""
 
 from __future__ import annotations
 
@@ -59,11 +61,15 @@ class SessionSidebar(Vertical):
 
 
 ROW_WIDTH = 28  # the option width (sidebar 34 - border - padding): cut lines, do not wrap
+AGENT_MARK = "◆ "
 
 
 def _row(s, now: float) -> Text:
     detail = f"{ago(s.updated, now)} · {tokens(s.token_count)} tok · {s.profile or '?'}"
-    row = Text(_cut(s.title), style="bold")
+    title = s.title
+    if s.kind == "agent":
+        title, detail = AGENT_MARK + title, "agent · " + detail
+    row = Text(_cut(title), style="bold")
     row.append("\n")
     row.append(_cut(detail), style="dim")
     return row

@@ -1,0 +1,220 @@
+"""Agent mode of the main screen: ``/agent [PATH]``, its palette entry, runs and approvals.
+
+An agent session (kind "agent", with a workspace directory) sends each prompt to
+``agents.session.AgentSession.run_async``: the loop (parsing, tools, the session store) runs
+on its own thread and the model on the engine thread; this screen's worker only receives
+the events on the UI loop and renders them (``AgentRunView``). ``ApprovalNeeded`` opens an
+``ApprovalScreen`` while the agent thread waits for the answer; Esc cancels the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from engine.errors import MlxtermError
+
+from textual import work
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from agents.events import (
+    AgentDone,
+    ApprovalNeeded,
+    StepDone,
+    StepStart,
+    TextDelta,
+    ToolCallForming,
+    ToolFinished,
+    ToolStarted,
+)
+from app.tui.agent_view import AgentRunView
+from app.tui.format import agent_done_summary, agent_step_summary
+from app.tui.screens.approval import ApprovalScreen
+from app.tui.slash import Command
+from app.tui.widgets.message import MessageView
+from app.tui.widgets.prompt import PLACEHOLDER
+
+log = logging.getLogger(__name__)
+
+AGENT_SLASH = Command("agent", "/agent [PATH]", "agent mode: a new agent session working in PATH "
+                      "(default: a new workspace under the data dir); /agent again leaves it")
+AGENT_PLACEHOLDER = "Task for the agent (Enter to run, Esc cancels a run, /agent leaves agent mode)"
+PALETTE_TITLE = "Agent mode"
+PALETTE_HELP = "Toggle agent mode: a new agent session that works in a workspace with tools"
+STATUS_EVERY = 8  # update the "generating" counter every N deltas
+
+
+def agent_command(text: str) -> str | None:
+    """The argument of an ``/agent`` command (``""`` when none), else None."""
+    word, _, rest = text.strip().partition(" ")
+    return rest.strip() if word.lower() == "/" + AGENT_SLASH.name else None
+
+
+class AgentCommands(Provider):
+    """The palette entry (same as ``/agent``; "Stop generating" cancels a run)."""
+
+    async def _run(self) -> None:
+        await self.screen.run_action("agent")
+
+    async def discover(self) -> Hits:
+        yield DiscoveryHit(PALETTE_TITLE, self._run, help=PALETTE_HELP)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        score = matcher.match(PALETTE_TITLE)
+        if score > 0:
+            yield Hit(score, matcher.highlight(PALETTE_TITLE), self._run, help=PALETTE_HELP)
+
+
+class AgentActions:
+    """Mixed into ``MainScreen``; needs ``controller``, ``conversation``, ``prompt``,
+    ``status``, ``session_id``, ``generating``, ``open_session``, ``action_new_chat``,
+    ``update_context`` and ``refresh_sessions``. Call ``init_agent()`` in ``__init__``."""
+
+    def init_agent(self) -> None:
+        self.agent = None  # the AgentSession of the open session, once a task ran or started
+        self.agent_mode = False  # the open session is an agent session
+        self.agent_workspace: str | None = None
+        self.agent_busy = False  # from Enter until the run's AgentDone
+        self.agent_view: AgentRunView | None = None
+        self._agent_stop = False  # Esc before the run had started
+        self._approval: ApprovalScreen | None = None
+
+    def set_agent_mode(self, session) -> None:
+        """Follow the open session (None: a new chat): agent mode for kind "agent"."""
+        on = session is not None and session.kind == "agent"
+        if self.agent is not None and (not on or self.agent.session_id != session.id):
+            self.agent = None
+        self.agent_mode = on
+        self.agent_workspace = session.workspace if on else None
+        self.query_one("#chat").set_class(on, "-agent")
+        self.prompt.border_title = f"agent · {self.agent_workspace}" if on else None
+        self.prompt.placeholder = AGENT_PLACEHOLDER if on else PLACEHOLDER
+
+    async def action_agent(self, path: str = "") -> None:
+        """Toggle agent mode: start a new agent session (in ``path``), or leave agent mode."""
+        if self.generating:
+            self.notify("Wait for the reply to finish (or press Esc) first.", severity="warning")
+            return
+        if self.agent_mode and not path:
+            await self.action_new_chat()
+            self.notify("Left agent mode; this is a new chat.")
+            return
+        if not self.controller.loaded:
+            self.notify("Agent mode needs the model; wait for it to load.", severity="warning")
+            return
+        try:
+            agent = await asyncio.to_thread(self.controller.new_agent, path or None)
+        except MlxtermError as e:
+            self.notify(str(e), severity="error")
+            return
+        await self.open_session(agent.session_id, switch_profile=False)
+        self.agent = agent
+        self.notify(f"Agent mode: working in {agent.workspace}. Type a task; tools set to "
+                    "ask (bash) wait for your approval.", timeout=8)
+
+    async def send_agent(self, text: str) -> None:
+        self.prompt.sent(text)
+        self.app.history.add(text)
+        await self.conversation.add(MessageView("user", text))
+        self.agent_busy, self._agent_stop = True, False
+        self.refresh_bindings()
+        self._run_agent(self.session_id, text)
+
+    @work(exclusive=True, group="agent")
+    async def _run_agent(self, session_id: str, text: str) -> None:
+        self.status.set_turn("agent · starting…")
+        view = self.agent_view = AgentRunView(self.conversation)
+        done: AgentDone | None = None
+        agent = None
+        try:
+            agent = await asyncio.to_thread(self._agent_for, session_id, text)
+            if self._agent_stop:
+                agent.cancel()
+            count = 0
+            async for ev in agent.run_async(text):
+                await view.event(ev)
+                if isinstance(ev, ApprovalNeeded):
+                    self._ask(ev, view)
+                elif isinstance(ev, TextDelta | ToolCallForming):
+                    count += 1
+                    if count % STATUS_EVERY == 1:
+                        doing = (f"writing a {ev.name or 'tool'} call" if isinstance(ev, ToolCallForming)
+                                 else "generating")
+                        self.status.set_turn(f"agent · step {ev.step} · {doing}… {count} tokens")
+                elif isinstance(ev, StepStart):
+                    count = 0
+                    self.status.set_turn(f"agent · step {ev.step} · reading "
+                                         f"{ev.prompt_tokens:,} tokens…")
+                elif isinstance(ev, StepDone):
+                    self.status.set_turn(agent_step_summary(ev))
+                    self.update_context()
+                elif isinstance(ev, ToolStarted):
+                    self.status.set_turn(f"agent · step {ev.step} · running {ev.call.name}…")
+                elif isinstance(ev, ToolFinished):
+                    self._close_approval()
+                elif isinstance(ev, AgentDone):
+                    done = ev
+        except MlxtermError as e:
+            await view.notice(f"The agent could not run: {e}", "error")
+            self.notify(str(e), severity="error")
+        except asyncio.CancelledError:
+            if agent is not None:
+                agent.cancel()  # the screen is going away: do not leave the agent running
+            raise
+        finally:
+            self.agent_busy = False
+            self._close_approval()
+            self.refresh_bindings()
+        if done is not None:
+            self._agent_done(done)
+        self.update_context()
+        self.refresh_sessions()
+
+    def _agent_for(self, session_id: str, text: str):
+        """The open session's AgentSession (reused while the model stays the same, so
+        "always" approvals last), else opened again. Runs on a thread (SQLite)."""
+        agent = self.agent
+        if agent is None or agent.session_id != session_id or agent.engine is not self.controller.engine:
+            agent = self.agent = self.controller.open_agent(session_id)
+        self.controller.name_agent(session_id, text)
+        return agent
+
+    def _ask(self, ev: ApprovalNeeded, view: AgentRunView) -> None:
+        card = view.card(ev.call.id)
+        if card is not None:
+            card.set_state("approval")
+        self.status.set_turn(f"agent · step {ev.step} · waiting for approval of {ev.call.name}")
+        screen = ApprovalScreen(ev.call.name, ev.call.arguments, self.agent_workspace)
+
+        def answered(decision: str | None) -> None:
+            if self._approval is screen:
+                self._approval = None
+            if decision == "once":
+                ev.approve()
+            elif decision == "always":
+                ev.approve_always()
+            else:
+                ev.deny()
+
+        self._approval = screen
+        self.app.push_screen(screen, answered)
+
+    def _close_approval(self) -> None:
+        screen, self._approval = self._approval, None
+        if screen is not None and self.app.screen is screen:
+            screen.dismiss("deny")  # the run ended first: the request already counts as denied
+
+    def _agent_done(self, done: AgentDone) -> None:
+        summary = agent_done_summary(done)
+        self.status.set_turn(summary)
+        log.info("agent run done: %s", summary)
+        if done.reason == "error":
+            self.notify(f"The agent stopped with an error: {done.error}", severity="error")
+
+    def stop_agent(self) -> None:
+        """Esc: cancel the run (generation stops, a running tool is killed)."""
+        if self.agent is not None and self.agent_busy:
+            self.agent.cancel()
+        self._agent_stop = True
+        self.status.set_turn("agent · cancelling…")

@@ -1,0 +1,290 @@
+"""Agent mode in the TUI: pilot tests on a scripted model (``agents.scripted.ScriptedEngine``).
+
+The app loads its "model" through the ``engine_factory`` seam, so every reply, tool call and
+approval is fixed; the tools run for real in the session's workspace.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from engine.sessions import SessionStore
+
+import pytest
+
+from agents.protocol import format_call
+from agents.scripted import Reply, ScriptedEngine, scripted_profile
+from app.tui.app import MlxtermApp
+from app.tui.screens.approval import ApprovalScreen
+from app.tui.widgets.message import MessageView
+from app.tui.widgets.prompt import PromptInput
+from app.tui.widgets.tool_card import AgentNotice, DiffView, ToolCard
+
+SIZE = (120, 40)
+
+
+class TuiScriptedEngine(ScriptedEngine):
+    """What the status bar reads besides the agent surface."""
+
+    weight_format = "scripted"
+    load_ms = 0.0
+
+
+def call(name: str, **args) -> str:
+    return format_call(name, args)
+
+
+def make_app(replies, profile=None, **kwargs) -> tuple[MlxtermApp, TuiScriptedEngine]:
+    engine = TuiScriptedEngine(replies, profile=profile)
+    kwargs.setdefault("memory_probe", lambda: 300 << 20)
+    kwargs.setdefault("store", SessionStore())
+    return MlxtermApp("scripted", engine_factory=lambda spec: engine, **kwargs), engine
+
+
+async def wait_for(pilot, condition, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
+def main(app):
+    return app.screen_stack[0]
+
+
+def cards(app) -> list[ToolCard]:
+    return list(main(app).conversation.query(ToolCard))
+
+
+def notices(app) -> list[str]:
+    return [n.text for n in main(app).conversation.query(AgentNotice)]
+
+
+def replies(app) -> list[str]:
+    return [v.content.strip() for v in main(app).conversation.query(MessageView) if v.role == "assistant"]
+
+
+async def start_agent(pilot, arg: str = "", palette: bool = False) -> None:
+    app = pilot.app
+    await wait_for(pilot, lambda: app.controller.loaded, what="the scripted model")
+    prompt = app.query_one(PromptInput)
+    prompt.focus()
+    if palette:
+        await pilot.press("ctrl+p", *"agent mode")
+        await wait_for(pilot, lambda: app.screen.query("CommandList Option, #--results"),
+                       what="palette results")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+    else:
+        prompt.load_text(f"/agent {arg}".rstrip())
+        await pilot.press("enter")
+    await wait_for(pilot, lambda: main(app).agent_mode, what="agent mode")
+
+
+def users(app) -> list[str]:
+    return [v.content for v in main(app).conversation.query(MessageView) if v.role == "user"]
+
+
+async def task(pilot, text: str) -> None:
+    before = len(users(pilot.app))
+    pilot.app.query_one(PromptInput).focus()
+    await pilot.press(*text, "enter")
+    await wait_for(pilot, lambda: len(users(pilot.app)) > before, what="the task to be sent")
+
+
+async def approval(pilot) -> ApprovalScreen:
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ApprovalScreen), what="the approval dialog")
+    await pilot.pause()
+    return pilot.app.screen
+
+
+async def answer(pilot, key: str) -> None:
+    dialog = await approval(pilot)
+    await pilot.press(key)
+    await wait_for(pilot, lambda: pilot.app.screen is not dialog, what="the dialog to close")
+
+
+async def idle(pilot, timeout: float = 10.0) -> None:
+    await wait_for(pilot, lambda: not main(pilot.app).generating, timeout, what="the run to end")
+    await pilot.pause()
+
+
+def diff_lines(card: ToolCard) -> list[str]:
+    return card.query_one(DiffView).render().plain.splitlines()
+
+
+async def test_write_edit_bash_with_approval_then_reopen(tmp_path):
+    app, engine = make_app([
+        "I will write the file.\n" + call("write_file", content="alpha\nbeta\ngamma\n", path="notes.txt"),
+        call("edit_file", path="notes.txt", old_text="beta\n", new_text="BETA\n"),
+        call("bash", command="cat notes.txt; exit 3"),
+        "Done: notes.txt now says BETA.",
+    ])
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    async with app.run_test(size=SIZE) as pilot:
+        await start_agent(pilot, str(ws))
+        screen = main(app)
+        sid = screen.session_id
+        session = app.controller.session(sid)
+        assert (session.kind, Path(session.workspace)) == ("agent", ws.resolve())
+        assert "agent" in str(screen.prompt.border_title)
+        await task(pilot, "fix notes")
+
+        dialog = await approval(pilot)
+        assert dialog.tool == "bash"
+        assert str(dialog.query_one("#approval-arguments").render()) == "$ cat notes.txt; exit 3"
+        write, edit, bash = cards(app)
+        assert bash.state == "approval" and "waiting for approval" in str(bash.title)
+        await answer(pilot, "y")
+        await idle(pilot)
+
+        assert (ws / "notes.txt").read_text() == "alpha\nBETA\ngamma\n"
+        assert [c.tool for c in cards(app)] == ["write_file", "edit_file", "bash"]
+        # write_file: the new file as added lines; edit_file: exactly one line swapped.
+        assert [ln for ln in diff_lines(write) if ln.startswith("+") and not ln.startswith("+++")] \
+            == ["+alpha", "+beta", "+gamma"]
+        changed = [ln for ln in diff_lines(edit) if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
+        assert changed == ["-beta", "+BETA"]
+        assert "+1 -1" in str(edit.title)
+        added = edit.query_one(DiffView).render()
+        assert any(str(span.style) for span in added.spans)  # the +/- lines are coloured
+        # bash: approved once, exit code and output shown.
+        meta = str(bash.query_one(".tool-meta").render())
+        assert "exit code 3" in meta and "approved once" in meta
+        assert "exit 3" in str(bash.title)
+        assert "alpha" in str(bash.query_one(".tool-output").render())
+        assert replies(app)[0] == "I will write the file."
+        assert replies(app)[-1] == "Done: notes.txt now says BETA."
+        assert screen.status.turn_text.startswith("agent answered after 4 steps · cached ")
+        # the sidebar lists the agent session with its marker, titled after the task
+        row = str(app.query_one("#session-list").get_option_at_index(0).prompt)
+        assert row.startswith("◆ fix notes") and "agent · " in row
+
+        # Leave agent mode, then reopen the session from the sidebar: the same cards.
+        await pilot.press("ctrl+n")
+        assert not screen.agent_mode and cards(app) == []
+        await pilot.press("ctrl+l", "enter")
+        await wait_for(pilot, lambda: screen.session_id == sid and cards(app), what="the reopened session")
+        assert screen.agent_mode
+        write, edit, bash = cards(app)
+        assert [c.tool for c in (write, edit, bash)] == ["write_file", "edit_file", "bash"]
+        assert all(c.collapsed for c in (write, edit, bash))
+        assert [ln for ln in diff_lines(edit) if ln[:1] in "+-" and ln[:3] not in ("+++", "---")] \
+            == ["-beta", "+BETA"]
+        assert "+alpha" in diff_lines(write)
+        assert bash.exit_code == 3 and "exit code 3" in str(bash.query_one(".tool-meta").render())
+        assert replies(app) == ["I will write the file.", "Done: notes.txt now says BETA."]
+        assert notices(app)[0].startswith(f"Agent session in {ws.resolve()}")
+
+
+async def test_deny_then_always_allow(tmp_path):
+    app, engine = make_app([
+        call("bash", command="touch denied.txt"),
+        call("bash", command="echo first > ok.txt"),
+        call("bash", command="echo second >> ok.txt"),
+        "Could not create denied.txt; ok.txt is written.",
+    ])
+    async with app.run_test(size=SIZE) as pilot:
+        await start_agent(pilot, palette=True)
+        screen = main(app)
+        ws = Path(app.controller.session(screen.session_id).workspace)
+        from engine.paths import data_dir
+
+        assert ws == data_dir() / "workspaces" / screen.session_id  # the default workspace
+        await task(pilot, "make files")
+        await answer(pilot, "n")
+        await answer(pilot, "a")  # the second call asks again
+        await idle(pilot)  # the third call runs without asking: "always" for this session
+
+        denied, first, second = cards(app)
+        assert denied.state == "denied" and "denied" in str(denied.title)
+        assert "did not allow" in denied.output and not (ws / "denied.txt").exists()
+        assert "always allowed" in str(first.query_one(".tool-meta").render())
+        assert second.approval == "allow" and second.exit_code == 0
+        assert (ws / "ok.txt").read_text() == "first\nsecond\n"
+        assert replies(app)[-1] == "Could not create denied.txt; ok.txt is written."
+
+
+async def test_escape_cancels_running_tool_and_streaming_text():
+    app, engine = make_app([
+        Reply(call("bash", command="sleep 30"), delay_s=0.02),
+        Reply("thinking " * 200, delay_s=0.01),
+    ])
+    async with app.run_test(size=SIZE) as pilot:
+        await start_agent(pilot)
+        screen = main(app)
+        await task(pilot, "wait a while")
+        # The card is there while the model is still writing the call.
+        await wait_for(pilot, lambda: cards(app) and cards(app)[0].tool == "bash", what="a forming card")
+        forming = cards(app)[0]
+        assert forming.state == "forming" and str(forming.title).endswith("forming…")
+        assert '"name": "bash"' in str(forming.query_one(".tool-args").render())
+        await answer(pilot, "y")
+        await wait_for(pilot, lambda: cards(app) and cards(app)[0].state == "running", what="bash to run")
+        t0 = time.monotonic()
+        await pilot.press("escape")
+        await idle(pilot, timeout=5)
+        assert time.monotonic() - t0 < 5  # the sleep was killed, not waited for
+        (card,) = cards(app)
+        assert card.state == "cancelled" and "cancelled" in str(card.title)
+        assert any(n.startswith("Cancelled after 1 step") for n in notices(app))
+        assert screen.status.turn_text.startswith("agent cancelled")
+
+        # The next task starts afresh; Esc while the reply streams keeps the partial text.
+        await task(pilot, "think")
+        await wait_for(pilot, lambda: len(replies(app)) == 1 and len(replies(app)[0]) > 20,
+                       what="streamed text")
+        await pilot.press("escape")
+        await idle(pilot, timeout=5)
+        (reply,) = [v for v in screen.conversation.query(MessageView) if v.role == "assistant"]
+        assert reply.state == "stopped" and reply.content.startswith("thinking")
+        assert len(reply.content) < len("thinking " * 200)
+        stored = app.controller.messages(screen.session_id)
+        last = [m for m in stored if m.role == "assistant"][-1]
+        assert last.content == reply.content.strip() and last.meta["finish_reason"] == "cancelled"
+
+
+async def test_malformed_call_shows_a_notice():
+    app, engine = make_app([
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',
+        "Sorry.",
+    ], profile=scripted_profile(constrained_tool_calls=False))  # the grammar would repair it
+    async with app.run_test(size=SIZE) as pilot:
+        await start_agent(pilot)
+        await task(pilot, "x")
+        await idle(pilot)
+        assert cards(app) == []
+        assert any("Malformed tool call (call_1_0)" in n and "unknown tool" in n for n in notices(app))
+        assert replies(app) == ["Sorry."]
+
+
+@pytest.mark.parametrize("text", ["/agent", "/agent  "])
+def test_agent_command_parsing(text):
+    from app.tui.agent_mode import agent_command
+
+    assert agent_command(text) == ""
+    assert agent_command("/agent ~/src") == "~/src"
+    assert agent_command("/agents") is None and agent_command("hello") is None
+
+
+async def test_compaction_and_limit_notices():
+    from agents.events import AgentDone, Compacted, StepDone, TextDelta
+    from app.tui.agent_view import AgentRunView
+
+    app, engine = make_app([], autoload=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        view = AgentRunView(main(app).conversation)
+        await view.event(Compacted(3, (4, 6), 7_900, 5_100, 12_000))
+        await view.event(TextDelta(3, "  "))  # whitespace alone opens no reply
+        assert replies(app) == []
+        await view.event(TextDelta(3, "half an ans"))
+        await view.event(StepDone(3, "length", 10, 5, 32, 0.0, 0.0, "ram", "half an ans"))
+        await view.event(AgentDone(3, "max_steps", "", 30, 15, 96, 1.0))
+        await pilot.pause()
+        assert notices(app) == ["Compacted 2 old tool results to fit the context: 7,900 → 5,100 tokens.",
+                                "Stopped: the step limit was reached."]
+        assert replies(app) == ["half an ans"]
