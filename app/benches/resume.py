@@ -66,10 +66,12 @@ def run(args) -> dict:
                     # Build the session's checkpoint (untimed), then time the follow-up.
                     first = warm.submit(GenerationRequest(prompt, warm.sampling(max_tokens=1, temperature=0), session_id=sid)).result()
                     follow_up = prompt + first.completion_token_ids + follow
+                    # Let the background SSD write finish first (a user takes longer than that to
+                    # type a follow-up): on 2 cores it would otherwise compete with the timed turn.
+                    warm.flush_checkpoints()
                     if arm == "ram":
                         eng = warm
                     else:
-                        warm.flush_checkpoints()
                         eng = Engine.load(prof_path)  # empty RAM tier: must read the SSD file
                     done = eng.submit(GenerationRequest(follow_up, eng.sampling(max_tokens=1, temperature=0), session_id=sid)).result()
                     if eng is not warm:

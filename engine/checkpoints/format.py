@@ -21,7 +21,7 @@ import json
 import math
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -257,6 +257,19 @@ def load(path: Path, check: Callable[[Header], None]) -> Loaded:
         b, e = t["data_offsets"]
         tensors[name] = payload[b:e].view(ST_DTYPES[t["dtype"]]).reshape(t["shape"])
     return Loaded(header.meta, tokens, tensors)
+
+
+def payload_digest(header: Header, tensors: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 of the payload rebuilt from ``tensors`` (host views, in file order)."""
+    digest = hashlib.sha256()
+    for name, t in sorted(header.index.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        b, e = t["data_offsets"]
+        a = tensors.get(name)
+        if a is None or a.nbytes != e - b:
+            raise CorruptCheckpoint(f"tensor {name} does not match the header")
+        for block in _blocks(a):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def check_layers(meta: dict, index: dict[str, dict], layout: list[tuple[str, int | None]] | None) -> None:

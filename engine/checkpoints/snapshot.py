@@ -7,8 +7,11 @@ cannot be donated) or rebind its own handle, so a snapshot never changes after i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from engine.checkpoints import format as fmt
 from engine.checkpoints.format import HostCheckpoint, HostLayer
 from engine.kv_cache import StaticKVCache, WindowKVCache
 
@@ -140,7 +143,27 @@ def host_view(x: mx.array) -> np.ndarray:
     return np.asarray(x)
 
 
-def from_file(layers_meta: list[dict], tensors: dict[str, np.ndarray]) -> Snapshot:
+def load_file(path: Path, check: Callable[[fmt.Header], None]) -> fmt.Loaded:
+    """Read and fully verify a checkpoint file straight into MLX arrays.
+
+    ``mx.load`` reads the safetensors payload into MLX buffers (one copy, no numpy staging);
+    the SHA-256 then runs over host views of those buffers in file order.
+    """
+    header, _ = fmt.scan(path, check)
+    try:
+        arrays = mx.load(str(path))
+        mx.eval(list(arrays.values()))
+    except (RuntimeError, ValueError, OSError) as e:
+        raise fmt.CorruptCheckpoint(f"tensors cannot be read ({e})") from None
+    if set(arrays) != set(header.index):
+        raise fmt.CorruptCheckpoint("the tensor table changed while reading")
+    if fmt.payload_digest(header, {k: host_view(a) for k, a in arrays.items()}) != header.meta.get("payload_sha256"):
+        raise fmt.CorruptCheckpoint("payload checksum mismatch")
+    tokens = np.array(arrays.pop("tokens"), dtype=np.int32)
+    return fmt.Loaded(header.meta, tokens, arrays)
+
+
+def from_file(layers_meta: list[dict], tensors: dict[str, mx.array]) -> Snapshot:
     """A snapshot from a verified checkpoint file's tensors (decoded to the live dtype)."""
     layers = []
     nbytes = 0
@@ -157,24 +180,17 @@ def from_file(layers_meta: list[dict], tensors: dict[str, np.ndarray]) -> Snapsh
     return Snapshot(layers, nbytes)
 
 
-def _decode(name: str, p: dict, dtype: mx.Dtype, tensors: dict[str, np.ndarray]) -> tuple[mx.array, ...]:
+def _decode(name: str, p: dict, dtype: mx.Dtype, tensors: dict[str, mx.array]) -> tuple[mx.array, ...]:
     enc = p["enc"]
     if enc == "raw":
-        return (_to_mx(tensors[name], dtype),)
+        return (tensors[name],)
     if enc == "fp16":
-        return (mx.array(tensors[name]).astype(dtype),)
+        return (tensors[name].astype(dtype),)
     q, s, b = (tensors[f"{name}.{x}"] for x in "qsb")
     if enc == "mlx":  # a quantized live cache, kept as it was
-        return mx.array(q), _to_mx(s, dtype), _to_mx(b, dtype)
+        return q, s, b
     # Scales in the live dtype: dequantizing in float16 would add its own rounding for fp32 caches.
-    s, b = mx.array(s).astype(dtype), mx.array(b).astype(dtype)
-    return (mx.dequantize(mx.array(q), s, b, group_size=p["group_size"], bits=p["bits"]),)
-
-
-def _to_mx(a: np.ndarray, dtype: mx.Dtype) -> mx.array:
-    if dtype == mx.bfloat16:  # carried as uint16 bits
-        return mx.array(a).view(mx.bfloat16)
-    return mx.array(a)
+    return (mx.dequantize(q, s.astype(dtype), b.astype(dtype), group_size=p["group_size"], bits=p["bits"]),)
 
 
 def to_host(snap: Snapshot, cid: str, tokens: np.ndarray, session_id: str | None,

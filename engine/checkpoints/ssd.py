@@ -147,9 +147,6 @@ class SsdTier:
         atomic_write(path, _write)
         return size
 
-    def load(self, path: Path) -> fmt.Loaded:
-        return fmt.load(path, self.check)
-
     def discard(self, path: Path, reason: str) -> None:
         log.warning("discarding checkpoint %s: %s", path, reason)
         self.discarded += 1

@@ -181,7 +181,7 @@ class CheckpointStore:
         if path is None or self.ssd is None:
             return None
         try:
-            loaded = self.ssd.load(path)
+            loaded = snap_mod.load_file(path, self.ssd.check)
             if not np.array_equal(loaded.tokens, entry.tokens):
                 raise fmt.CorruptCheckpoint("token ids changed since the file was indexed")
             snap = snap_mod.from_file(loaded.meta["layers"], loaded.tensors)
