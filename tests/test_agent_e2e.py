@@ -179,6 +179,7 @@ def test_qwen_three_step_task(qwen, tmp_path):
     assert result["status"] == "passed", result
 
 
+@pytest.mark.e2e
 def test_cli_run_writes_result_and_a_continuable_session(tmp_path):
     """`mlxterm run` end to end in its own process: result.json, transcript, stored session."""
     import json
