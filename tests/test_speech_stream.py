@@ -191,6 +191,6 @@ def test_stream_matches_batch_and_finishes_fast(tmp_path_factory, monkeypatch):
     assert " ".join(finals).split() == text.split()
     # Most of the work happened while the audio was arriving: at most the last window is
     # encoded after it (batch transcription needs two). The wall-clock latency (target
-    # 0.5 s) is printed, not asserted: on the shared 2-core machine it swings 2-15 s with
-    # other jobs' load.
+    # 0.5 s; measured 0.01-0.1 s here, see docs/speech.md and `mlxterm bench speech`) is
+    # printed, not asserted: it depends on the shared machine's load.
     assert after <= 1

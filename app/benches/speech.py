@@ -2,7 +2,12 @@
 
 Three English clips are generated at run time with espeak-ng and resampled to 16 kHz with
 sox: a short sentence, a paragraph (~12 s) and a passage (~35 s) that crosses Whisper's
-30-s window. The measured table is written into docs/benchmarks.md under "## Speech".
+30-s window. Each clip is transcribed in one batch, then (unless ``--stream-repeats 0``)
+streamed into a ``DictationSession`` in real time, in ``--chunk-ms`` blocks followed by
+``--trailing-ms`` of silence (the key is released that long after the clip), measuring
+the finish latency: the time from the last ``feed()`` to ``finish()`` returning, plus
+whether the streamed text equals the batch text. The measured table is written into
+docs/benchmarks.md under "## Speech".
 """
 
 from __future__ import annotations
@@ -75,6 +80,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="speech model name or directory (default whisper-tiny.en)")
     parser.add_argument("--beam-size", type=int, default=None, help="beam search width (default greedy)")
     parser.add_argument("--no-doc", action="store_true", help="do not update docs/benchmarks.md")
+    parser.add_argument("--stream-repeats", type=int, default=3,
+                        help="real-time streaming runs per clip for the finish latency (0: none; default 3)")
+    parser.add_argument("--chunk-ms", type=int, default=1000, help="streaming block size (default 1000)")
+    parser.add_argument("--trailing-ms", type=int, default=1000,
+                        help="silence after the clip before the take ends (default 1000)")
+    parser.add_argument("--clips", default=",".join(CLIPS), help="comma-separated clip names (default all)")
+
+
+def stream_take(bundle, audio: np.ndarray, chunk_ms: int = 1000, trailing_ms: int = 1000,
+                beam_size: int | None = None) -> dict:
+    """Play ``audio`` + ``trailing_ms`` of silence into a ``DictationSession`` in real time,
+    in whole ``chunk_ms`` blocks (as a microphone delivers them); returns the final text and
+    the finish latency (last ``feed()`` to ``finish()`` returning)."""
+    from engine.speech.stream import DictationConfig, DictationSession
+
+    block = 16000 * chunk_ms // 1000
+    take = np.concatenate([audio, np.zeros(16000 * trailing_ms // 1000, np.float32)])
+    take = np.concatenate([take, np.zeros(-take.size % block, np.float32)])
+    session = DictationSession(config=DictationConfig(beam_size=beam_size), bundle=bundle)
+    t0 = time.perf_counter()
+    for i in range(0, take.size, block):
+        delay = t0 + (i + block) / 16000 - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        session.feed(take[i:i + block])
+        last = time.perf_counter()
+    text = session.finish()
+    latency = time.perf_counter() - last
+    return {"latency_s": latency, "text": text, "error": session.error}
 
 
 def run(args) -> dict:
@@ -88,8 +122,8 @@ def run(args) -> dict:
     load_s = time.perf_counter() - t0
     transcribe(bundle, np.zeros(16000, np.float32))  # warm-up: first-call allocations
     rows = []
-    for name, text in CLIPS.items():
-        audio = clip(name)
+    for name in args.clips.split(","):
+        text, audio = CLIPS[name], clip(name)
         t = time.perf_counter()
         result = transcribe(bundle, audio, TranscribeOptions(beam_size=args.beam_size))
         total = time.perf_counter() - t
@@ -101,8 +135,20 @@ def run(args) -> dict:
             "real_time_factor": round(total / result.audio_seconds, 3),
             "wer": round(word_error_rate(text, result.text), 3), "text": result.text,
         })
+        if args.stream_repeats > 0:
+            takes = [stream_take(bundle, audio, args.chunk_ms, args.trailing_ms, args.beam_size)
+                     for _ in range(args.stream_repeats)]
+            latencies = sorted(t["latency_s"] for t in takes)
+            rows[-1]["stream"] = {
+                "finish_latency_s": [round(x, 3) for x in latencies],
+                "finish_latency_median_s": round(latencies[len(latencies) // 2], 3),
+                "same_as_batch": all(t["text"] == result.text for t in takes),
+                "wer": [round(word_error_rate(text, t["text"]), 3) for t in takes],
+                "errors": [t["error"] for t in takes if t["error"]],
+            }
     result = {"model": model, "beam_size": args.beam_size, "load_s": round(load_s, 2),
-              "machine": _machine(), "load_avg_1m": round(os.getloadavg()[0], 2), "clips": rows}
+              "machine": _machine(), "load_avg_1m": round(os.getloadavg()[0], 2), "clips": rows,
+              "stream": {"repeats": args.stream_repeats, "chunk_ms": args.chunk_ms, "trailing_ms": args.trailing_ms}}
     result["summary"] = _table(result)
     if not args.no_doc:
         write_section(result["summary"])
@@ -129,6 +175,22 @@ def _table(result: dict) -> str:
     for r in result["clips"]:
         lines.append(f"| {r['clip']} | {r['audio_s']} | {r['windows']} | {r['mel_ms']} | {r['encode_ms']} "
                      f"| {r['decode_ms']} | {r['total_ms']} | {r['real_time_factor']} | {r['wer']} |")
+    st = result.get("stream", {})
+    if st.get("repeats"):
+        lines += [
+            "",
+            f"Streaming: the clip fed to a `DictationSession` in real time in {st['chunk_ms']}-ms blocks, "
+            f"then {st['trailing_ms']} ms of silence; finish latency = last `feed()` to `finish()` "
+            f"returning, over {st['repeats']} runs.",
+            "",
+            "| clip | finish latency median s | all runs s | text == batch | WER |",
+            "|---|---:|---|---|---:|",
+        ]
+        for r in result["clips"]:
+            sr = r["stream"]
+            lines.append(f"| {r['clip']} | {sr['finish_latency_median_s']} | "
+                         f"{', '.join(str(x) for x in sr['finish_latency_s'])} | "
+                         f"{'yes' if sr['same_as_batch'] else 'no'} | {max(sr['wer'])} |")
     return "\n".join(lines)
 
 

@@ -23,7 +23,12 @@ import numpy as np
 
 
 class Aborted(Exception):
-    """Raised inside decoding when the caller's ``should_stop()`` turns true."""
+    """Raised inside decoding when the caller's ``should_stop()`` turns true.
+
+    ``tokens``: when raised during greedy decoding, the tokens decoded so far.
+    """
+
+    tokens: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,46 +148,143 @@ def _sample(decoder, cross, cache, logits, rules, eot, sample_len, options, draf
     """Greedy (temperature 0) or sampled decoding, one token per step.
 
     With a ``draft`` (greedy only: the tokens an earlier look-ahead decoded for this
-    window), the decoder first runs over the whole draft in one pass; each step then
-    checks the token it would pick against the draft and, while they agree, takes the
-    next logits from that pass instead of running the decoder again. The first
-    disagreement drops the rest of the draft. The chosen tokens are those of plain greedy
-    decoding; only the arithmetic is batched.
+    window, or for an earlier version of its audio), the decoder runs over a stretch of
+    the draft in one pass (:class:`_Verifier`); each step checks the token it picks
+    against the draft and, while they agree, takes the next logits from that pass
+    instead of running the decoder again. At a disagreement the draft is realigned
+    (:func:`_realign`: where it continues after the token just picked, e.g. past a
+    changed word or timestamp) and verification resumes from there; without a match the
+    step runs on its own. The chosen tokens are those of plain greedy decoding; only the
+    arithmetic is batched.
     """
     rng = np.random.default_rng(options.seed)
     tokens: list[int] = []
     sum_lp = 0.0
-    draft = list(draft or [])[:sample_len] if options.temperature == 0.0 else []
-    if draft:
-        base = cache[0][1].shape[2]
-        hidden, draft_cache = decoder(mx.array([draft]), cross, cache)
-        ahead = decoder.logits(hidden[0])  # logits after each draft token
-    for _ in range(sample_len):
-        logits = rules.apply(logits, [tokens])
-        lp = _log_softmax(logits)[0]
-        if options.temperature == 0.0:
-            nxt = int(np.argmax(logits[0]))
-        else:
-            p = np.exp(_log_softmax(logits[0] / options.temperature))
-            nxt = int(rng.choice(p.size, p=p / p.sum()))
-        sum_lp += float(lp[nxt])
-        if nxt == eot:
-            return tokens, sum_lp
-        tokens.append(nxt)
-        i = len(tokens) - 1
-        if draft:
-            if nxt == draft[i]:
-                logits = ahead[i:i + 1]
-                if i + 1 == len(draft):  # the whole draft agreed: continue after it
-                    cache, draft = draft_cache, []
-                continue
-            # disagreement: keep the cache of the agreed prefix, then go on one by one
-            keep = base + i
-            cache = [(k[..., :keep], v[:, :, :keep]) for k, v in draft_cache]
-            draft = []
-        hidden, cache = decoder(mx.array([[nxt]]), cross, cache)
-        logits = decoder.logits(hidden[:, -1])
+    source = list(draft or [])[:sample_len] if options.temperature == 0.0 else []
+    at = 0  # index into ``source`` of the token expected next
+    span = _SPAN_MIN  # draft tokens verified per pass; doubles while they are all accepted
+    verifier: _Verifier | None = None
+    try:
+        for _ in range(sample_len):
+            logits = rules.apply(logits, [tokens])
+            lp = _log_softmax(logits)[0]
+            if options.temperature == 0.0:
+                nxt = int(np.argmax(logits[0]))
+            else:
+                p = np.exp(_log_softmax(logits[0] / options.temperature))
+                nxt = int(rng.choice(p.size, p=p / p.sum()))
+            sum_lp += float(lp[nxt])
+            if nxt == eot:
+                return tokens, sum_lp
+            tokens.append(nxt)
+            if verifier is not None:
+                if verifier.agrees(nxt):
+                    at += 1
+                    logits = verifier.next_logits()
+                    if verifier.finished:
+                        cache, verifier = verifier.cache, None
+                        span = min(2 * span, _SPAN_MAX)
+                    continue
+                cache, verifier = verifier.agreed_cache(), None
+                span = _SPAN_MIN
+            proposal: list[int] = []
+            if source:
+                j = _realign(source, at, tokens)
+                if j is not None:
+                    at = j + 1
+                    # positions stay within the text context (sample_len counts them)
+                    proposal = source[at:at + min(span, sample_len - len(tokens))]
+            if proposal:
+                verifier = _Verifier(decoder, cross, cache, [nxt] + proposal)
+                logits = verifier.next_logits()
+            else:
+                hidden, cache = decoder(mx.array([[nxt]]), cross, cache)
+                logits = decoder.logits(hidden[:, -1])
+    except Aborted as e:
+        e.tokens = tokens  # what was decoded so far (a draft for later)
+        raise
     return tokens, sum_lp
+
+
+_SPAN_MIN, _SPAN_MAX = 16, 128  # draft tokens per verification pass: first, at most
+_BLOCK_MIN = 32  # logits rows projected at once: a call costs about the same up to ~32 rows
+_REALIGN_REACH = 24  # a lone token may realign the draft this far ahead
+
+
+def _realign(source: list[int], at: int, tokens: list[int]) -> int | None:
+    """Where in ``source`` the last picked token ``tokens[-1]`` is, expected at ``at``.
+
+    Preferred: a place where the token before it matches too (nearest to ``at``, in
+    either direction: the draft may have dropped or added words); else the token alone,
+    a short way ahead (after a substituted word the draft continues a few tokens on). A
+    wrong guess costs one cheap verification pass.
+    """
+    last = tokens[-1]
+    prev = tokens[-2] if len(tokens) > 1 else None
+    best = None
+    for j, t in enumerate(source):
+        if t == last and j > 0 and source[j - 1] == prev and (best is None or abs(j - at) < abs(best - at)):
+            best = j
+    if best is not None:
+        return best
+    for j in range(at, min(len(source), at + _REALIGN_REACH)):
+        if source[j] == last:
+            return j
+    return None
+
+
+def merge_draft(prefix: list[int], older: list[int] | None) -> list[int]:
+    """A draft from ``prefix`` (the start of a newer, unfinished decoding) continued by
+    ``older`` (an earlier complete decoding) from where ``prefix`` ends in it."""
+    if not older or not prefix:
+        return list(prefix or older or [])
+    j = _realign(older, len(prefix), prefix)
+    return list(prefix) + list(older[j + 1:] if j is not None else older[len(prefix):])
+
+
+class _Verifier:
+    """One decoder pass over ``seq`` = [token just picked] + draft tokens to verify.
+
+    The hidden states of all positions come from that single pass; the output projection
+    (most of a step's cost) is applied lazily in doubling blocks of rows, so a draft that
+    is rejected early costs little more than a plain step.
+    """
+
+    def __init__(self, decoder, cross, cache, seq: list[int]):
+        self.decoder, self.seq = decoder, seq
+        self.base = cache[0][1].shape[2] if cache else 0
+        hidden, self.cache = decoder(mx.array([seq]), cross, cache)
+        self.hidden = hidden[0]
+        self.rows: list[np.ndarray] = []  # projected blocks of logits
+        self.n_rows = 0
+        self.i = 0  # logits after seq[i] are returned next; seq[i + 1] is checked next
+
+    @property
+    def finished(self) -> bool:
+        return self.i == len(self.seq)
+
+    def agrees(self, token: int) -> bool:
+        return token == self.seq[self.i]
+
+    def next_logits(self) -> np.ndarray:
+        i = self.i
+        while i >= self.n_rows:
+            size = max(_BLOCK_MIN, self.n_rows)
+            block = self.decoder.logits(self.hidden[self.n_rows:self.n_rows + size])
+            self.rows.append(block)
+            self.n_rows += block.shape[0]
+        self.i += 1
+        start = 0
+        for block in self.rows:
+            if i < start + block.shape[0]:
+                return block[i - start:i - start + 1].copy()
+            start += block.shape[0]
+        raise AssertionError("unreachable")
+
+    def agreed_cache(self) -> list:
+        """The self-attention cache up to the last agreed token (seq[:i])."""
+        keep = self.base + self.i
+        return [(k[..., :keep], v[:, :, :keep]) for k, v in self.cache]
 
 
 def _beam_search(decoder, cross, cache, logits, rules, eot, sample_len, beam_size) -> tuple[list[int], float]:

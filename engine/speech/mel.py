@@ -120,17 +120,19 @@ def log_mel_spectrogram(audio: np.ndarray, n_mels: int = 80, padding: int = 0) -
     return _normalise(mel_power(audio, 0, n, n_mels))
 
 
-def log_mel_window(audio: np.ndarray, start_frame: int, n_valid: int = N_FRAMES, n_mels: int = 80) -> np.ndarray:
-    """One 30-s model input at ``start_frame``: ``(3000, n_mels)``.
+def log_mel_window(audio: np.ndarray, start_frame: int, n_valid: int = N_FRAMES, n_mels: int = 80,
+                   n_frames: int = N_FRAMES) -> np.ndarray:
+    """One model input at ``start_frame``: ``(n_frames, n_mels)`` (a 30-s window by default).
 
     As in Whisper's ``transcribe``, only ``n_valid`` frames carry audio (fewer in the last
     window) and the rest are 0.0. The ``max - 8`` floor is taken over the valid frames of
     this window only (Whisper was trained on mels of single 30-s segments), so a window's
     input depends on nothing but its own audio; that is what lets streaming reproduce
-    batch transcription exactly.
+    batch transcription exactly. ``n_frames < 3000`` gives a trimmed window (the encoder
+    then runs on a shorter context).
     """
-    n_valid = max(0, min(n_valid, N_FRAMES))
-    out = np.zeros((N_FRAMES, n_mels), dtype=np.float32)
+    n_valid = max(0, min(n_valid, n_frames))
+    out = np.zeros((n_frames, n_mels), dtype=np.float32)
     if n_valid:
         out[:n_valid] = _normalise(mel_power(audio, start_frame, n_valid, n_mels))
     return out

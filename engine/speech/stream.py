@@ -14,7 +14,11 @@ Two worker threads do the rest:
   pause has begun and the trailing pad has arrived) that look-ahead is done on exactly
   the audio the utterance will end with and is adopted when the utterance closes, so
   ``finish()`` returns soon after the last chunk. Look-ahead work that a later boundary
-  makes stale is abandoned mid-way.
+  makes stale is abandoned mid-way. Every look-ahead's tokens (even those of abandoned
+  work) draft the next decode of the same window, which then mostly verifies tokens in
+  batched decoder passes, and the last, partial window is encoded with a trimmed
+  context (as batch transcription does), so the work left once the end is known is
+  small.
 
 Events (:class:`DictationEvent`, passed to ``on_event`` on a worker thread, or put on
 ``session.events``, a ``queue.Queue``):
@@ -34,10 +38,10 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.errors import MlxtermError
-from engine.speech.decoding import Aborted
+from engine.speech.decoding import Aborted, merge_draft
 from engine.speech.loader import DEFAULT_SPEECH_MODEL, WhisperBundle, load_whisper
 from engine.speech.mel import SAMPLE_RATE
 from engine.speech.transcribe import SeekTranscriber, Segment, Timings, TranscribeOptions
@@ -80,6 +84,7 @@ class _Utterance:
     spec: SeekTranscriber | None = None  # look-ahead decoded to spec_key[1]
     spec_key: tuple[int, int] | None = None  # (transcriber seek, end sample) of spec
     committed: int = 0  # segments already sent as final
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # seek -> latest look-ahead tokens
 
 
 _END, _CANCEL = "end", "cancel"
@@ -310,8 +315,7 @@ class DictationSession:
 
     def _look_ahead(self, utt: _Utterance, audio: np.ndarray, settled: bool) -> None:
         tr = utt.transcriber
-        if utt.spec is not None:  # the latest look-ahead drafts the windows decoded next
-            tr.drafts = dict(utt.spec.decoded)
+        tr.drafts = dict(utt.drafts)  # the latest look-ahead drafts the windows decoded next
         committed = self._advance(tr, audio, False, self._is_cancelled)
         if committed:
             utt.committed = len(tr.segments)
@@ -322,9 +326,20 @@ class DictationSession:
         try:
             self._advance(spec, audio, True, lambda: self._stale(utt, key, settled))
         except Aborted:
+            self._keep_drafts(utt, spec)
             return
+        self._keep_drafts(utt, spec)
         utt.spec, utt.spec_key = spec, key
         self._emit("partial", text=" ".join(s.text for s in spec.segments[utt.committed:]))
+
+    @staticmethod
+    def _keep_drafts(utt: _Utterance, spec: SeekTranscriber) -> None:
+        """Remember a look-ahead's tokens per window as drafts, even from abandoned work:
+        an unfinished decode of newer audio is continued by the older complete one."""
+        utt.drafts.update(spec.decoded)
+        if spec.unfinished is not None:
+            seek, tokens = spec.unfinished
+            utt.drafts[seek] = merge_draft(tokens, utt.drafts.get(seek))
 
     def _advance(self, tr: SeekTranscriber, audio: np.ndarray, final: bool, should_stop) -> list[Segment]:
         try:
@@ -357,8 +372,7 @@ class DictationSession:
         if utt.spec is not None and utt.spec_key == (tr.seek, utt.end):
             tr = utt.spec  # decoded ahead on exactly this audio: adopt it
         else:
-            if utt.spec is not None:
-                tr.drafts = dict(utt.spec.decoded)
+            tr.drafts = dict(utt.drafts)
             self._advance(tr, audio, True, self._is_cancelled)
         self._texts.append(tr.text)
         offset = utt.start / SAMPLE_RATE

@@ -1,12 +1,14 @@
 """Whisper's 30-s window seek loop, usable on a growing buffer (streaming) or a whole file.
 
 Per window: log-mel of ``[seek, seek + 30 s)`` (frames past the end of the audio are
-zeros), encoder, cross K/V once, then decoding with temperature fallback (retry hotter
-when the text compresses too well, i.e. repeats, or the mean log-probability is low,
-unless the window is judged silent). The window is cut into segments at timestamp pairs
-and ``seek`` moves to the last timestamp (or the window end when the text ended on a
-single timestamp). A window that depends only on audio already received is decoded
-exactly as batch transcription of the complete audio would decode it.
+zeros; a last window shorter than 30 s is encoded with a trimmed context, see
+``TranscribeOptions.context_margin_s``), encoder, cross K/V once, then decoding with
+temperature fallback (retry hotter when the text compresses too well, i.e. repeats, or
+the mean log-probability is low, unless the window is judged silent). The window is cut
+into segments at timestamp pairs and ``seek`` moves to the last timestamp (or the window
+end when the text ended on a single timestamp). A window that depends only on audio
+already received is decoded exactly as batch transcription of the complete audio would
+decode it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from engine.speech.mel import (
     SAMPLE_RATE,
     log_mel_window,
 )
+from engine.speech.threads import blas_threads
 from engine.speech.tokenizer import TIME_PRECISION
 
 import mlx.core as mx
@@ -40,6 +43,15 @@ class TranscribeOptions:
     no_speech_threshold: float | None = 0.6
     condition_on_previous_text: bool = True
     max_initial_timestamp: float = 1.0
+    # A window shorter than 30 s (the last one of a recording, or of an utterance) is
+    # encoded with a trimmed context: its audio plus ``context_margin_s`` of silence,
+    # at least ``min_context_s``, in whole seconds (the encoder's positional embedding is
+    # sliced, as whisper.cpp's ``audio_ctx``). None: always a full 30-s window.
+    context_margin_s: float | None = 2.0
+    min_context_s: float = 10.0
+    # OpenBLAS threads while windows are decoded (a process-wide setting, restored after;
+    # see engine/speech/threads.py). None: leave it alone.
+    blas_threads: int | None = 1
 
 
 @dataclass
@@ -99,6 +111,7 @@ class SeekTranscriber:
         self._should_stop = None
         self.decoded: dict[int, list[int]] = {}  # seek -> tokens decoded for that window
         self.drafts: dict[int, list[int]] = {}  # seek -> likely tokens (an earlier look-ahead's)
+        self.unfinished: tuple[int, list[int]] | None = None  # (seek, tokens) of an aborted greedy decode
 
     def clone(self) -> SeekTranscriber:
         """A copy to run ahead speculatively without touching this state."""
@@ -108,6 +121,7 @@ class SeekTranscriber:
         other.timings = Timings()
         other.decoded = dict(self.decoded)
         other.drafts = dict(self.drafts)
+        other.unfinished = None
         return other
 
     def window_ready(self, n_samples: int, final: bool) -> bool:
@@ -125,11 +139,23 @@ class SeekTranscriber:
         """
         self._should_stop = should_stop
         new: list[Segment] = []
-        while self.window_ready(audio.size, final):
-            if should_stop is not None and should_stop():
-                raise Aborted()
-            new.extend(self._decode_next(audio))
+        if not self.window_ready(audio.size, final):
+            return new
+        with blas_threads(self.options.blas_threads):
+            while self.window_ready(audio.size, final):
+                if should_stop is not None and should_stop():
+                    raise Aborted()
+                new.extend(self._decode_next(audio))
         return [s for s in new if s.text]
+
+    def context_frames(self, size: int) -> int:
+        """Mel frames the encoder sees for a window with ``size`` frames of audio."""
+        opts = self.options
+        if opts.context_margin_s is None or size >= N_FRAMES:
+            return N_FRAMES
+        frames = max(size + round(opts.context_margin_s * FRAMES_PER_SECOND),
+                     round(opts.min_context_s * FRAMES_PER_SECOND))
+        return min(N_FRAMES, -(-frames // FRAMES_PER_SECOND) * FRAMES_PER_SECOND)
 
     def _check_stop(self) -> None:
         if self._should_stop():
@@ -145,7 +171,7 @@ class SeekTranscriber:
         size = min(N_FRAMES, content - self.seek)
         offset = self.seek / FRAMES_PER_SECOND
         t0 = time.perf_counter()
-        mel = log_mel_window(audio, self.seek, size, self.bundle.model.dims.n_mels)
+        mel = log_mel_window(audio, self.seek, size, self.bundle.model.dims.n_mels, self.context_frames(size))
         t1 = time.perf_counter()
         model = self.bundle.model
         features = model.encoder(mx.array(mel)[None], self._check_stop if self._should_stop else None)
@@ -183,8 +209,14 @@ class SeekTranscriber:
                 max_initial_timestamp=opts.max_initial_timestamp,
                 seed=self.seek * 16 + i,  # reproducible, and identical in batch and stream
             )
-            draft = self.drafts.get(self.seek) if temperature == 0.0 and not opts.beam_size else None
-            result = decode_window(self.bundle, cross, prompt, dopts, self._should_stop, draft)
+            greedy = temperature == 0.0 and not opts.beam_size
+            draft = self.drafts.get(self.seek) if greedy else None
+            try:
+                result = decode_window(self.bundle, cross, prompt, dopts, self._should_stop, draft)
+            except Aborted as e:
+                if greedy and e.tokens:
+                    self.unfinished = (self.seek, e.tokens)
+                raise
             too_repetitive = (opts.compression_ratio_threshold is not None
                               and result.compression_ratio > opts.compression_ratio_threshold)
             too_unlikely = opts.logprob_threshold is not None and result.avg_logprob < opts.logprob_threshold

@@ -102,16 +102,20 @@ class AudioEncoder(nn.Module):
         self.ln_post = nn.LayerNorm(d)
 
     def __call__(self, mel: mx.array, between_layers: Callable[[], None] | None = None) -> mx.array:
-        """``mel`` (batch, 3000, n_mels) -> audio features (batch, 1500, n_state).
+        """``mel`` (batch, frames, n_mels) -> audio features (batch, frames // 2, n_state).
 
+        A full window is 3000 frames (1500 positions); fewer frames (an even number) give
+        a trimmed context: the positional embedding is sliced to the positions present,
+        as whisper.cpp's ``audio_ctx`` does (see ``TranscribeOptions.context_margin_s``).
         ``between_layers()`` is called after each block (streaming uses it to abandon
         stale work by raising).
         """
         x = gelu(self.conv1(mel))
         x = gelu(self.conv2(x))
-        if x.shape[1:] != self.positional_embedding.shape:
-            raise ValueError(f"encoder input gives {x.shape[1:]}, expected {self.positional_embedding.shape}")
-        x = x + self.positional_embedding
+        n_ctx, d = self.positional_embedding.shape
+        if mel.shape[1] % 2 or x.shape[1] > n_ctx or x.shape[2] != d:
+            raise ValueError(f"encoder input gives {x.shape[1:]}, expected at most {(n_ctx, d)} from an even frame count")
+        x = x + self.positional_embedding[:x.shape[1]]
         for block in self.blocks:
             h = block.attn_ln(x)
             k, v = block.attn.kv(h)
