@@ -11,6 +11,7 @@ as their raw generated text, so the rendered history keeps extending what was fe
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -63,17 +64,10 @@ class TokenLedger:
             after = self.render([*done, dict(message)], generation_prompt and last)
             if not after.startswith(before):
                 log.warning("chat template renders history differently once a message is added")
-                before = before[: _common_prefix_len(before, after)]
+                before = os.path.commonprefix([before, after])
             out.append(tok.encode(tail + after[len(before):]))
             tail = ""
             done.append(dict(message))
             before = self.render(done, False) if not last else after
         return out
 
-
-def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

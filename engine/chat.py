@@ -12,6 +12,7 @@ what was fed (e.g. it strips earlier reasoning), the session keeps the tokens ac
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -179,7 +180,7 @@ class ChatService:
         tail = junction_tail(before, eng.tokenizer.decode(fed)) if fed else ""
         if not after.startswith(before):
             log.warning("chat template renders history differently once a message is added")
-            before = before[: _common_prefix_len(before, after)]
+            before = os.path.commonprefix([before, after])
         ids = eng.tokenizer.encode(tail + after[len(before) :])
         self.store.add_message(session.id, message["role"], message["content"], token_ids=ids)
 
@@ -205,10 +206,3 @@ class ChatService:
             meta=meta,
         )
 
-
-def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

@@ -15,7 +15,6 @@ import logging
 from engine.errors import MlxtermError
 
 from textual import work
-from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from agents.events import (
     AgentDone,
@@ -28,6 +27,7 @@ from agents.events import (
     ToolStarted,
 )
 from app.tui.agent_view import AgentRunView
+from app.tui.commands import SingleCommand
 from app.tui.format import agent_done_summary, agent_step_summary
 from app.tui.screens.approval import ApprovalScreen
 from app.tui.slash import Command
@@ -50,20 +50,15 @@ def agent_command(text: str) -> str | None:
     return rest.strip() if word.lower() == "/" + AGENT_SLASH.name else None
 
 
-class AgentCommands(Provider):
+class AgentCommands(SingleCommand):
     """The palette entry (same as ``/agent``; "Stop generating" cancels a run)."""
+
+    title = PALETTE_TITLE
+    help = PALETTE_HELP
 
     async def _run(self) -> None:
         await self.screen.run_action("agent")
 
-    async def discover(self) -> Hits:
-        yield DiscoveryHit(PALETTE_TITLE, self._run, help=PALETTE_HELP)
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        score = matcher.match(PALETTE_TITLE)
-        if score > 0:
-            yield Hit(score, matcher.highlight(PALETTE_TITLE), self._run, help=PALETTE_HELP)
 
 
 class AgentActions:

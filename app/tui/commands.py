@@ -50,3 +50,20 @@ class ChatCommands(Provider):
             score = matcher.match(title)
             if score > 0:
                 yield Hit(score, matcher.highlight(title), partial(self._run, action), help=help_text)
+
+
+class SingleCommand(Provider):
+    """A palette provider with one entry: subclasses set ``title``/``help`` and define ``_run``."""
+
+    title = ""
+    help = ""
+
+    async def discover(self) -> Hits:
+        yield DiscoveryHit(self.title, self._run, help=self.help)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        score = matcher.match(self.title)
+        if score > 0:
+            yield Hit(score, matcher.highlight(self.title), self._run, help=self.help)
+

@@ -30,9 +30,9 @@ from engine.errors import MlxtermError
 from engine.speech.errors import AudioInputError, NoAudioInputDevice
 
 from textual import work
-from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.message import Message
 
+from app.tui.commands import SingleCommand
 from app.tui.slash import Command
 
 if TYPE_CHECKING:
@@ -299,17 +299,12 @@ class DictationUpdate(Message):
         self.event = event
 
 
-class DictationCommands(Provider):
+class DictationCommands(SingleCommand):
     """The palette entry (calls the screen directly, so it can say why it is unavailable)."""
 
-    async def discover(self) -> Hits:
-        yield DiscoveryHit(PALETTE_TITLE, self._run, help=PALETTE_HELP)
+    title = PALETTE_TITLE
+    help = PALETTE_HELP
 
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        score = matcher.match(PALETTE_TITLE)
-        if score > 0:
-            yield Hit(score, matcher.highlight(PALETTE_TITLE), self._run, help=PALETTE_HELP)
 
     def _run(self) -> None:
         self.screen.dictate_command()
