@@ -2,7 +2,7 @@
 
 ``ToolCallMasks`` is built once per (tokenizer, tool set) and caches one boolean mask per
 grammar state; ``ToolCallConstraint`` is the per-request object the engine's decode loop
-drives (``allowed()`` before each token, ``advance(token)`` after; see engine.constraints).
+drives (``allowed()`` before each token, ``advance(token)`` after; see engine.generation.constraints).
 
 The model writes free text until it opens a call. Once the text ends in enough of the open
 marker to be a call (``<tool_``, or the marker token itself) the call is *committed*: the rest

@@ -1,6 +1,6 @@
 """Exact token ids for each message an agent adds to its session.
 
-Same rule as ``engine.chat.ChatService``: a session's context is the concatenation of its
+Same rule as ``engine.sessions.chat.ChatService``: a session's context is the concatenation of its
 messages' token ids and is never re-tokenized. A new message stores only the tokens it adds:
 the template's closing tail after the tokens already fed (``junction_tail``), the message as
 the template renders it, and, when the model answers next, the generation prompt. Assistant
@@ -15,8 +15,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.chat import junction_tail
 from engine.sessions import Message
+from engine.sessions.chat import junction_tail
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.chat_template import ChatTemplate
-from engine.events import Done, Event, TextDelta, Timings, Usage
+from engine.model.chat_template import ChatTemplate
 from engine.profile_schema import (
     AgentConfig,
     ChatConfig,
@@ -36,6 +35,7 @@ from engine.profile_schema import (
     SamplingConfig,
 )
 from engine.sampling import SamplingParams
+from engine.serving.events import Done, Event, TextDelta, Timings, Usage
 
 import numpy as np
 
@@ -136,7 +136,7 @@ _END = object()
 
 
 class ScriptedHandle:
-    """Mirrors engine.worker.RequestHandle: iterate (sync/async), ``cancel``, ``result``."""
+    """Mirrors engine.serving.worker.RequestHandle: iterate (sync/async), ``cancel``, ``result``."""
 
     def __init__(self, request):
         self.request = request

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import MlxtermError
-from engine.events import Done
-from engine.events import TextDelta as EngineTextDelta
 from engine.runtime import GenerationRequest
+from engine.serving.events import Done
+from engine.serving.events import TextDelta as EngineTextDelta
 from engine.sessions import Message, SessionStore
 
 from agents import compaction

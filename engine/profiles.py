@@ -259,7 +259,7 @@ def check_profile(name_or_path: str) -> CheckResult:
     A catalogue model that is merely not installed yet is a warning (one command fixes it);
     a path that does not exist is a problem ("model not found at <path>").
     """
-    from engine import catalog
+    from engine.model import catalog
 
     try:
         profile = load_profile(name_or_path)

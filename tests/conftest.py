@@ -61,7 +61,7 @@ def tiny_profile(tmp_path, tiny_llama_dir):
 @pytest.fixture(scope="session")
 def smollm2_path():
     """The default model's GGUF, used in place from its pip package (via the catalogue)."""
-    from engine.catalog import model_path
+    from engine.model.catalog import model_path
 
     return model_path("smollm2-135m")
 
@@ -69,6 +69,6 @@ def smollm2_path():
 @pytest.fixture(scope="session")
 def gemma_path():
     """The Gemma-3-270M GGUF, assembled once (SHA-256 checked) by the catalogue."""
-    from engine.catalog import model_path
+    from engine.model.catalog import model_path
 
     return model_path("gemma3-270m")

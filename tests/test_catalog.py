@@ -10,9 +10,10 @@ import sys
 import zipfile
 from pathlib import Path
 
-from engine import catalog, paths
-from engine.catalog import CatalogEntry, PackageFile
+from engine import paths
 from engine.errors import CatalogError, ModelLoadError
+from engine.model import catalog
+from engine.model.catalog import CatalogEntry, PackageFile
 
 import pytest
 

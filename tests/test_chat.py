@@ -1,8 +1,8 @@
 """ChatService: exact token history across turns, cache reuse, retry and fork."""
 
-from engine.chat import ChatService, junction_tail
 from engine.runtime import Engine
 from engine.sessions import SessionStore
+from engine.sessions.chat import ChatService, junction_tail
 
 import pytest
 

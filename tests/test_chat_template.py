@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from engine.chat_template import CHATML_FALLBACK, ChatTemplate, ChatTemplateError
 from engine.errors import MlxtermError, ModelLoadError
+from engine.model.chat_template import CHATML_FALLBACK, ChatTemplate, ChatTemplateError
 
 import pytest
 

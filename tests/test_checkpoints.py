@@ -14,7 +14,7 @@ from engine.checkpoints import format as fmt
 from engine.checkpoints import snapshot as snap_mod
 from engine.checkpoints.ssd import SsdTier
 from engine.checkpoints.trie import TokenTrie
-from engine.kv_cache import StaticKVCache
+from engine.generation.kv_cache import StaticKVCache
 
 import mlx.core as mx
 import numpy as np

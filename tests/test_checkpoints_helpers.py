@@ -8,8 +8,8 @@ import engine  # noqa: F401  (loads OpenBLAS before mlx)
 from pathlib import Path
 
 from engine.checkpoints import CheckpointStore, make_fingerprint
-from engine.generate import generate_step, prefill
-from engine.kv_cache import StaticKVCache, make_cache
+from engine.generation.generate import generate_step, prefill
+from engine.generation.kv_cache import StaticKVCache, make_cache
 from engine.sampling import SamplingParams
 
 import mlx.core as mx

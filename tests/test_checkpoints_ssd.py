@@ -18,7 +18,7 @@ from pathlib import Path
 from engine.checkpoints import CheckpointStore, make_fingerprint, quant
 from engine.checkpoints import format as fmt
 from engine.checkpoints.fingerprint import weights_sha256
-from engine.kv_cache import StaticKVCache
+from engine.generation.kv_cache import StaticKVCache
 
 import mlx.core as mx
 import numpy as np
@@ -166,7 +166,7 @@ import sys, time
 from pathlib import Path
 import engine.checkpoints.format as fmt
 from engine.checkpoints import CheckpointStore, make_fingerprint
-from engine.kv_cache import StaticKVCache
+from engine.generation.kv_cache import StaticKVCache
 from tests.test_checkpoints_helpers import fake_static_cache, tokens
 
 real_write = fmt.write
@@ -399,7 +399,7 @@ def _cli(capsys, *argv: str) -> tuple[int, str]:
 
 def test_cache_command_stats_flush_clear(llama, tiny_profile, capsys):
     from engine.checkpoints import open_store
-    from engine.kv_cache import make_cache
+    from engine.generation.kv_cache import make_cache
     from engine.profiles import load_profile
 
     d, model = llama

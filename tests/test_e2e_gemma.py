@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import engine  # noqa: F401
-from engine.catalog import model_path
-from engine.generate import generate_step
-from engine.kv_cache import WindowKVCache, make_cache
-from engine.model_loader import load_bundle
+from engine.generation.generate import generate_step
+from engine.generation.kv_cache import WindowKVCache, make_cache
+from engine.model.catalog import model_path
+from engine.model.loader import load_bundle
 from engine.sampling import SamplingParams
 
 import mlx.core as mx

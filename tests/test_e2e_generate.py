@@ -47,7 +47,7 @@ def test_streamed_text_matches_json_text():
     ],
 )
 def test_bad_model_file_is_one_clear_line(tmp_path, content, problem):
-    from engine.catalog import resolve_source
+    from engine.model.catalog import resolve_source
 
     bad = tmp_path / "broken.gguf"
     if content is None:  # the real file cut in half

@@ -45,7 +45,7 @@ def test_every_follow_up_reuses_the_previous_turn(tmp_path):
 WARM_SCRIPT = textwrap.dedent(
     """
     import json, sys
-    from engine.chat import ChatService
+    from engine.sessions.chat import ChatService
     from engine.runtime import Engine
     from engine.sessions import SessionStore
 

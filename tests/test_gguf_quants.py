@@ -4,9 +4,9 @@ MLX affine triples -> ``mx.dequantize`` bit-exact, and where ``mx.load`` goes wr
 import engine  # loads OpenBLAS before mlx is imported
 
 # isort: split
-from engine.gguf import quants
-from engine.gguf.ggml_types import BY_NAME
-from engine.gguf.writer import RawTensor, write_gguf
+from engine.model.gguf import quants
+from engine.model.gguf.ggml_types import BY_NAME
+from engine.model.gguf.writer import RawTensor, write_gguf
 
 import mlx.core as mx
 import numpy as np

@@ -1,5 +1,5 @@
 import engine  # noqa: F401
-from engine.sampling import SamplingParams, make_sampler
+from engine.generation.sampling import SamplingParams, make_sampler
 
 import mlx.core as mx
 import numpy as np

@@ -1,4 +1,4 @@
-from engine.textstream import ReasoningSplitter, StopMatcher
+from engine.generation.textstream import ReasoningSplitter, StopMatcher
 
 
 def _feed_all(matcher, pieces):

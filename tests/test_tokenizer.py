@@ -29,10 +29,10 @@ import random
 import shutil
 from pathlib import Path
 
-from engine.catalog import model_path
 from engine.errors import ModelLoadError
-from engine.gguf.reader import read_gguf
-from engine.tokenizer import PRE_TOKENIZER_SPLITS, Tokenizer
+from engine.model.catalog import model_path
+from engine.model.gguf.reader import read_gguf
+from engine.model.tokenizer import PRE_TOKENIZER_SPLITS, Tokenizer
 
 import mlx.core as mx
 import pytest
@@ -126,7 +126,7 @@ def smollm2(smollm2_path: Path) -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def gemma(gemma_path: Path) -> Tokenizer:
-    # mx.load cannot read Q4_K files; engine.gguf.reader gives ints, bools and numpy arrays
+    # mx.load cannot read Q4_K files; engine.model.gguf.reader gives ints, bools and numpy arrays
     return Tokenizer.from_gguf_metadata(read_gguf(gemma_path).metadata, str(gemma_path))
 
 

@@ -52,13 +52,13 @@ def _time_stream(tokens_iter) -> tuple[float, float, int]:
 
 def run(args) -> dict:
     from engine import blas
-    from engine.catalog import resolve_source
-    from engine.generate import generate_step
-    from engine.kv_cache import make_cache
-    from engine.model_loader import load_bundle
+    from engine.generation.generate import generate_step
+    from engine.generation.kv_cache import make_cache
+    from engine.model.catalog import resolve_source
+    from engine.model.loader import load_bundle
+    from engine.model.weight_policy import backend, choose_weights
     from engine.profiles import load_profile
     from engine.sampling import SamplingParams
-    from engine.weight_policy import backend, choose_weights
 
     import mlx.core as mx
     from mlx_lm.generate import stream_generate

@@ -44,8 +44,8 @@ def _messages(args) -> list[dict]:
 
 
 def run(args) -> int:
-    from engine.events import Done, ReasoningDelta, TextDelta
     from engine.runtime import Engine, GenerationRequest
+    from engine.serving.events import Done, ReasoningDelta, TextDelta
 
     engine = Engine.load(args.profile)
     try:
@@ -111,9 +111,9 @@ def _prompt_ids(engine, args) -> list[int]:
 
 
 def _session_turn(engine, args, overrides):
-    from engine.chat import ChatService
     from engine.errors import MlxtermError
     from engine.sessions import SessionNotFound, SessionStore
+    from engine.sessions.chat import ChatService
 
     if args.prompt is None:
         raise MlxtermError("--session takes the new message with --prompt")

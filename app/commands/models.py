@@ -36,7 +36,7 @@ def _progress(line: str) -> None:
 
 
 def _list(args) -> int:
-    from engine.catalog import list_models
+    from engine.model.catalog import list_models
 
     models = list_models()
     if args.json:
@@ -50,7 +50,7 @@ def _list(args) -> int:
 
 
 def _install(args) -> int:
-    from engine.catalog import install, model_status
+    from engine.model.catalog import install, model_status
 
     path = install(args.name, progress=None if args.json else _progress)
     if args.json:
@@ -61,7 +61,7 @@ def _install(args) -> int:
 
 
 def _remove(args) -> int:
-    from engine.catalog import model_status, remove
+    from engine.model.catalog import model_status, remove
 
     remove(args.name, progress=None if args.json else _progress)
     if args.json:

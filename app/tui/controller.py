@@ -2,7 +2,7 @@
 
 The TUI and the plain REPL call it for everything: loading a profile (blocking; call it from
 a worker thread), listing and editing sessions, and starting chat turns through
-``engine.chat.ChatService`` (which keeps each session's exact tokens so its KV checkpoint
+``engine.sessions.chat.ChatService`` (which keeps each session's exact tokens so its KV checkpoint
 is reused). Nothing here imports Textual.
 """
 
@@ -94,8 +94,8 @@ class ChatController:
 
     def load(self, spec: str | None = None) -> ModelInfo:
         """Load a profile's model on a new engine thread (blocking), then drop the old one."""
-        from engine.chat import ChatService
         from engine.runtime import Engine
+        from engine.sessions.chat import ChatService
 
         spec = spec or self.profile_spec
         with self._lock:

@@ -12,7 +12,7 @@ import sys
 from typing import TextIO
 
 from engine.errors import MlxtermError
-from engine.events import ReasoningDelta, TextDelta
+from engine.serving.events import ReasoningDelta, TextDelta
 
 from app.tui.controller import ChatController
 from app.tui.format import clean, done_meta, turn_summary

@@ -97,7 +97,7 @@ def _version(dist: str) -> str:
 
 def make_fingerprint(model_path: Path, weight_format: str, kv_format: str = "dense",
                      checkpoint_format: str = "same", backend: str | None = None) -> Fingerprint:
-    from engine.weight_policy import backend as current_backend
+    from engine.model.weight_policy import backend as current_backend
 
     import mlx.core as mx
 
@@ -113,7 +113,7 @@ def make_fingerprint(model_path: Path, weight_format: str, kv_format: str = "den
 
 
 def live_kv_format(kv_cache_config, backend: str) -> str:
-    """The live KV format a profile runs with (must agree with engine.prompt_cache.new_cache)."""
+    """The live KV format a profile runs with (must agree with engine.serving.prompt_cache.new_cache)."""
     if backend != "cpu" and kv_cache_config.format in ("q8", "q4"):
         return f"{kv_cache_config.format}-g{kv_cache_config.group_size}"
     return "dense"
@@ -121,8 +121,8 @@ def live_kv_format(kv_cache_config, backend: str) -> str:
 
 def fingerprint_for_profile(profile) -> Fingerprint:
     """The fingerprint of ``profile``'s model as the engine would run it, without loading it."""
-    from engine.catalog import resolve_source
-    from engine.weight_policy import backend, choose_weights
+    from engine.model.catalog import resolve_source
+    from engine.model.weight_policy import backend, choose_weights
 
     be = backend()
     return make_fingerprint(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from engine.checkpoints import format as fmt
 from engine.checkpoints.format import HostCheckpoint, HostLayer
-from engine.kv_cache import StaticKVCache, WindowKVCache
+from engine.generation.kv_cache import StaticKVCache, WindowKVCache
 
 import mlx.core as mx
 import numpy as np

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Restored:
-    """What ``acquire`` hands back (same fields as ``engine.prompt_cache.Reuse``)."""
+    """What ``acquire`` hands back (same fields as ``engine.serving.prompt_cache.Reuse``)."""
 
     cache: list
     cached_tokens: int

@@ -50,7 +50,7 @@ class WhisperBundle:
 def model_dir(name_or_path: str) -> Path:
     """Directory of a speech model given its name or a path.
 
-    The single place that maps names to files: switch it to ``engine.catalog.model_path``
+    The single place that maps names to files: switch it to ``engine.model.catalog.model_path``
     once the catalogue manages speech models.
     """
     path = Path(name_or_path).expanduser()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.errors import MlxtermError
-from engine.events import Done, PrefillProgress, ReasoningDelta, TextDelta
+from engine.serving.events import Done, PrefillProgress, ReasoningDelta, TextDelta
 
 from textual import on, work
 from textual.app import ComposeResult

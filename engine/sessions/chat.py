@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from engine.errors import MlxtermError
-from engine.events import Done, Event
-from engine.runtime import Engine, GenerationRequest
+from engine.serving.engine import Engine, GenerationRequest
+from engine.serving.events import Done, Event
 from engine.sessions import Message, Session, SessionStore, suggest_title
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.errors import ModelLoadError
-from engine.gguf.ggml_types import BY_NAME, GGMLType
+from engine.model.gguf.ggml_types import BY_NAME, GGMLType
 
 import numpy as np
 

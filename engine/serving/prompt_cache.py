@@ -9,8 +9,8 @@ for the exact token prefix it was computed from.
 from __future__ import annotations
 
 from engine.checkpoints import CheckpointStore, DurabilityReport, Restored, open_store
-from engine.kv_cache import make_cache
-from engine.weight_policy import backend
+from engine.generation.kv_cache import make_cache
+from engine.model.weight_policy import backend
 
 Reuse = Restored
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.gguf.arch import ARCHS, ArchSpec, Meta, check_args, unpermute_rows
-from engine.gguf.ggml_types import FILE_TYPES
-from engine.gguf.quants import AFFINE_TYPES, SUPPORTED, dequantize, to_affine
-from engine.gguf.reader import GGUFFile, TensorInfo, read_gguf
+from engine.model.gguf.arch import ARCHS, ArchSpec, Meta, check_args, unpermute_rows
+from engine.model.gguf.ggml_types import FILE_TYPES
+from engine.model.gguf.quants import AFFINE_TYPES, SUPPORTED, dequantize, to_affine
+from engine.model.gguf.reader import GGUFFile, TensorInfo, read_gguf
 
 import mlx.core as mx
 import mlx.nn as nn

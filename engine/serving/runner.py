@@ -11,10 +11,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.catalog import resolve_source
-from engine.chat_template import CHATML_FALLBACK, ChatTemplate
 from engine.errors import ModelLoadError
-from engine.events import (
+from engine.generation.generate import generate_step
+from engine.generation.sampling import SamplingParams, top_logprobs
+from engine.generation.textstream import ReasoningSplitter, StopMatcher
+from engine.model.catalog import resolve_source
+from engine.model.chat_template import CHATML_FALLBACK, ChatTemplate
+from engine.model.loader import load_bundle
+from engine.model.weight_policy import blas_note, choose_weights
+from engine.profiles import Profile
+from engine.serving.events import (
     Done,
     PrefillProgress,
     ReasoningDelta,
@@ -23,13 +29,7 @@ from engine.events import (
     TokenLogprobs,
     Usage,
 )
-from engine.generate import generate_step
-from engine.model_loader import load_bundle
-from engine.profiles import Profile
-from engine.prompt_cache import PromptCache
-from engine.sampling import SamplingParams, top_logprobs
-from engine.textstream import ReasoningSplitter, StopMatcher
-from engine.weight_policy import blas_note, choose_weights
+from engine.serving.prompt_cache import PromptCache
 
 import mlx.core as mx
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelLoadError
-from engine.gguf import LoadedModel, load_gguf
-from engine.tokenizer import Tokenizer
+from engine.model.gguf import LoadedModel, load_gguf
+from engine.model.tokenizer import Tokenizer
 
 import mlx.core as mx
 import mlx.nn as nn

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from engine.events import Done, Event
+from engine.serving.events import Done, Event
 
 import mlx.core as mx
 
@@ -164,6 +164,6 @@ class EngineWorker:
         except Exception as e:
             log.error("generation failed: %s\n%s", e, traceback.format_exc())
             if handle._done is None:
-                from engine.events import Timings, Usage
+                from engine.serving.events import Timings, Usage
 
                 handle.emit(Done("", "", "error", Usage(), Timings(), error=str(e)))

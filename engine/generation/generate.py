@@ -12,9 +12,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from engine.constraints import TokenConstraint, additive_mask
-from engine.kv_cache import StaticKVCache, WindowKVCache, is_static
-from engine.sampling import SamplingParams, make_sampler
+from engine.generation.constraints import TokenConstraint, additive_mask
+from engine.generation.kv_cache import StaticKVCache, WindowKVCache, is_static
+from engine.generation.sampling import SamplingParams, make_sampler
 
 import mlx.core as mx
 
@@ -144,7 +144,7 @@ def generate_step(
 
     ``history`` is the full token context so far (for the repetition penalty window). The
     caller stops iterating to end generation; at most ``params.max_tokens`` are produced.
-    With a ``constraint``, each token is drawn under its mask (see engine.constraints).
+    With a ``constraint``, each token is drawn under its mask (see engine.generation.constraints).
     ``prefill_model`` (same architecture, other weight format) processes the prompt.
     """
     if not prompt:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
-from engine.gguf.ggml_types import GGML_TYPES, GGMLType
+from engine.model.gguf.ggml_types import GGML_TYPES, GGMLType
 
 import numpy as np
 

@@ -23,14 +23,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from engine.chat_template import ChatTemplate
-from engine.detokenizer import (
+from engine.errors import ModelLoadError
+from engine.model.chat_template import ChatTemplate
+from engine.model.detokenizer import (
     ByteStreamDetokenizer,
     Detokenizer,
     PieceStreamDetokenizer,
     WindowDetokenizer,
 )
-from engine.errors import ModelLoadError
 
 import numpy as np
 import tokenizers

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import atomic_write_bytes
-from engine.gguf.ggml_types import BY_NAME
+from engine.model.gguf.ggml_types import BY_NAME
 
 import numpy as np
 

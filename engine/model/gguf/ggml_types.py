@@ -1,7 +1,7 @@
 """The ggml tensor types a GGUF file can name: id, name, block size and bytes per block.
 
 Sizes follow ggml's block structs (ggml-common.h); QK_K super-blocks hold 256 values.
-Only some of these can be decoded (see ``engine.gguf.quants``); the rest are listed so a
+Only some of these can be decoded (see ``engine.model.gguf.quants``); the rest are listed so a
 file using them is read correctly and rejected with the type's name.
 """
 
