@@ -10,9 +10,11 @@ final answer), failed, error (the run itself broke), cancelled.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -65,7 +67,7 @@ class HeadlessRun:
             self.agent.cancel()
 
     def run(self) -> dict[str, Any]:
-        t0 = time.monotonic()
+        t0, t0_wall = time.monotonic(), time.time()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._prepare_workspace()
         transcript = Transcript(self.run_dir / "transcript.jsonl")
@@ -89,10 +91,47 @@ class HeadlessRun:
         finally:
             if own_engine and engine is not None:
                 engine.close()
-        transcript.write("result", result.get("steps", 0), result=result)
+        transcript.write("result", result.get("steps") or 0, result=result)
         transcript.close()
+        self._add_quality(result, t0_wall)
         atomic_write_text(self.run_dir / "result.json", json.dumps(result, indent=2, ensure_ascii=False) + "\n")
         return result
+
+    def checks_only(self) -> dict[str, Any]:
+        """Re-run the task's checks on an existing workspace (no agent, no engine).
+
+        Writes ``result.json`` (agent fields are None: unknown, not zero) but no transcript, so a
+        ``--run-dir`` of an earlier run keeps that run's transcript.
+        """
+        t0, t0_wall = time.monotonic(), time.time()
+        if not self.workspace.is_dir():
+            raise MlxtermError(f"{self.workspace}: workspace directory not found")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        checks = [self._check(c, None) for c in self.task.checks]
+        result = {
+            "status": "passed" if all(c["passed"] for c in checks) else "failed",
+            "task": str(self.task.path), "name": self.task.name, "checks_only": True,
+            "session_id": None, "run_dir": str(self.run_dir), "workspace": str(self.workspace),
+            "profile": None, "stop_reason": "checks_only", "error": None, "final_text": None,
+            "checks": checks, "checks_passed": sum(1 for c in checks if c["passed"]),
+            "checks_failed": sum(1 for c in checks if not c["passed"]),
+            "steps": None, "tool_calls": None, "malformed_calls": None, "tokens": None,
+            "cached_ratio": None, "agent_wall_s": None, "wall_s": round(time.monotonic() - t0, 3),
+        }
+        self._add_quality(result, t0_wall)
+        atomic_write_text(self.run_dir / "result.json", json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+        return result
+
+    def _add_quality(self, result: dict[str, Any], since: float) -> None:
+        """Summarise a ``quality.json`` that this run's checks wrote into the run directory."""
+        path = self.run_dir / "quality.json"
+        try:
+            if path.stat().st_mtime < since:
+                return  # left over from an earlier run
+            q = json.loads(path.read_text(encoding="utf-8"))
+            result["quality"] = {k: q[k] for k in ("passed", "failed", "blocked", "total")} | {"path": str(path)}
+        except (OSError, ValueError, KeyError, TypeError):
+            return
 
     # -- pieces ---------------------------------------------------------------------------------
     def _prepare_workspace(self) -> None:
@@ -124,11 +163,18 @@ class HeadlessRun:
         assert done is not None
         return done
 
-    def _check(self, check: Check, transcript: Transcript) -> dict[str, Any]:
+    def _check_env(self) -> dict[str, str]:
+        """What a check script may need: where the task's files are, where to write evidence
+        (quality.json, screenshots) and the Python running mlxterm (it has selenium when the
+        browser extra is installed)."""
+        return {**os.environ, "MLXTERM_TASK_DIR": str(self.task.path.parent), "MLXTERM_RUN_DIR": str(self.run_dir.resolve()),
+                "MLXTERM_WORKSPACE": str(self.workspace.resolve()), "MLXTERM_PYTHON": sys.executable}
+
+    def _check(self, check: Check, transcript: Transcript | None) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
             proc = subprocess.run(["bash", "-c", check.run], cwd=self.workspace, capture_output=True,
-                                  timeout=check.timeout_s, stdin=subprocess.DEVNULL)
+                                  timeout=check.timeout_s, stdin=subprocess.DEVNULL, env=self._check_env())
             code: int | None = proc.returncode
             output = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
             passed = code == 0
@@ -138,7 +184,8 @@ class HeadlessRun:
             output += f"\n[check timed out after {check.timeout_s:g} s]"
         record = {"name": check.name, "run": check.run, "passed": passed, "exit_code": code,
                   "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000)}
-        transcript.write("check", 0, **record)
+        if transcript is not None:
+            transcript.write("check", 0, **record)
         return record
 
     def _result(self, engine, done: AgentDone, checks: list[dict[str, Any]], transcript: Transcript,

@@ -24,6 +24,8 @@ def register(sub) -> None:
                    help="let TOOL run without approval (repeatable; e.g. --allow bash)")
     p.add_argument("--run-dir", type=Path, help="where transcript.jsonl and result.json go")
     p.add_argument("--json", action="store_true", help="print result.json to stdout instead of progress")
+    p.add_argument("--checks-only", action="store_true",
+                   help="only re-run the task's checks on --workspace (no agent); writes result.json")
     p.set_defaults(func=run)
 
 
@@ -44,6 +46,12 @@ def run(args) -> int:
 
     headless = HeadlessRun(task, profile=args.profile, workspace=args.workspace, allow=tuple(args.allow),
                            run_dir=args.run_dir, on_event=progress)
+    if args.checks_only:
+        if args.workspace is None:
+            raise TaskError("--checks-only needs --workspace DIR (the workspace to check)")
+        result = headless.checks_only()
+        _print_result(result, args.json)
+        return EXIT[result["status"]]
 
     def on_sigint(signum, frame) -> None:
         # First Ctrl-C: stop the agent cleanly (the running tool is killed, the transcript
@@ -57,14 +65,22 @@ def run(args) -> int:
         result = headless.run()
     finally:
         signal.signal(signal.SIGINT, previous)
-    if args.json:
-        print(json.dumps(result, indent=2, ensure_ascii=False))
-    else:
-        for check in result["checks"]:
-            print(f"check {check['name']}: {'passed' if check['passed'] else 'FAILED'}")
-        print(f"{result['status']}: {result['checks_passed']}/{len(result['checks'])} checks passed, "
-              f"{result['steps']} steps, {result['tokens']['completion']} tokens, {result['wall_s']:.1f} s "
-              f"(cached {result['cached_ratio']:.0%} of prompt tokens); run dir {result['run_dir']}")
-        if result.get("error"):
-            print(f"mlxterm: {result['error']}", file=sys.stderr)
+    _print_result(result, args.json)
     return EXIT[result["status"]]
+
+
+def _print_result(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+        return
+    for check in result["checks"]:
+        print(f"check {check['name']}: {'passed' if check['passed'] else 'FAILED'}")
+    line = f"{result['status']}: {result['checks_passed']}/{len(result['checks'])} checks passed, "
+    if result.get("checks_only"):
+        line += f"checks only, {result['wall_s']:.1f} s"
+    else:
+        line += (f"{result['steps']} steps, {result['tokens']['completion']} tokens, {result['wall_s']:.1f} s "
+                 f"(cached {result['cached_ratio']:.0%} of prompt tokens)")
+    print(f"{line}; run dir {result['run_dir']}")
+    if result.get("error"):
+        print(f"mlxterm: {result['error']}", file=sys.stderr)
