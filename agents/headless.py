@@ -129,7 +129,7 @@ class HeadlessRun:
             if path.stat().st_mtime < since:
                 return  # left over from an earlier run
             q = json.loads(path.read_text(encoding="utf-8"))
-            result["quality"] = {k: q[k] for k in ("passed", "failed", "blocked", "total")} | {"path": str(path)}
+            result["quality"] = {k: q[k] for k in ("passed", "failed", "blocked", "total")} | {"path": str(path.resolve())}
         except (OSError, ValueError, KeyError, TypeError):
             return
 

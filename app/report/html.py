@@ -12,7 +12,7 @@ from html import escape
 from typing import Any
 
 from app.report.inputs import Attempt, Item, Step
-from app.report.svg import bar_chart, line_chart
+from app.report.svg import bar_chart, column_chart, line_chart
 
 UNKNOWN = '<span class="unknown">unknown</span>'
 TEXT_CHARS = 4000  # long texts (tool output, replies) are cut in the page; the files keep all
@@ -33,6 +33,13 @@ def num(value: Any, unit: str = "", digits: int = 1) -> str:
     if isinstance(value, float):
         return f"{value:,.{digits}f}{esc(unit)}"
     return esc(value) + esc(unit)
+
+
+def measured(value: Any) -> str:
+    """A number from a bench JSON as written (no rounding away digits), or "unknown"."""
+    if isinstance(value, float) and not isinstance(value, bool):
+        return f"{value:,.1f}" if abs(value) >= 1000 else f"{round(value, 4):g}"
+    return num(value)
 
 
 def pct(value: float | None) -> str:
@@ -65,6 +72,8 @@ def throughput(a: Attempt) -> str:
 
 
 def checks_cell(a: Attempt) -> str:
+    if a.checks_passed is None and a.checks_failed is None and a.checks_blocked is None:
+        return UNKNOWN
     parts = [f'<span class="ok-t">{num(a.checks_passed)} passed</span>',
              f'<span class="bad-t">{num(a.checks_failed)} failed</span>']
     if a.quality is not None or a.checks_blocked is not None:
@@ -86,7 +95,7 @@ def overview(items: list[Item]) -> str:
         f"<td class='n'>{throughput(a)}</td><td class='n'>{num(a.ttft_s_sum, ' s', 2)}</td>"
         f"<td class='n'>{pct(a.cached_ratio)}</td><td>{checks_cell(a)}</td><td class='n'>{num(a.tool_errors)}</td>"
         f"<td class='n'>{num(a.requests)}</td></tr>" for item, a in rows)
-    names = [f"{item.title} · {a.label}" if len(item.attempts) > 1 else item.title for item, a in rows]
+    names = [_chart_name(item, a) for item, a in rows]
     charts = [
         bar_chart("completed output tokens per attempt", [(n, a.completion_tokens) for n, (_, a) in zip(names, rows, strict=True)]),
         bar_chart("task wall time per attempt", [(n, a.wall_s) for n, (_, a) in zip(names, rows, strict=True)], " s"),
@@ -99,6 +108,12 @@ def overview(items: list[Item]) -> str:
             f'<p class="note">Throughput is decode speed after each request\'s first token (tokens after the first '
             f'÷ time after the first), counted only for runs that passed. Unknown means the input did not record it.</p>'
             f'<div class="charts">{"".join(charts)}</div></section>')
+
+
+def _chart_name(item: Item, a: Attempt) -> str:
+    """A short bar label: the run's or card's own name (plus the attempt for cards)."""
+    base = item.title.split(": ", 1)[-1]
+    return f"{base} · {a.label}" if item.kind == "card" else base
 
 
 # -- attempts ------------------------------------------------------------------------------------
@@ -164,10 +179,10 @@ def attempt_block(a: Attempt) -> str:
     settings = kv_table([(k, esc(json.dumps(v, ensure_ascii=False)) if not isinstance(v, str) else esc(v))
                          for k, v in a.settings.items()]) if a.settings else '<p class="muted">No settings recorded.</p>'
     charts = "".join([
-        line_chart("TTFT per request", {"TTFT": [s.ttft_s for s in a.steps]}, "request", " s"),
-        line_chart("cache hits per request", {"prompt": [s.prompt_tokens for s in a.steps],
-                                              "cached": [s.cached_tokens for s in a.steps]}, "request", " tok"),
-        line_chart("output tokens per request", {"output": [s.completion_tokens for s in a.steps]}, "request", " tok"),
+        column_chart("TTFT per request", {"TTFT": [s.ttft_s for s in a.steps]}, "request", " s"),
+        column_chart("cache hits per request", {"prompt tokens": [s.prompt_tokens for s in a.steps],
+                                                "cached": [s.cached_tokens for s in a.steps]}, "request", " tok"),
+        column_chart("output tokens per request", {"output": [s.completion_tokens for s in a.steps]}, "request", " tok"),
     ])
     parts = [f'<div class="cols"><div>{summary}</div><div><h4>settings</h4>{settings}</div></div>']
     if charts:
@@ -213,7 +228,7 @@ def dict_rows_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         cols += [k for k in r if k not in cols and _scalar(r[k])]
     head = "".join(f"<th>{esc(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td class='n'>{num(r.get(c)) if c in r else UNKNOWN}</td>" for c in cols) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td class='n'>{measured(r.get(c)) if c in r else UNKNOWN}</td>" for c in cols) + "</tr>"
                    for r in rows)
     return f'<div class="scroll"><table class="grid"><tr>{head}</tr>{body}</table></div>'
 
@@ -223,7 +238,7 @@ def generic(data: dict[str, Any], skip: tuple[str, ...] = ("summary",)) -> str:
     as line plots, ratio/speed-up numbers as bars."""
     flat = [(k, v) for k, v in _flatten({k: v for k, v in data.items() if k not in skip})]
     scalars = [(k, v) for k, v in flat if _scalar(v)]
-    parts = [kv_table([(k, num(v, digits=3) if isinstance(v, float) else num(v)) for k, v in scalars])] if scalars else []
+    parts = [kv_table([(k, measured(v)) for k, v in scalars])] if scalars else []
     ratios = [(k, float(v)) for k, v in scalars if isinstance(v, int | float) and not isinstance(v, bool)
               and any(w in k.lower() for w in ("ratio", "speedup", "speed_up", "vs_"))]
     if ratios:

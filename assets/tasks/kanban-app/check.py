@@ -183,8 +183,9 @@ class Page:
 
     # navigation and state
     def fresh(self) -> None:
-        """The app with empty localStorage, freshly loaded."""
-        self.d.get(self.url)
+        """The app with empty localStorage, freshly loaded (one navigation once on the origin)."""
+        if not (self.d.current_url or "").startswith(self.url):
+            self.d.get(self.url)
         self.d.execute_script("try { localStorage.clear(); sessionStorage.clear(); } catch (e) {}")
         self.reload()
 
@@ -249,14 +250,13 @@ class Page:
         el.send_keys(text)
 
     def select(self, css: str, value: str, what: str, blocked: bool = False) -> None:
-        from selenium.webdriver.support.ui import Select
-
+        """Choose the option with ``value`` by clicking it, as a user does (fires ``change``)."""
         el = self.one(css, what, blocked=blocked)
-        try:
-            Select(el).select_by_value(value)
-        except Exception as e:  # noqa: BLE001 - no such option / not a <select>
-            msg = f"cannot choose {value!r} in {css} ({what}): {type(e).__name__}"
-            raise Blocked(msg) if blocked else Fail(msg) from None
+        options = el.find_elements("css selector", f'option[value="{value}"]')
+        if el.tag_name.lower() != "select" or not options:
+            msg = f"{css} ({what}) has no option with value {value!r}"
+            raise Blocked(msg) if blocked else Fail(msg)
+        options[0].click()
 
     def add_card(self, title: str, description: str = "", label: str = "", assignee: str = "",
                  blocked: bool = True) -> None:
@@ -270,7 +270,11 @@ class Page:
         if assignee:
             self.select("#new-card-assignee", assignee, "new card assignee", blocked=blocked)
         self.one("#add-card", "add card button", blocked=blocked).click()
-        if not self.until(lambda: title in self.all_titles() and len(self.all_titles()) > before):
+        def added() -> bool:
+            titles = self.all_titles()
+            return title in titles and len(titles) > before
+
+        if not self.until(added):
             msg = f"adding card {title!r} through the new-card form did not put it on the board"
             raise Blocked(msg + " (create card is broken)") if blocked else Fail(msg)
 
