@@ -6,9 +6,11 @@ passes through ``esc``; the page loads nothing from anywhere.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from app.report.inputs import Attempt, Item, Step
@@ -16,6 +18,7 @@ from app.report.svg import bar_chart, column_chart, line_chart
 
 UNKNOWN = '<span class="unknown">unknown</span>'
 TEXT_CHARS = 4000  # long texts (tool output, replies) are cut in the page; the files keep all
+SHOT_BYTES = 600_000  # larger screenshots are linked by path only
 
 
 def esc(value: Any) -> str:
@@ -141,11 +144,25 @@ def step_records(steps: list[Step]) -> str:
     return "".join(out)
 
 
+def screenshot(path: Any, status: Any) -> str:
+    """The screenshot path; for a category that did not pass, the picture too (inline, so the
+    page stays one file), folded away."""
+    if not path:
+        return "—"
+    cell = esc(path)
+    p = Path(str(path))
+    if status != "pass" and p.suffix == ".png" and p.is_file() and p.stat().st_size <= SHOT_BYTES:
+        data = base64.b64encode(p.read_bytes()).decode("ascii")
+        cell += f'<details><summary>view</summary><img class="shot" alt="screenshot" src="data:image/png;base64,{data}"></details>'
+    return cell
+
+
 def quality_table(q: dict[str, Any]) -> str:
     cats = [c for c in q.get("categories") or [] if isinstance(c, dict)]
     rows = "".join(
         f"<tr><td>{badge(c.get('status'))}</td><td>{esc(c.get('title') or c.get('name'))}</td>"
-        f"<td>{esc(c.get('evidence') or '')}</td><td class='path'>{esc(c.get('screenshot') or '—')}</td></tr>" for c in cats)
+        f"<td>{esc(c.get('evidence') or '')}</td><td class='path'>{screenshot(c.get('screenshot'), c.get('status'))}</td></tr>"
+        for c in cats)
     head = (f"<p>{num(q.get('passed'))} of {num(q.get('total'))} categories passed · {num(q.get('failed'))} failed · "
             f"{num(q.get('blocked'))} blocked · scored in {num(q.get('wall_s'), ' s')}</p>")
     return head + f'<table class="grid"><tr><th>status</th><th>category</th><th>evidence</th><th>screenshot</th></tr>{rows}</table>'
@@ -345,7 +362,7 @@ details{margin:6px 0}summary{cursor:pointer;color:var(--accent)}details.step{bor
 .charts{display:flex;flex-wrap:wrap;gap:18px;margin:10px 0}.chart{background:var(--bg);border-radius:8px;padding:4px;max-width:100%;height:auto}
 .chart .ct{font-size:12px;font-weight:600;fill:var(--fg)}.chart .cl{font-size:11px;fill:var(--muted)}.chart .cv{font-size:11px;fill:var(--fg)}
 .chart .ax{stroke:var(--line)}.chart .ref{stroke:var(--muted);stroke-dasharray:4 3}.chart .unk{fill:none;stroke:var(--muted);stroke-dasharray:3 3}
-.scroll{overflow-x:auto}button.tool{font:inherit;background:var(--panel);color:var(--fg);border:1px solid var(--line);border-radius:6px;padding:3px 10px;cursor:pointer}
+.scroll{overflow-x:auto}img.shot{max-width:640px;border:1px solid var(--line);border-radius:6px;margin-top:4px}button.tool{font:inherit;background:var(--panel);color:var(--fg);border:1px solid var(--line);border-radius:6px;padding:3px 10px;cursor:pointer}
 """
 
 JS = """

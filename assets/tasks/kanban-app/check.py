@@ -67,6 +67,10 @@ class Blocked(Exception):
     """A prerequisite for the category is missing; the category itself was not tested."""
 
 
+class NoBoard(Blocked):
+    """A freshly loaded page shows no board: every later category would be blocked the same way."""
+
+
 class Fail(AssertionError):
     """The category's behaviour is wrong; the message is the failing assertion."""
 
@@ -103,7 +107,11 @@ def launch_browser(profile_dir: str | Path):
     options.add_argument(f"--user-data-dir={profile_dir}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # An explicit driver path keeps Selenium Manager (which would download drivers) out of it.
-    return webdriver.Chrome(service=Service(executable_path=_chromedriver()), options=options)
+    driver = webdriver.Chrome(service=Service(executable_path=_chromedriver()), options=options)
+    # A hung app (an endless loop on load) costs its categories, not the whole check's timeout.
+    driver.set_page_load_timeout(20)
+    driver.set_script_timeout(10)
+    return driver
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -187,7 +195,10 @@ class Page:
         if not (self.d.current_url or "").startswith(self.url):
             self.d.get(self.url)
         self.d.execute_script("try { localStorage.clear(); sessionStorage.clear(); } catch (e) {}")
-        self.reload()
+        try:
+            self.reload()
+        except Blocked as e:
+            raise NoBoard(str(e)) from None
 
     def reload(self) -> None:
         self.collect_console()
@@ -663,12 +674,16 @@ def _score_in_browser(workspace: Path, shots: Path, driver) -> list[dict]:
             page = Page(driver, server.url + "index.html")
             page.collect_console()  # drop what an earlier workspace left in a shared driver
             page.console.clear()
-            loaded = True
+            no_board = None
             for name, _ in CATEGORIES:
                 if name == "console_errors":
                     continue
+                if no_board:  # the page never shows a board: no point loading it 16 more times
+                    results.append(_entry(name, "blocked", no_board))
+                    continue
                 results.append(_run_one(page, name, shots))
-                loaded = loaded and not results[-1]["evidence"].startswith("the board did not render")
+                no_board = results[-1].pop("no_board", None)
+            loaded = no_board is None
             page.collect_console()
             results.insert([n for n, _ in CATEGORIES].index("console_errors"), _console_entry(page, loaded))
     except Exception as e:  # noqa: BLE001 - the browser itself broke: what is left is blocked
@@ -689,9 +704,13 @@ def _run_one(page: Page, name: str, shots: Path) -> dict:
     t0 = time.monotonic()
     from selenium.common.exceptions import WebDriverException
 
+    no_board = None
     try:
         page.fresh()
         status, evidence = "pass", CHECKS[name](page)
+    except NoBoard as e:
+        status, evidence = "blocked", str(e)
+        no_board = str(e)
     except Blocked as e:
         status, evidence = "blocked", str(e)
     except Fail as e:
@@ -706,15 +725,18 @@ def _run_one(page: Page, name: str, shots: Path) -> dict:
         page.d.save_screenshot(str(shot))
     except WebDriverException:
         shot = None
-    return _entry(name, status, evidence, str(shot) if shot else None, round((time.monotonic() - t0) * 1000))
+    entry = _entry(name, status, evidence, str(shot) if shot else None, round((time.monotonic() - t0) * 1000))
+    if no_board:
+        entry["no_board"] = no_board
+    return entry
 
 
 def _console_entry(page: Page, loaded: bool) -> dict:
-    if not loaded:
-        return _entry("console_errors", "blocked", "the board never rendered, so there was no session to watch")
     if page.console:
         msgs = "; ".join(e.get("message", "")[:200] for e in page.console[:5])
         return _entry("console_errors", "fail", f"{len(page.console)} console error(s): {msgs}")
+    if not loaded:
+        return _entry("console_errors", "blocked", "the board never rendered, so there was no session to watch")
     return _entry("console_errors", "pass", "no console errors during the whole session (every category's interactions)")
 
 
