@@ -106,8 +106,13 @@ def launch_browser(profile_dir: str | Path):
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={profile_dir}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # An explicit driver path keeps Selenium Manager (which would download drivers) out of it.
-    driver = webdriver.Chrome(service=Service(executable_path=_chromedriver()), options=options)
+    # Chromium also writes under $HOME (~/.pki, ~/.cache): point that at the private profile dir
+    # so a sandbox with a read-only home works. An explicit driver path keeps Selenium Manager
+    # (which would try to download drivers) out of it.
+    home = Path(profile_dir)
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+           "XDG_CACHE_HOME": str(home / ".cache")}
+    driver = webdriver.Chrome(service=Service(executable_path=_chromedriver(), env=env), options=options)
     # A hung app (an endless loop on load) costs its categories, not the whole check's timeout.
     driver.set_page_load_timeout(20)
     driver.set_script_timeout(10)
