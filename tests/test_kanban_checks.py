@@ -164,3 +164,26 @@ def test_check_script_reports_blocked_without_quality_json(tmp_path):
     proc = subprocess.run([sys.executable, str(check.__file__), "search", "--out", str(tmp_path / "q.json")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "blocked: no readable" in proc.stdout
+
+
+def test_checks_only_works_for_any_task(tmp_path):
+    """--checks-only is not kanban-specific: the hello task's check on a hand-made workspace,
+    with the check environment (task dir, run dir, python) a task script can rely on."""
+    from agents.headless import HeadlessRun
+    from agents.tasks import load_task
+
+    task = tmp_path / "t.yaml"
+    task.write_text('prompt: "create hello.txt"\nchecks:\n'
+                    '  - name: content\n    run: test "$(cat hello.txt)" = "hello world"\n'
+                    '  - name: env\n    run: test -f "$MLXTERM_TASK_DIR/t.yaml" && test -d "$MLXTERM_RUN_DIR" '
+                    '&& "$MLXTERM_PYTHON" -c "import agents" && test "$MLXTERM_WORKSPACE" = "$PWD"\n')
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "hello.txt").write_text("hello world")
+    result = HeadlessRun(load_task(task), workspace=ws, run_dir=tmp_path / "run").checks_only()
+    assert result["status"] == "passed", result["checks"]
+    assert json.loads((tmp_path / "run" / "result.json").read_text()) == result
+    assert "quality" not in result and result["tokens"] is None
+    (ws / "hello.txt").write_text("bye")
+    result = HeadlessRun(load_task(task), workspace=ws, run_dir=tmp_path / "run").checks_only()
+    assert (result["status"], result["checks_passed"], result["checks_failed"]) == ("failed", 1, 1)
