@@ -115,6 +115,8 @@ def overview(items: list[Item]) -> str:
 
 def _chart_name(item: Item, a: Attempt) -> str:
     """A short bar label: the run's or card's own name (plus the attempt for cards)."""
+    if item.kind == "run":
+        return a.label
     base = item.title.split(": ", 1)[-1]
     return f"{base} · {a.label}" if item.kind == "card" else base
 

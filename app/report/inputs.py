@@ -166,7 +166,10 @@ def _run(result: dict[str, Any], path: Path | None) -> Item:
                 hashes[f"screenshots/{Path(shot).name}"] = sha256_file(Path(shot)) or "unreadable"
     attempt = _run_attempt(result, records, quality)
     attempt.hashes = hashes
-    title = f"task run: {result.get('name') or 'task'}"
+    if run_dir:  # runs of one task differ by their run directory (the run id)
+        attempt.label = run_dir.name
+    who = result.get("profile") or ("checks only" if result.get("checks_only") else None)
+    title = f"task run: {result.get('name') or 'task'}" + (f" · {who}" if who else "")
     return Item("run", title, str(path) if path else None, result, [attempt], hashes)
 
 

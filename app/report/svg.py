@@ -88,7 +88,7 @@ def line_chart(title: str, series: dict[str, list[float | None]], x_label: str =
             out.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>')
             out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}"/>' for x, y in seg]
         if len(series) > 1:
-            out.append(f'<text x="{left + 110 * k}" y="{top - 10}" class="cl" fill="{color}">■ {escape(name)}</text>')
+            out.append(f'<text x="{left + 110 * k}" y="{top - 10}" class="cl" style="fill:{color}">■ {escape(name)}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -113,7 +113,7 @@ def column_chart(title: str, series: dict[str, list[float | None]], x_label: str
            f'<text x="{left - 4}" y="{top + ph}" text-anchor="end" class="cl">0</text>',
            f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle" class="cl">{escape(x_label)} 1–{n}</text>']
     if k > 1:
-        out += [f'<text x="{left + 120 * j}" y="{top - 10}" class="cl" fill="{PALETTE[j % len(PALETTE)]}">■ {escape(name)}</text>'
+        out += [f'<text x="{left + 120 * j}" y="{top - 10}" class="cl" style="fill:{PALETTE[j % len(PALETTE)]}">■ {escape(name)}</text>'
                 for j, name in enumerate(series)]
     for j, vals in enumerate(series.values()):
         color = PALETTE[j % len(PALETTE)]
