@@ -157,6 +157,12 @@ def test_checks_only_cli_scores_a_workspace(tmp_path):
     assert (run_dir / "quality.json").is_file() and (run_dir / "screenshots").is_dir()
     assert not (ws / "quality.json").exists()  # evidence goes to the run dir, not the workspace
     assert not (run_dir / "transcript.jsonl").exists()
+    # the report of this run: 18 categories, the failed one's screenshot inline, hashes of each
+    from app.report import build_report
+
+    page = build_report([run_dir / "result.json"])
+    assert page.count('<span class="badge ok">pass</span>') == 17 and page.count("data:image/png;base64,") == 1
+    assert "screenshots/open_with_keyboard.png" in page and "task run: kanban-app · checks only" in page
 
 
 def test_checks_only_needs_a_workspace(tmp_path):
