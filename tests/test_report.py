@@ -85,7 +85,9 @@ BENCH_SPEECH = {"model": "whisper-tiny.en", "beam_size": 1, "load_s": 0.65, "mac
                 "stream": {"repeats": 3}, "summary": "s"}
 BENCH_SPEC = {"bench": "spec", "profile": "p", "draft": "d", "acceptance_rate": 0.61, "speedup_vs_plain": 1.42,
               "tokens_per_step": [1.0, 2.5, 3.25, 2.0], "rows": [{"k": 2, "tps": 9.1}, {"k": 4, "tps": 10.4}],
-              "note": "<script>bad()</script>"}
+              "note": "<script>bad()</script>",
+              "scenarios": {"copy_edit": {"plain_tps": 1.5, "spec_tps": 4.15, "speedup": 2.77, "runs_tps": [4.0, 4.3]},
+                            "free_form": {"plain_tps": 2.0, "spec_tps": None, "speedup": None, "runs_tps": [2.1, 2.0]}}}
 
 
 def scripts_in(page: str) -> list[str]:
@@ -136,6 +138,11 @@ def test_bench_kinds_known_and_generic():
                  "tokens_per_step", "speedup_vs_plain", "&lt;script&gt;bad()&lt;/script&gt;"):
         assert text.lower() in page.lower(), text
     assert page.count("<svg") >= 8
+    # a mapping of named rows is one table, with bars for its ratio and tok/s columns
+    assert "<td class='n'>copy_edit</td>" in page and "scenarios: speedup" in page and "scenarios: spec_tps" in page
+    table = page.split("<td class='n'>free_form</td>")[1].split("</tr>")[0]
+    assert table.count('class="unknown"') == 2  # spec_tps and speedup of free_form are unknown
+    assert "scenarios: nested fields and series per row" in page
 
 
 def test_cli_writes_one_standalone_file_and_names_bad_inputs(tmp_path, task_run):

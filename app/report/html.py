@@ -231,17 +231,6 @@ def _scalar(v: Any) -> bool:
     return v is None or isinstance(v, str | int | float | bool)
 
 
-def _flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out = []
-    for k, v in data.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out += _flatten(v, key + ".")
-        else:
-            out.append((key, v))
-    return out
-
-
 def dict_rows_table(rows: list[dict[str, Any]]) -> str:
     cols: list[str] = []
     for r in rows:
@@ -252,30 +241,67 @@ def dict_rows_table(rows: list[dict[str, Any]]) -> str:
     return f'<div class="scroll"><table class="grid"><tr>{head}</tr>{body}</table></div>'
 
 
-def generic(data: dict[str, Any], skip: tuple[str, ...] = ("summary",)) -> str:
-    """Any JSON object: scalars as a key/value table, lists of objects as tables, numeric lists
-    as line plots, ratio/speed-up numbers as bars."""
-    flat = [(k, v) for k, v in _flatten({k: v for k, v in data.items() if k not in skip})]
-    scalars = [(k, v) for k, v in flat if _scalar(v)]
+RATIO_WORDS = ("ratio", "speedup", "speed_up", "vs_")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_table(v: Any) -> bool:
+    """A mapping of named rows (``{"scenario": {"tps": ..}, ...}``): shown as one table."""
+    return (isinstance(v, dict) and bool(v) and all(isinstance(x, dict) for x in v.values())
+            and all(any(_scalar(y) for y in x.values()) for x in v.values()))
+
+
+def _row_charts(title: str, rows: list[dict[str, Any]], label_key: str) -> str:
+    """Bars for ratio-like and throughput columns of a table, one chart per column (at most 4)."""
+    cols = [c for c in rows[0] if c != label_key and any(_number(r.get(c)) for r in rows)
+            and (any(w in c.lower() for w in RATIO_WORDS) or c.lower().endswith("_tps"))]
+    charts = []
+    for c in cols[:4]:
+        ratio = any(w in c.lower() for w in RATIO_WORDS)
+        charts.append(bar_chart(f"{title}: {c}", [(str(r.get(label_key)), r.get(c) if _number(r.get(c)) else None) for r in rows],
+                                "x" if ratio else "", reference=1.0 if ratio else None))
+    return f'<div class="charts">{"".join(charts)}</div>' if charts else ""
+
+
+def generic(data: dict[str, Any], skip: tuple[str, ...] = ("summary",), prefix: str = "") -> str:
+    """Any JSON object: scalars as a key/value table (ratio-like ones also as bars), mappings of
+    named rows and lists of objects as tables (with bars for ratio and tok/s columns), numeric
+    lists as line plots, other nested objects section by section."""
+    items = [(k, v) for k, v in data.items() if k not in skip]
+    scalars = [(f"{prefix}{k}", v) for k, v in items if _scalar(v)]
     parts = [kv_table([(k, measured(v)) for k, v in scalars])] if scalars else []
-    ratios = [(k, float(v)) for k, v in scalars if isinstance(v, int | float) and not isinstance(v, bool)
-              and any(w in k.lower() for w in ("ratio", "speedup", "speed_up", "vs_"))]
+    ratios = [(k, float(v)) for k, v in scalars if _number(v) and any(w in k.lower() for w in RATIO_WORDS)]
     if ratios:
         parts.append(bar_chart("ratios", ratios, "x", reference=1.0))
-    for k, v in flat:
-        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-            parts.append(f"<h4>{esc(k)}</h4>" + dict_rows_table(v))
-            numeric = {c: [r.get(c) if isinstance(r.get(c), int | float) and not isinstance(r.get(c), bool) else None for r in v]
-                       for c in v[0] if isinstance(v[0].get(c), int | float) and not isinstance(v[0].get(c), bool)}
+    for k, v in items:
+        key = f"{prefix}{k}"
+        if _scalar(v):
+            continue
+        if _is_table(v):
+            rows = [{"name": name, **{c: x for c, x in row.items() if _scalar(x)}} for name, row in v.items()]
+            parts.append(f"<h4>{esc(key)}</h4>" + dict_rows_table(rows) + _row_charts(key, rows, "name"))
+            # what the table cannot show (nested objects, per-run series), folded per row
+            rest = "".join(generic({c: x for c, x in row.items() if not _scalar(x)}, skip=(), prefix=f"{key}.{name}.")
+                           for name, row in v.items() if any(not _scalar(x) for x in row.values()))
+            if rest:
+                parts.append(f"<details><summary>{esc(key)}: nested fields and series per row</summary>{rest}</details>")
+        elif isinstance(v, dict):
+            parts.append(generic(v, skip=(), prefix=key + "."))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            parts.append(f"<h4>{esc(key)}</h4>" + dict_rows_table(v))
+            numeric = {c: [r.get(c) if _number(r.get(c)) else None for r in v] for c in v[0] if _number(v[0].get(c))}
             if len(v) > 1 and numeric:
-                parts.append(line_chart(f"{k} by row", dict(list(numeric.items())[:6]), "row"))
-        elif isinstance(v, list) and len(v) > 1 and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
-            parts.append(line_chart(k, {k: [float(x) for x in v]}, "index"))
-        elif isinstance(v, list) and v and not _scalar(v):
-            parts.append(f"<h4>{esc(k)}</h4>" + text_block(v))
+                parts.append(line_chart(f"{key} by row", dict(list(numeric.items())[:6]), "row"))
+        elif isinstance(v, list) and len(v) > 1 and all(_number(x) for x in v):
+            parts.append(line_chart(key, {k: [float(x) for x in v]}, "index"))
+        elif isinstance(v, list) and v and not all(_scalar(x) for x in v):
+            parts.append(f"<h4>{esc(key)}</h4>" + text_block(v))
         elif isinstance(v, list):
-            parts.append(kv_table([(k, esc(", ".join(map(str, v))) if v else '<span class="muted">(empty)</span>')]))
-    if isinstance(data.get("summary"), str):
+            parts.append(kv_table([(key, esc(", ".join(map(str, v))) if v else '<span class="muted">(empty)</span>')]))
+    if not prefix and isinstance(data.get("summary"), str):
         parts.append("<details><summary>summary text</summary>" + text_block(data["summary"]) + "</details>")
     return "".join(parts)
 
