@@ -663,7 +663,8 @@ def score(workspace: str | Path, out: str | Path, *, driver=None) -> dict[str, A
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, out)  # atomic: a reader never sees half a report
+    # Atomic by hand (not engine.atomic): this script must run on a bare python3 with selenium.
+    os.replace(tmp, out)
     return report
 
 
