@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from engine.atomic import atomic_write_text
 from engine.errors import MlxtermError
 from engine.sessions import SessionStore
 
+from agents.checks import run_check
 from agents.events import (
     AgentDone,
     AgentEvent,
@@ -35,8 +35,6 @@ from agents.events import (
 from agents.session import AgentLimits, AgentOptions, AgentSession
 from agents.tasks import Check, TaskSpec
 from agents.transcript import Transcript
-
-CHECK_OUTPUT_CHARS = 4000
 
 
 def new_run_id() -> str:
@@ -105,12 +103,16 @@ class HeadlessRun:
         task = self.task
         options = AgentOptions(system_prompt=task.system, examples=task.examples, allow=self.allow,
                                interactive=False, temperature=task.temperature, seed=task.seed,
-                               max_tokens_per_step=task.max_tokens)
+                               max_tokens_per_step=task.max_tokens, network=task.network)
         self.agent = AgentSession.create(engine, store, self.workspace, title=f"run: {task.name}", options=options,
                                          transcript=transcript,
                                          meta={"task": str(task.path), "run_dir": str(self.run_dir)})
         if self._cancelled.is_set():
             self.agent.cancel()
+        if self.agent.sandbox_notice or not self.agent.sandbox.active:
+            what = ("bash and the checks run unsandboxed" if "bash" in self.allow
+                    else "the checks run unsandboxed and bash is denied")
+            transcript.write("warning", 0, message=f"{what}: {self.agent.sandbox.status.describe()}")
         ignored = self.agent.policy.ignored_allows()
         if ignored:
             transcript.write("warning", 0, message=f"--allow has no effect on tools the profile denies: {', '.join(ignored)}")
@@ -125,19 +127,8 @@ class HeadlessRun:
         return done
 
     def _check(self, check: Check, transcript: Transcript) -> dict[str, Any]:
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(["bash", "-c", check.run], cwd=self.workspace, capture_output=True,
-                                  timeout=check.timeout_s, stdin=subprocess.DEVNULL)
-            code: int | None = proc.returncode
-            output = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
-            passed = code == 0
-        except subprocess.TimeoutExpired as e:
-            code, passed = None, False
-            output = ((e.stdout or b"") + (e.stderr or b"")).decode("utf-8", errors="replace")
-            output += f"\n[check timed out after {check.timeout_s:g} s]"
-        record = {"name": check.name, "run": check.run, "passed": passed, "exit_code": code,
-                  "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000)}
+        assert self.agent is not None
+        record = run_check(check, self.workspace, self.agent.sandbox)
         transcript.write("check", 0, **record)
         return record
 
@@ -165,6 +156,7 @@ class HeadlessRun:
             "error": done.error,
             "final_text": done.final_text,
             "checks": checks,
+            "sandbox": self.agent.describe()["sandbox"],
             "checks_passed": sum(1 for c in checks if c["passed"]),
             "checks_failed": sum(1 for c in checks if not c["passed"]),
             "steps": done.step,

@@ -29,6 +29,7 @@ from engine.serving.events import TextDelta as EngineTextDelta
 from engine.sessions import Message, SessionStore
 
 from agents import compaction
+from agents.checks import agent_sandbox
 from agents.constrained import TokenTable, ToolCallConstraint, ToolCallMasks, table_width
 from agents.events import (
     AgentDone,
@@ -60,11 +61,12 @@ from agents.protocol import (
 )
 from agents.transcript import Transcript
 from tools import ToolRegistry, ToolResult, default_registry
+from tools.sandbox import warn_once
 
 log = logging.getLogger(__name__)
 MIN_STEP_TOKENS = 32  # below this a step cannot say anything useful: stop with "context"
 _DATA_KEYS = ("path", "exit_code", "timed_out", "cancelled", "created", "bytes_written", "replacements",
-              "lines_added", "lines_removed", "content_truncated", "denied", "malformed")
+              "lines_added", "lines_removed", "content_truncated", "denied", "malformed", "sandboxed")
 
 
 class AgentError(MlxtermError):
@@ -94,6 +96,7 @@ class AgentOptions:
     temperature: float | None = None
     seed: int | None = None  # step n samples with seed + n
     max_tokens_per_step: int | None = None
+    network: bool = False  # bash (and task checks) may reach the network from the sandbox
 
 
 @dataclass
@@ -151,8 +154,14 @@ class AgentSession:
         self.transcript = transcript or Transcript(None)
         agent_cfg = engine.profile.agent
         names = self.options.tools or agent_cfg.tools
-        base = default_registry(workspace)
+        self.sandbox = agent_sandbox(network=self.options.network)
+        base = default_registry(workspace, sandbox=self.sandbox)
         self.registry = ToolRegistry(base.workspace, [base.get(n) for n in names if base.get(n)])
+        unconfined = () if self.sandbox.active else ("bash",)
+        # Said once per process (the TUI shows it; logs and transcripts keep it).
+        self.sandbox_notice = warn_once(self.sandbox.status) if "bash" in self.registry.names() else None
+        if self.sandbox_notice:
+            log.warning("%s", self.sandbox_notice)
         self.schemas = self.registry.schemas()
         self.tool_params = tool_map(self.schemas)
         self.native_tools = template_renders_tools(engine.render)
@@ -161,7 +170,8 @@ class AgentSession:
                             else self.options.constrained) and bool(self.schemas)
         self.masks = shared_masks(engine, self.schemas) if self.constrained else None
         self.policy = ApprovalPolicy(self.options.approvals or agent_cfg.approval,
-                                     allow=self.options.allow, interactive=self.options.interactive)
+                                     allow=self.options.allow, interactive=self.options.interactive,
+                                     unsandboxed=unconfined)
         self._cancel = threading.Event()
         self._stop_reason: str | None = None
         self._handle = None
@@ -212,6 +222,8 @@ class AgentSession:
             "tools": self.registry.names(),
             "constrained": self.constrained,
             "approval": {n: self.policy.decide(n) for n in self.registry.names()},
+            "sandbox": {"backend": self.sandbox.status.backend, "active": self.sandbox.active,
+                        "network": self.sandbox.policy.network, "detail": self.sandbox.status.describe()},
         }
 
     # -- control ------------------------------------------------------------------------------

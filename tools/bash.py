@@ -7,6 +7,7 @@ head+tail buffers, so a command printing gigabytes costs a few tens of KB of mem
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import shutil
@@ -15,9 +16,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tools.base import Tool, ToolResult, Workspace
+from tools.sandbox import Sandbox
 from tools.textio import HeadTail, strip_ansi
 
 STREAM_CAP = 16 * 1024  # bytes kept per stream (head + tail)
@@ -56,22 +59,36 @@ def scrub_env(env: Mapping[str, str], home: str) -> dict[str, str]:
 
 def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> ToolResult:
     timeout = args["timeout_s"]
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [shutil.which("bash") or "/bin/bash", "-c", args["command"]],
-        cwd=ws.root,
-        env=scrub_env(os.environ, str(ws.root)),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # own process group: killpg reaches every child
-    )
-    out, err = HeadTail(STREAM_CAP), HeadTail(STREAM_CAP)
-    outcome = _pump(proc, {proc.stdout: out, proc.stderr: err}, started + timeout, cancel)
-    duration_ms = round((time.monotonic() - started) * 1000)
+    data = execute(args["command"], ws.root, timeout, cancel, ws.sandbox)
+    content = _render(data, timeout)
+    if data["timed_out"] or data["cancelled"]:
+        return ToolResult(ok=False, content=content, data=data, error=content.splitlines()[0])
+    return ToolResult.success(content, **data)
 
+
+def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | None = None,
+            sandbox: Sandbox | None = None) -> dict[str, Any]:
+    """Run ``bash -c command`` in ``cwd`` (confined by ``sandbox`` when it is active); the
+    result fields the bash tool reports. Task acceptance checks use it too."""
+    started = time.monotonic()
+    sandbox = sandbox if sandbox is not None and sandbox.active else None
+    env = scrub_env(os.environ, str(cwd))
+    with (sandbox.launch(command, cwd, env) if sandbox else _plain(command)) as (argv, preexec):
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: killpg reaches every child
+            preexec_fn=preexec,
+        )
+        out, err = HeadTail(STREAM_CAP), HeadTail(STREAM_CAP)
+        outcome = _pump(proc, {proc.stdout: out, proc.stderr: err}, started + timeout, cancel)
+    duration_ms = round((time.monotonic() - started) * 1000)
     exit_code = proc.returncode
-    data: dict[str, Any] = {
+    return {
         "exit_code": exit_code,
         "timed_out": outcome == "timeout",
         "cancelled": outcome == "cancelled",
@@ -83,11 +100,14 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
         "stderr_bytes": err.total,
         "stdout_truncated": out.truncated,
         "stderr_truncated": err.truncated,
+        "sandboxed": sandbox is not None,
+        "sandbox": sandbox.status.backend if sandbox else "none",
     }
-    content = _render(data, timeout)
-    if outcome in ("timeout", "cancelled"):
-        return ToolResult(ok=False, content=content, data=data, error=content.splitlines()[0])
-    return ToolResult.success(content, **data)
+
+
+@contextlib.contextmanager
+def _plain(command: str):
+    yield [shutil.which("bash") or "/bin/bash", "-c", command], None
 
 
 def _pump(proc: subprocess.Popen, sinks: dict, deadline: float, cancel: threading.Event | None) -> str:
