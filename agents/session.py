@@ -27,6 +27,7 @@ from engine.runtime import GenerationRequest
 from engine.serving.events import Done
 from engine.serving.events import TextDelta as EngineTextDelta
 from engine.sessions import Message, SessionStore
+from engine.sessions.partial import PartialReply, recover_interrupted
 
 from agents import compaction
 from agents.checks import agent_sandbox
@@ -389,12 +390,14 @@ class AgentSession:
             self._handle = handle = self.engine.submit(request)
             if self._cancel.is_set():
                 handle.cancel()
+        partial = PartialReply(self.store, self.session_id, handle, meta={"step": step})
         done: Done | None = None
         try:
             for ev in handle:
                 if isinstance(ev, EngineTextDelta):
                     for pe in parser.feed(ev.text):
                         yield _event(step, pe)
+                    partial.update(parser.visible_text)  # a kill keeps the step's reply so far
                 elif isinstance(ev, Done):
                     done = ev
             for pe in parser.finish():
@@ -402,14 +405,17 @@ class AgentSession:
         finally:
             with self._lock:
                 self._handle = None
+            if done is None:
+                partial.close()
         assert done is not None
-        self._record_reply(step, done, parser, constraint, mask_ms0)
+        self._record_reply(step, done, parser, constraint, mask_ms0, partial)
         yield StepDone(step, done.finish_reason, done.usage.prompt_tokens, done.usage.cached_tokens,
                        done.usage.completion_tokens, done.timings.decode_tps, done.timings.ttft_ms,
                        done.cache_source, parser.visible_text.strip())
         return done, parser
 
-    def _record_reply(self, step: int, done: Done, parser: ToolCallParser, constraint, mask_ms0: float) -> None:
+    def _record_reply(self, step: int, done: Done, parser: ToolCallParser, constraint, mask_ms0: float,
+                      partial: PartialReply) -> None:
         tok = self.engine.tokenizer
         ids = list(done.completion_token_ids)
         body = ids[:-1] if ids and ids[-1] in tok.eos_ids else ids
@@ -436,8 +442,7 @@ class AgentSession:
             meta["constraint"] = cinfo
         if done.error:
             meta["error"] = done.error
-        msg = self.store.add_message(self.session_id, "assistant", parser.visible_text.strip(),
-                                     tool_calls=calls or None, token_ids=ids, meta=meta)
+        msg = partial.finish(parser.visible_text.strip(), tool_calls=calls or None, token_ids=ids, meta=meta)
         self.transcript.message(msg, step)
 
     # -- tools --------------------------------------------------------------------------------
@@ -509,7 +514,9 @@ class AgentSession:
     def _close_interrupted_turn(self) -> None:
         """A run stopped after tool results (or a crash after the user message) leaves the
         context ending in a generation prompt; close that turn with an empty assistant reply
-        so the next user message follows a complete turn."""
+        so the next user message follows a complete turn. A reply left streaming by a killed
+        process is marked interrupted and kept (its exact tokens stay in the context)."""
+        recover_interrupted(self.store, self.session_id)
         last = self.store.messages(self.session_id, tokens=False)[-1:]
         if last and last[0].role in ("user", "tool"):
             self._append([{"role": "assistant", "content": ""}], generation_prompt=False,
