@@ -279,7 +279,8 @@ def test_mlxterm_sandbox_off_and_missing_bwrap_are_reported(monkeypatch):
 
 # -- generated arguments and profiles --------------------------------------------------------
 
-def test_bwrap_arguments_hide_before_binding_the_workspace(tmp_path):
+def test_bwrap_arguments_hide_before_binding_the_workspace(tmp_path, monkeypatch):
+    monkeypatch.setattr(sb, "PRIVATE_TMP", "/private-tmp")  # tmp_path lies under the real one
     home = tmp_path / "home"
     ws = home / "proj" / "ws"
     data = ws / ".mlxterm"  # a hidden path inside the workspace is hidden after its bind
@@ -297,9 +298,11 @@ def test_bwrap_arguments_hide_before_binding_the_workspace(tmp_path):
     assert "--share-net" in bwrap_args(SandboxPolicy(network=True), ws, str(home))
 
 
-def test_bwrap_arguments_hide_the_directory_beside_the_workspace_but_never_a_system_dir(tmp_path):
+def test_bwrap_arguments_hide_the_directory_beside_the_workspace_but_never_a_system_dir(tmp_path, monkeypatch):
     ws = tmp_path / "a" / "ws"
     ws.mkdir(parents=True)
+    assert f"--tmpfs {tmp_path / 'a'}" not in " ".join(bwrap_args(SandboxPolicy(), ws))  # /tmp is private
+    monkeypatch.setattr(sb, "PRIVATE_TMP", "/private-tmp")
     assert f"--tmpfs {tmp_path / 'a'}" in " ".join(bwrap_args(SandboxPolicy(), ws))
     assert "--tmpfs /usr " not in " ".join(bwrap_args(SandboxPolicy(), Path("/usr/lib")))
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import secrets
 import shutil
 import subprocess
@@ -42,6 +41,7 @@ HIDDEN_PATHS = ("/home", "/root", "/run", "/var/run", "/mnt", "/media", "/var/tm
 # Never hidden as "the directory beside the workspace": the system would stop working.
 SYSTEM_DIRS = ("/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt", "/var", "/srv",
                "/nix", "/proc", "/dev", "/sys", "/boot", "/snap")
+PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
 PIDS_CGROUP_ROOTS = ("/sys/fs/cgroup/pids",)  # cgroup v1 pids hierarchy (root-only path)
 
 
@@ -150,13 +150,13 @@ def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None) 
     """
     ws = os.path.realpath(workspace)
     args = [*_namespace_args(policy.network), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--size", str(policy.limits.tmp_bytes), "--tmpfs", "/tmp"]
+            "--size", str(policy.limits.tmp_bytes), "--tmpfs", PRIVATE_TMP]
     parent = [os.path.dirname(ws)] if policy.hide_siblings and os.path.dirname(ws) not in SYSTEM_DIRS else []
     hidden = _existing([*HIDDEN_PATHS, *([home] if home else []), *policy.hide, *parent])
     inside = [h for h in hidden if _within(h, ws)]
     for h in hidden:
-        if h in inside or any(_within(h, o) and o != h for o in hidden):
-            continue  # covered by a hiding parent, or hidden after the workspace bind
+        if h in inside or _within(h, PRIVATE_TMP) or any(_within(h, o) and o != h for o in hidden):
+            continue  # covered by the private /tmp or a hiding parent, or hidden after the bind
         args += _hide(h)
     for p in _existing(policy.read_only):
         if not _within(p, ws):
@@ -266,32 +266,33 @@ class Sandbox:
         home = os.path.expanduser("~")  # this process's home (the command's HOME is the workspace)
         cgroup = _PidsCgroup.create(limits.processes) if self.status.process_limit == "cgroup" else None
         try:
+            inner = limits_wrapper(limits, processes=self.status.backend == "bwrap")
             if self.status.backend == "seatbelt":
                 tmpdir = os.path.realpath(env.get("TMPDIR") or "/tmp")
                 profile = seatbelt_profile(self.policy, workspace, home, tmpdir)
-                argv = ["sandbox-exec", "-p", profile, bash, "-c", command]
+                argv = ["sandbox-exec", "-p", profile, bash, "-c", inner, bash, command]
             else:
-                # ulimit -u runs inside the new user namespace, where it counts the sandbox's
-                # processes only (set outside, it would count every process of the user).
-                inner = f'ulimit -u {limits.processes} 2>/dev/null; exec "$0" -c "$1"'
                 argv = [shutil.which("bwrap") or "bwrap", *bwrap_args(self.policy, workspace, home),
                         "--", bash, "-c", inner, bash, command]
-            yield argv, _preexec(limits, cgroup)
+            yield argv, (cgroup.join if cgroup is not None else None)
         finally:
             if cgroup is not None:
                 cgroup.remove()
 
 
-def _preexec(limits: Limits, cgroup: _PidsCgroup | None) -> Callable[[], None]:
-    def apply() -> None:  # in the child between fork and exec: no locks, no allocation-heavy work
-        if cgroup is not None:
-            cgroup.join()
-        for res, value in ((resource.RLIMIT_CPU, limits.cpu_s), (resource.RLIMIT_DATA, limits.data_bytes),
-                           (resource.RLIMIT_FSIZE, limits.file_bytes)):
-            soft, hard = resource.getrlimit(res)
-            cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(res, (cap, cap))
-    return apply
+def limits_wrapper(limits: Limits, processes: bool = True) -> str:
+    """A ``bash -c`` script that sets the limits, then runs ``$1`` with bash.
+
+    Set inside the sandbox rather than in a ``preexec_fn``: with one, Python has to fork its
+    whole (large) process instead of spawning, which costs more per call than the sandbox.
+    ``ulimit -u`` inside the new user namespace counts the sandbox's processes only (outside
+    it would count every process of the user; Seatbelt has no such namespace, so not there).
+    Each limit is set on its own: a lower hard limit already in force simply stays.
+    """
+    settings = [("-t", limits.cpu_s), ("-d", limits.data_bytes // 1024), ("-f", limits.file_bytes // 1024)]
+    if processes:
+        settings.append(("-u", limits.processes))
+    return "".join(f"ulimit {flag} {value} 2>/dev/null; " for flag, value in settings) + 'exec "$0" -c "$1"'
 
 
 def _pids_cgroup_root() -> str | None:
