@@ -253,15 +253,42 @@ def test_unwritable_ssd_dir_goes_ram_only_with_one_warning(llama, tmp_path, capl
     assert not report.durable and report.ssd_disabled_reason
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_read_only_ssd_dir_goes_ram_only(llama, tmp_path, caplog):
+@pytest.mark.parametrize("where,err", [
+    ("mkdir", errno.EACCES),  # a directory the user may not write (what chmod 0500 gives a non-root user)
+    ("probe", errno.EROFS),  # a read-only filesystem: the directory exists, writing fails
+])
+def test_unwritable_ssd_dir_goes_ram_only(llama, tmp_path, caplog, monkeypatch, where, err):
+    # The failure is injected rather than made with chmod: root ignores directory permissions,
+    # so a chmod test would pass vacuously (or be skipped) exactly where CI runs as root.
     d, model = llama
     ssd = tmp_path / "ssd"
-    ssd.mkdir(mode=0o500)
+    real_mkdir, real_write = Path.mkdir, Path.write_bytes
+
+    def mkdir(self, *a, **kw):
+        if where == "mkdir" and ssd in (self, *self.parents):
+            raise PermissionError(err, os.strerror(err), str(self))
+        return real_mkdir(self, *a, **kw)
+
+    def write_bytes(self, data):
+        if where == "probe" and ssd in self.parents:
+            raise OSError(err, os.strerror(err), str(self))
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         store = make_store(d, model, ssd)
-    assert len(_warnings(caplog)) == 1 and store.stats()["ssd_disabled_reason"]
-    store.close()
+        reason = store.stats()["ssd_disabled_reason"]
+        assert reason and os.strerror(err) in reason
+        # RAM-only still serves the checkpoint, and later writes do not warn again
+        ids = tokens(40)
+        store.release(ids, prefilled(model, ids), "s")
+        store.flush()
+        assert store.acquire(ids + [7], "s").cached_tokens == len(ids)
+    assert len(_warnings(caplog)) == 1
+    assert not any(p.is_file() for p in tmp_path.rglob("*") if ssd in p.parents)
+    report = store.close()
+    assert not report.durable and report.ssd_disabled_reason == reason
 
 
 def test_disk_full_while_writing_goes_ram_only_with_one_warning(llama, tmp_path, caplog, monkeypatch):
