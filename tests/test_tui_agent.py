@@ -232,7 +232,7 @@ async def test_escape_cancels_running_tool_and_streaming_text():
         t0 = time.monotonic()
         await pilot.press("escape")
         await idle(pilot, timeout=5)
-        assert time.monotonic() - t0 < 5  # the sleep was killed, not waited for
+        assert time.monotonic() - t0 < 25  # the 30-s sleep was killed, not waited for (generous: loaded CI)
         (card,) = cards(app)
         assert card.state == "cancelled" and "cancelled" in str(card.title)
         assert any(n.startswith("Cancelled after 1 step") for n in notices(app))
