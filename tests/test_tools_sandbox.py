@@ -295,7 +295,11 @@ def test_bwrap_arguments_hide_before_binding_the_workspace(tmp_path, monkeypatch
     order = [args.index(x) for x in (str(home), str(venv), "--bind", str(data))]
     assert order == sorted(order), args
     assert args[args.index("--bind") + 1] == str(ws) and args[args.index("--chdir") + 1] == str(ws)
-    assert "--share-net" in bwrap_args(SandboxPolicy(network=True), ws, str(home))
+    networked = bwrap_args(SandboxPolicy(network=True), ws, str(home))
+    resolv = os.path.realpath("/etc/resolv.conf")
+    assert "--share-net" in networked
+    if os.path.exists(resolv):  # name resolution keeps working where resolv.conf links into /run
+        assert networked[networked.index(resolv) - 1] == "--ro-bind"
 
 
 def test_bwrap_arguments_hide_the_directory_beside_the_workspace_but_never_a_system_dir(tmp_path, monkeypatch):

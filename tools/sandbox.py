@@ -158,7 +158,10 @@ def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None) 
         if h in inside or _within(h, PRIVATE_TMP) or any(_within(h, o) and o != h for o in hidden):
             continue  # covered by the private /tmp or a hiding parent, or hidden after the bind
         args += _hide(h)
-    for p in _existing(policy.read_only):
+    # With the network on, name resolution must keep working: /etc/resolv.conf is often a
+    # link into /run (systemd-resolved), which is hidden.
+    shown = [*policy.read_only, *(["/etc/resolv.conf"] if policy.network else [])]
+    for p in _existing(shown):
         if not _within(p, ws):
             args += ["--ro-bind", p, p]
     args += ["--bind", ws, ws]
