@@ -334,7 +334,7 @@ class _PidsCgroup:
 
     def remove(self) -> None:
         """Kill anything left in the group, then remove it (empty once all are reaped)."""
-        for _ in range(100):
+        for attempt in range(120):  # about 2 s at most
             try:
                 with open(os.path.join(self.path, "cgroup.procs")) as f:
                     pids = [int(x) for x in f.read().split()]
@@ -345,5 +345,5 @@ class _PidsCgroup:
                 return
             except FileNotFoundError:
                 return
-            except OSError:
-                time.sleep(0.02)
+            except OSError:  # still emptying: the last processes are being reaped
+                time.sleep(min(0.02, 0.0005 * 2 ** attempt))
