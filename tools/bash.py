@@ -7,10 +7,8 @@ head+tail buffers, so a command printing gigabytes costs a few tens of KB of mem
 
 from __future__ import annotations
 
-import contextlib
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import threading
@@ -20,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.base import Tool, ToolResult, Workspace
-from tools.sandbox import Sandbox
+from tools.sandbox import Sandbox, SandboxStatus
 from tools.textio import HeadTail, strip_ansi
 
 STREAM_CAP = 16 * 1024  # bytes kept per stream (head + tail)
@@ -30,6 +28,7 @@ TERM_GRACE_S = 1.0  # SIGTERM -> SIGKILL
 PIPE_GRACE_S = 0.5  # after the shell exits, how long background children may keep its pipes
 _POLL_S = 0.05
 
+UNCONFINED = SandboxStatus("none", "no sandbox was asked for")
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
 _SECRET_PREFIXES = (
     "AWS_", "GITHUB_", "GH_", "GITLAB_", "OPENAI_", "ANTHROPIC_", "HF_", "HUGGING", "AZURE_",
@@ -71,9 +70,9 @@ def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | N
     """Run ``bash -c command`` in ``cwd`` (confined by ``sandbox`` when it is active); the
     result fields the bash tool reports. Task acceptance checks use it too."""
     started = time.monotonic()
-    sandbox = sandbox if sandbox is not None and sandbox.active else None
+    sandbox = sandbox if sandbox is not None else Sandbox(status=UNCONFINED)
     env = scrub_env(os.environ, str(cwd))
-    with (sandbox.launch(command, cwd, env) if sandbox else _plain(command)) as (argv, preexec):
+    with sandbox.launch(command, cwd, env) as (argv, preexec):
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
@@ -100,14 +99,9 @@ def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | N
         "stderr_bytes": err.total,
         "stdout_truncated": out.truncated,
         "stderr_truncated": err.truncated,
-        "sandboxed": sandbox is not None,
-        "sandbox": sandbox.status.backend if sandbox else "none",
+        "sandboxed": sandbox.active,
+        "sandbox": sandbox.status.backend,
     }
-
-
-@contextlib.contextmanager
-def _plain(command: str):
-    yield [shutil.which("bash") or "/bin/bash", "-c", command], None
 
 
 def _pump(proc: subprocess.Popen, sinks: dict, deadline: float, cancel: threading.Event | None) -> str:

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Paths always hidden (when present): other users' homes, root's home, runtime sockets,
@@ -255,12 +255,10 @@ class Sandbox:
         assert self.status is not None
         return self.status.available
 
-    def with_network(self, network: bool) -> Sandbox:
-        return Sandbox(replace(self.policy, network=network), self.status)
-
     @contextlib.contextmanager
     def launch(self, command: str, workspace: Path, env: dict[str, str]) -> Iterator[tuple[list[str], Callable[[], None] | None]]:
-        """``(argv, preexec_fn)`` to start ``bash -c command`` confined; cleans up after."""
+        """``(argv, preexec_fn)`` to start ``bash -c command`` confined (plain ``bash -c``
+        where no sandbox is available); cleans up after."""
         bash = shutil.which("bash") or "/bin/bash"
         if not self.active:
             yield [bash, "-c", command], None
