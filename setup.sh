@@ -12,11 +12,11 @@ PY=${PYTHON:-python3}
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-# Debian packages. OpenBLAS is optional (the app runs without it, slower, and says so).
+# Debian packages. OpenBLAS is optional (the app runs without it, slower, and says so);
+# bubblewrap sandboxes the agent's shell; libportaudio2 lets dictation open the microphone.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  pkgs=(libopenblas0-pthread)
-  [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux)
-  [ $want_test = 1 ] && pkgs+=(chromium chromium-driver)
+  pkgs=(libopenblas0-pthread bubblewrap libportaudio2)
+  [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux chromium chromium-driver)
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -25,7 +25,7 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
       || log "could not install ${missing[*]}; continuing without"
   fi
 else
-  log "not root or no apt-get: skipping Debian packages (OpenBLAS, espeak-ng, sox, tmux)"
+  log "not root or no apt-get: skipping Debian packages (OpenBLAS, bubblewrap, PortAudio, espeak-ng, sox, tmux)"
 fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv

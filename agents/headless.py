@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from engine.atomic import atomic_write_text
 from engine.errors import MlxtermError
 from engine.sessions import SessionStore
 
+from agents.checks import agent_sandbox, run_check
 from agents.events import (
     AgentDone,
     AgentEvent,
@@ -37,8 +37,6 @@ from agents.events import (
 from agents.session import AgentLimits, AgentOptions, AgentSession
 from agents.tasks import Check, TaskSpec
 from agents.transcript import Transcript
-
-CHECK_OUTPUT_CHARS = 4000
 
 
 def new_run_id() -> str:
@@ -144,12 +142,16 @@ class HeadlessRun:
         task = self.task
         options = AgentOptions(system_prompt=task.system, examples=task.examples, allow=self.allow,
                                interactive=False, temperature=task.temperature, seed=task.seed,
-                               max_tokens_per_step=task.max_tokens)
+                               max_tokens_per_step=task.max_tokens, network=task.network)
         self.agent = AgentSession.create(engine, store, self.workspace, title=f"run: {task.name}", options=options,
                                          transcript=transcript,
                                          meta={"task": str(task.path), "run_dir": str(self.run_dir)})
         if self._cancelled.is_set():
             self.agent.cancel()
+        if self.agent.sandbox_notice or not self.agent.sandbox.active:
+            what = ("bash and the checks run unsandboxed" if "bash" in self.allow
+                    else "the checks run unsandboxed and bash is denied")
+            transcript.write("warning", 0, message=f"{what}: {self.agent.sandbox.status.describe()}")
         ignored = self.agent.policy.ignored_allows()
         if ignored:
             transcript.write("warning", 0, message=f"--allow has no effect on tools the profile denies: {', '.join(ignored)}")
@@ -167,23 +169,14 @@ class HeadlessRun:
         """What a check script may need: where the task's files are, where to write evidence
         (quality.json, screenshots) and the Python running mlxterm (it has selenium when the
         browser extra is installed)."""
-        return {**os.environ, "MLXTERM_TASK_DIR": str(self.task.path.parent), "MLXTERM_RUN_DIR": str(self.run_dir.resolve()),
+        return {"MLXTERM_TASK_DIR": str(self.task.path.parent.resolve()), "MLXTERM_RUN_DIR": str(self.run_dir.resolve()),
                 "MLXTERM_WORKSPACE": str(self.workspace.resolve()), "MLXTERM_PYTHON": sys.executable}
 
     def _check(self, check: Check, transcript: Transcript | None) -> dict[str, Any]:
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(["bash", "-c", check.run], cwd=self.workspace, capture_output=True,
-                                  timeout=check.timeout_s, stdin=subprocess.DEVNULL, env=self._check_env())
-            code: int | None = proc.returncode
-            output = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
-            passed = code == 0
-        except subprocess.TimeoutExpired as e:
-            code, passed = None, False
-            output = ((e.stdout or b"") + (e.stderr or b"")).decode("utf-8", errors="replace")
-            output += f"\n[check timed out after {check.timeout_s:g} s]"
-        record = {"name": check.name, "run": check.run, "passed": passed, "exit_code": code,
-                  "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000)}
+        # checks run model-written code: the agent's sandbox, or the task's own for --checks-only;
+        # the run directory stays writable for their evidence (quality.json, screenshots)
+        sandbox = self.agent.sandbox if self.agent is not None else agent_sandbox(network=self.task.network)
+        record = run_check(check, self.workspace, sandbox, env=self._check_env(), writable=(str(self.run_dir.resolve()),))
         if transcript is not None:
             transcript.write("check", 0, **record)
         return record
@@ -212,6 +205,7 @@ class HeadlessRun:
             "error": done.error,
             "final_text": done.final_text,
             "checks": checks,
+            "sandbox": self.agent.describe()["sandbox"],
             "checks_passed": sum(1 for c in checks if c["passed"]),
             "checks_failed": sum(1 for c in checks if not c["passed"]),
             "steps": done.step,

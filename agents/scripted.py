@@ -144,6 +144,7 @@ class ScriptedHandle:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._done: Done | None = None
         self._finished = threading.Event()
+        self.token_ids: list[int] = []
 
     def emit(self, event: Event) -> None:
         self._events.put(event)
@@ -260,7 +261,7 @@ class ScriptedEngine:
             max_tokens = min(req.params.max_tokens, limit - len(prompt))
             script = self.tokenizer.encode(reply.text) + ([self.tokenizer.specials["<|im_end|>"]] if reply.end else [])
             detok = self.tokenizer.new_detokenizer()
-            generated: list[int] = []
+            generated: list[int] = handle.token_ids
             parts: list[str] = []
             finish = "length"
             pos = 0

@@ -27,8 +27,10 @@ from engine.runtime import GenerationRequest
 from engine.serving.events import Done
 from engine.serving.events import TextDelta as EngineTextDelta
 from engine.sessions import Message, SessionStore
+from engine.sessions.partial import PartialReply, recover_interrupted
 
 from agents import compaction
+from agents.checks import agent_sandbox
 from agents.constrained import TokenTable, ToolCallConstraint, ToolCallMasks, table_width
 from agents.events import (
     AgentDone,
@@ -60,11 +62,12 @@ from agents.protocol import (
 )
 from agents.transcript import Transcript
 from tools import ToolRegistry, ToolResult, default_registry
+from tools.sandbox import warn_once
 
 log = logging.getLogger(__name__)
 MIN_STEP_TOKENS = 32  # below this a step cannot say anything useful: stop with "context"
 _DATA_KEYS = ("path", "exit_code", "timed_out", "cancelled", "created", "bytes_written", "replacements",
-              "lines_added", "lines_removed", "content_truncated", "denied", "malformed")
+              "lines_added", "lines_removed", "content_truncated", "denied", "malformed", "sandboxed")
 
 
 class AgentError(MlxtermError):
@@ -94,6 +97,7 @@ class AgentOptions:
     temperature: float | None = None
     seed: int | None = None  # step n samples with seed + n
     max_tokens_per_step: int | None = None
+    network: bool = False  # bash (and task checks) may reach the network from the sandbox
 
 
 @dataclass
@@ -151,8 +155,14 @@ class AgentSession:
         self.transcript = transcript or Transcript(None)
         agent_cfg = engine.profile.agent
         names = self.options.tools or agent_cfg.tools
-        base = default_registry(workspace)
+        self.sandbox = agent_sandbox(network=self.options.network)
+        base = default_registry(workspace, sandbox=self.sandbox)
         self.registry = ToolRegistry(base.workspace, [base.get(n) for n in names if base.get(n)])
+        unconfined = () if self.sandbox.active else ("bash",)
+        # Said once per process (the TUI shows it; logs and transcripts keep it).
+        self.sandbox_notice = warn_once(self.sandbox.status) if "bash" in self.registry.names() else None
+        if self.sandbox_notice:
+            log.warning("%s", self.sandbox_notice)
         self.schemas = self.registry.schemas()
         self.tool_params = tool_map(self.schemas)
         self.native_tools = template_renders_tools(engine.render)
@@ -161,7 +171,8 @@ class AgentSession:
                             else self.options.constrained) and bool(self.schemas)
         self.masks = shared_masks(engine, self.schemas) if self.constrained else None
         self.policy = ApprovalPolicy(self.options.approvals or agent_cfg.approval,
-                                     allow=self.options.allow, interactive=self.options.interactive)
+                                     allow=self.options.allow, interactive=self.options.interactive,
+                                     unsandboxed=unconfined)
         self._cancel = threading.Event()
         self._stop_reason: str | None = None
         self._handle = None
@@ -212,6 +223,8 @@ class AgentSession:
             "tools": self.registry.names(),
             "constrained": self.constrained,
             "approval": {n: self.policy.decide(n) for n in self.registry.names()},
+            "sandbox": {"backend": self.sandbox.status.backend, "active": self.sandbox.active,
+                        "network": self.sandbox.policy.network, "detail": self.sandbox.status.describe()},
         }
 
     # -- control ------------------------------------------------------------------------------
@@ -377,12 +390,14 @@ class AgentSession:
             self._handle = handle = self.engine.submit(request)
             if self._cancel.is_set():
                 handle.cancel()
+        partial = PartialReply(self.store, self.session_id, handle, meta={"step": step})
         done: Done | None = None
         try:
             for ev in handle:
                 if isinstance(ev, EngineTextDelta):
                     for pe in parser.feed(ev.text):
                         yield _event(step, pe)
+                    partial.update(parser.visible_text)  # a kill keeps the step's reply so far
                 elif isinstance(ev, Done):
                     done = ev
             for pe in parser.finish():
@@ -390,14 +405,17 @@ class AgentSession:
         finally:
             with self._lock:
                 self._handle = None
+            if done is None:
+                partial.close()
         assert done is not None
-        self._record_reply(step, done, parser, constraint, mask_ms0)
+        self._record_reply(step, done, parser, constraint, mask_ms0, partial)
         yield StepDone(step, done.finish_reason, done.usage.prompt_tokens, done.usage.cached_tokens,
                        done.usage.completion_tokens, done.timings.decode_tps, done.timings.ttft_ms,
                        done.cache_source, parser.visible_text.strip())
         return done, parser
 
-    def _record_reply(self, step: int, done: Done, parser: ToolCallParser, constraint, mask_ms0: float) -> None:
+    def _record_reply(self, step: int, done: Done, parser: ToolCallParser, constraint, mask_ms0: float,
+                      partial: PartialReply) -> None:
         tok = self.engine.tokenizer
         ids = list(done.completion_token_ids)
         body = ids[:-1] if ids and ids[-1] in tok.eos_ids else ids
@@ -424,8 +442,7 @@ class AgentSession:
             meta["constraint"] = cinfo
         if done.error:
             meta["error"] = done.error
-        msg = self.store.add_message(self.session_id, "assistant", parser.visible_text.strip(),
-                                     tool_calls=calls or None, token_ids=ids, meta=meta)
+        msg = partial.finish(parser.visible_text.strip(), tool_calls=calls or None, token_ids=ids, meta=meta)
         self.transcript.message(msg, step)
 
     # -- tools --------------------------------------------------------------------------------
@@ -497,7 +514,9 @@ class AgentSession:
     def _close_interrupted_turn(self) -> None:
         """A run stopped after tool results (or a crash after the user message) leaves the
         context ending in a generation prompt; close that turn with an empty assistant reply
-        so the next user message follows a complete turn."""
+        so the next user message follows a complete turn. A reply left streaming by a killed
+        process is marked interrupted and kept (its exact tokens stay in the context)."""
+        recover_interrupted(self.store, self.session_id)
         last = self.store.messages(self.session_id, tokens=False)[-1:]
         if last and last[0].role in ("user", "tool"):
             self._append([{"role": "assistant", "content": ""}], generation_prompt=False,

@@ -11,7 +11,8 @@
     allow: [bash]                    # optional; tools that run without asking
     limits: {steps: 4, tokens: 600, wall_s: 120}
     sampling: {temperature: 0.2, seed: 0, max_tokens: 256}   # max_tokens: per step
-    checks:                          # shell commands run in the workspace afterwards
+    network: false                   # optional; true lets bash and checks reach the network
+    checks:                          # shell commands run in the workspace (sandboxed) afterwards
       - name: content
         run: test "$(cat hello.txt)" = "hello world"
         timeout_s: 30                # optional, default 60
@@ -33,7 +34,7 @@ import yaml
 from tools import TOOL_NAMES
 
 TOP_KEYS = ("name", "prompt", "workspace_template", "profile", "system", "examples", "allow",
-            "limits", "sampling", "checks")
+            "limits", "sampling", "checks", "network")
 LIMIT_KEYS = ("steps", "tokens", "wall_s")
 SAMPLING_KEYS = ("temperature", "seed", "max_tokens")
 CHECK_KEYS = ("name", "run", "timeout_s")
@@ -68,6 +69,7 @@ class TaskSpec:
     seed: int | None = None
     max_tokens: int | None = None
     checks: tuple[Check, ...] = field(default_factory=tuple)
+    network: bool = False
 
 
 def load_task(path: str | Path) -> TaskSpec:
@@ -114,6 +116,9 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
     examples = data.get("examples", True)
     if not isinstance(examples, bool):
         raise fail("examples", "expected true or false")
+    network = data.get("network", False)
+    if not isinstance(network, bool):
+        raise fail("network", "expected true or false")
     limits = _section(path, "limits", data.get("limits"), LIMIT_KEYS)
     sampling = _section(path, "sampling", data.get("sampling"), SAMPLING_KEYS)
     return TaskSpec(
@@ -132,6 +137,7 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
         seed=_number(path, "sampling.seed", sampling.get("seed"), integer=True, minimum=0),
         max_tokens=_number(path, "sampling.max_tokens", sampling.get("max_tokens"), integer=True, minimum=1),
         checks=_checks(path, data.get("checks")),
+        network=network,
     )
 
 

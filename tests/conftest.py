@@ -2,6 +2,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["tests.ci_strict"]  # CI=true: skips fail (see tests/ci_strict.py)
+
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch):

@@ -294,3 +294,42 @@ def test_a_reply_starting_with_a_brace_is_a_call_without_marker():
     assert mask[by[b"</tool_call>"]] and mask[by[b"\n"]]
     off = ToolCallConstraint(masks, max_tokens=300, bare_calls=False)
     assert off.allowed() is None
+
+
+@pytest.fixture(scope="module", params=["bytes", "pieces"])
+def pick_masks(request):
+    tok = ByteTokenizer() if request.param == "bytes" else PieceTokenizer()
+    return ToolCallMasks(ToolCallGrammar(EXTRA), TokenTable(tok, tok.vocab_size + 7))
+
+
+def test_random_model_under_constraint_emits_valid_enum_and_array_arguments(pick_masks):
+    """The fuzz above over a schema of enums (string and integer) and arrays (of strings and of
+    bounded integers): every call validates, and over the trials every enum value, empty and
+    non-empty arrays, and both ends of the integer range turn up (so a grammar that only ever
+    allowed one safe shape would fail)."""
+    rng = np.random.default_rng(3)
+    seen = {"mode": set(), "level": set(), "tags": set(), "counts": set(), "flag": set()}
+    lengths = {"tags": set(), "counts": set()}
+    for trial in range(150):
+        budget = int(rng.integers(pick_masks.min_call_tokens + 2, pick_masks.min_call_tokens + 160))
+        c, text = _drive(pick_masks, rng, max_tokens=budget, force_call=True)
+        assert c.calls == 1 and c.phase == "end", (trial, text)
+        parser = ToolCallParser(EXTRA)
+        parser.feed(text)
+        parser.finish()
+        assert not parser.malformed and len(parser.calls) == 1, (trial, text)
+        call = parser.calls[0]
+        args = tools.schema.validate_args(call.name, EXTRA["pick"], call.arguments)
+        assert args["mode"] in ("fast", "slow")
+        for key, value in call.arguments.items():
+            if isinstance(value, list):
+                lengths[key].add(min(len(value), 2))
+                seen[key].update(value)
+            else:
+                seen[key].add(value)
+        assert all(-5 <= n <= 5 and isinstance(n, int) for n in call.arguments.get("counts", []))
+        assert all(isinstance(s, str) for s in call.arguments.get("tags", []))
+    assert seen["mode"] == {"fast", "slow"} and seen["level"] == {1, 10, 100}
+    assert seen["flag"] == {True, False}
+    assert lengths == {"tags": {0, 1, 2}, "counts": {0, 1, 2}}
+    assert {-5, 5} <= seen["counts"]

@@ -178,3 +178,69 @@ def test_cli_json_and_exit_codes(tmp_path, monkeypatch, capsys):
     assert args.func(args) == 1
     text = capsys.readouterr().out
     assert "check content: FAILED" in text and "failed: 0/1 checks passed" in text
+
+
+def test_cli_run_under_a_real_sigint_cancels_cleanly(tmp_path, tiny_llama_dir):
+    """``mlxterm run`` as a real process; SIGINT once the model is generating (gated on the
+    store holding part of the reply): exit 130, result.json "cancelled", checks skipped, a
+    complete transcript and a session whose last reply is stored (not left streaming)."""
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from engine.paths import data_dir
+
+    from tests.tiny_models import write_profile
+
+    repo = Path(__file__).resolve().parents[1]
+    profile = write_profile(tmp_path / "tiny-agent.yaml", tiny_llama_dir, context={"max_context": 4096},
+                            sampling={"max_tokens": 4000})
+    task = write_task(tmp_path, """
+        prompt: "write a very long story"
+        limits: {steps: 1}
+        sampling: {max_tokens: 3800}
+        checks:
+          - name: never
+            run: touch checked.txt
+    """)
+    run_dir, ws = tmp_path / "run", tmp_path / "ws"
+    proc = subprocess.Popen([sys.executable, "-m", "app", "run", str(task), "--profile", str(profile), "--json",
+                             "--run-dir", str(run_dir), "--workspace", str(ws)],
+                            cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    db = data_dir() / "sessions.sqlite3"
+
+    def generating() -> bool:
+        if not db.exists():
+            return False
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+                row = conn.execute("SELECT token_count, meta FROM messages WHERE role = 'assistant' "
+                                   "ORDER BY id DESC LIMIT 1").fetchone()
+        except sqlite3.OperationalError:
+            return False
+        return bool(row) and row[0] >= 16 and "streaming" in json.loads(row[1] or "{}")
+
+    deadline = time.monotonic() + 180
+    while not generating():
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "the agent never started generating"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "cancelling the run" in err
+    result = json.loads(out)
+    assert result["status"] == "cancelled" and result["stop_reason"] == "cancelled"
+    assert result["checks"] == [] and not (ws / "checked.txt").exists()
+    assert json.loads((run_dir / "result.json").read_text()) == result
+    records = read_transcript(run_dir / "transcript.jsonl")
+    assert records[-1]["type"] == "result" and records[-1]["result"]["status"] == "cancelled"
+    assert [r["reason"] for r in records if r["type"] == "done"] == ["cancelled"]
+    last = SessionStore(db).messages(result["session_id"])[-1]
+    assert last.role == "assistant" and last.meta["finish_reason"] == "cancelled"
+    assert "streaming" not in last.meta and last.token_count >= 16

@@ -5,10 +5,12 @@ from __future__ import annotations
 import engine  # noqa: F401  (loads OpenBLAS before mlx)
 
 # isort: split
+import dataclasses
 import errno
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,8 +19,8 @@ from pathlib import Path
 
 from engine.checkpoints import CheckpointStore, make_fingerprint, quant
 from engine.checkpoints import format as fmt
-from engine.checkpoints.fingerprint import weights_sha256
-from engine.generation.kv_cache import StaticKVCache
+from engine.checkpoints.fingerprint import Fingerprint, weights_sha256
+from engine.generation.kv_cache import StaticKVCache, make_cache
 
 import mlx.core as mx
 import numpy as np
@@ -253,15 +255,42 @@ def test_unwritable_ssd_dir_goes_ram_only_with_one_warning(llama, tmp_path, capl
     assert not report.durable and report.ssd_disabled_reason
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_read_only_ssd_dir_goes_ram_only(llama, tmp_path, caplog):
+@pytest.mark.parametrize("where,err", [
+    ("mkdir", errno.EACCES),  # a directory the user may not write (what chmod 0500 gives a non-root user)
+    ("probe", errno.EROFS),  # a read-only filesystem: the directory exists, writing fails
+])
+def test_unwritable_ssd_dir_goes_ram_only(llama, tmp_path, caplog, monkeypatch, where, err):
+    # The failure is injected rather than made with chmod: root ignores directory permissions,
+    # so a chmod test would pass vacuously (or be skipped) exactly where CI runs as root.
     d, model = llama
     ssd = tmp_path / "ssd"
-    ssd.mkdir(mode=0o500)
+    real_mkdir, real_write = Path.mkdir, Path.write_bytes
+
+    def mkdir(self, *a, **kw):
+        if where == "mkdir" and ssd in (self, *self.parents):
+            raise PermissionError(err, os.strerror(err), str(self))
+        return real_mkdir(self, *a, **kw)
+
+    def write_bytes(self, data):
+        if where == "probe" and ssd in self.parents:
+            raise OSError(err, os.strerror(err), str(self))
+        return real_write(self, data)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         store = make_store(d, model, ssd)
-    assert len(_warnings(caplog)) == 1 and store.stats()["ssd_disabled_reason"]
-    store.close()
+        reason = store.stats()["ssd_disabled_reason"]
+        assert reason and os.strerror(err) in reason
+        # RAM-only still serves the checkpoint, and later writes do not warn again
+        ids = tokens(40)
+        store.release(ids, prefilled(model, ids), "s")
+        store.flush()
+        assert store.acquire(ids + [7], "s").cached_tokens == len(ids)
+    assert len(_warnings(caplog)) == 1
+    assert not any(p.is_file() for p in tmp_path.rglob("*") if ssd in p.parents)
+    report = store.close()
+    assert not report.durable and report.ssd_disabled_reason == reason
 
 
 def test_disk_full_while_writing_goes_ram_only_with_one_warning(llama, tmp_path, caplog, monkeypatch):
@@ -474,3 +503,36 @@ def test_superseded_session_file_is_deleted_once_the_newer_one_is_written(tmp_pa
     r = fresh.acquire(toks[:90] + [1], session_id="s1")
     assert (r.source, r.cached_tokens) == ("ssd", 90)  # the newer file, trimmed
     assert fresh.stats()["sessions"] == 1
+
+
+FINGERPRINT_FIELDS = [f.name for f in dataclasses.fields(Fingerprint)]
+
+
+@pytest.mark.parametrize("field", FINGERPRINT_FIELDS)
+def test_every_fingerprint_field_invalidates_a_checkpoint(llama, tmp_path, field):
+    d, model = llama
+    ssd = tmp_path / "ssd"
+    toks = tokens(24, seed=21)
+    base = make_fingerprint(d, "fp32")
+    writer = CheckpointStore(base, lambda: make_cache(model), ssd_dir=ssd, ram_bytes=1 << 30, ssd_bytes=1 << 30)
+    writer.release(toks, prefilled(model, toks))
+    assert writer.close(timeout=60).durable
+
+    def reader(fp):
+        return CheckpointStore(fp, lambda: make_cache(model), ssd_dir=ssd, ram_bytes=1 << 30, ssd_bytes=1 << 30)
+
+    same = reader(base)
+    assert same.acquire(toks + [5]).source == "ssd"  # the control: an identical fingerprint restores
+    same.close()
+    changed = dataclasses.replace(base, **{field: getattr(base, field) + "-other"})
+    assert changed.key != base.key
+    other = reader(changed)
+    assert other.acquire(toks + [5]).source == "none"
+    # Even a file moved into the other fingerprint's directory is refused by its header.
+    (src,) = _files(ssd / base.key)
+    shutil.copy(src, ssd / changed.key / src.name)
+    other.close()
+    again = reader(changed)
+    assert again.acquire(toks + [5]).source == "none"
+    assert not (ssd / changed.key / src.name).exists()  # discarded as invalid
+    again.close()

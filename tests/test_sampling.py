@@ -27,9 +27,14 @@ def test_temperature_sampling_follows_softmax():
     assert np.abs(freq - probs).max() < 0.04
 
 
-def test_top_k_keeps_only_k():
-    freq = _draw(SamplingParams(temperature=1.0, top_k=2), n=500)
-    assert set(np.nonzero(freq)[0]) <= {1, 5}
+def test_top_k_keeps_exactly_the_k_most_likely():
+    # the two largest logits are tokens 1 (3.0) and 5 (2.9): both are drawn, nothing else is,
+    # in the proportions of their renormalised softmax (e^0.1 : 1 -> 0.525 : 0.475)
+    freq = _draw(SamplingParams(temperature=1.0, top_k=2), n=2000)
+    assert set(np.nonzero(freq)[0]) == {1, 5}
+    assert abs(freq[1] - 1 / (1 + np.exp(-0.1))) < 0.04
+    assert set(np.nonzero(_draw(SamplingParams(temperature=1.0, top_k=1), n=200))[0]) == {1}
+    assert set(np.nonzero(_draw(SamplingParams(temperature=1.0, top_k=3), n=2000))[0]) == {1, 2, 5}
 
 
 def test_top_p_keeps_smallest_nucleus():

@@ -65,7 +65,8 @@ def test_probabilities_match_onnx_model(clips):
     stream = VadStream()
     ours = np.concatenate([stream.process(audio[i:i + 1000]) for i in range(0, audio.size, 1000)])
     assert ours.size == len(ref) == stream.frames
-    assert np.abs(ours - np.array(ref)).max() < 1e-4
+    # measured: 6.4e-6 (Linux x86-64, OpenBLAS) and 1.44e-5 (the review's machine); see docs/speech.md
+    assert np.abs(ours - np.array(ref)).max() < 2e-5
     assert ours.max() > 0.9 and ours[:50].max() < 0.1  # it does see speech, and not in silence
 
 

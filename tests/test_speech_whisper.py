@@ -402,3 +402,47 @@ def test_full_context_option(whisper, clips):
     text, audio = clips["short"]
     result = transcribe(whisper, audio, TranscribeOptions(context_margin_s=None))
     assert word_error_rate(text, result.text) == 0.0, result.text
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["short", "paragraph"])
+def test_tokens_match_an_independent_ctranslate2_reference(whisper, clips, name):
+    """An anchor that is not our own output: CTranslate2 (the engine faster-whisper runs on; a
+    test extra) decodes the same ``model.bin`` greedily from a log-mel computed by the plain
+    numpy reference of Whisper's recipe (tests/test_speech_frontend.py), with the same rules
+    (timestamps, first timestamp within 1 s, blank suppression). Our pipeline, on the full
+    30-s window and greedy only, must produce the same text tokens and segment boundaries."""
+    ct2 = pytest.importorskip("ctranslate2", reason="ctranslate2 (test extra) is the reference decoder")
+    from tests.test_speech_frontend import _ref_log_mel
+
+    _, audio = clips[name]
+    assert audio.size < 30 * 16000
+    tok = whisper.tokenizer
+    sp = tok.special
+    mel = _ref_log_mel(np.concatenate([audio, np.zeros(30 * 16000 - audio.size)]))[:3000].T
+    reference = ct2.models.Whisper(str(model_dir("whisper-tiny.en")), device="cpu", compute_type="float32")
+    out = reference.generate(ct2.StorageView.from_array(np.ascontiguousarray(mel[None], np.float32)),
+                             [tok.sot_sequence], beam_size=1, max_length=448, suppress_blank=True,
+                             max_initial_timestamp_index=50)
+    ref_ids = [t for t in out[0].sequences_ids[0] if t != sp.eot]
+    ref_text = [t for t in ref_ids if t < sp.eot]
+    ref_stamps = [round((t - sp.timestamp_begin) * 0.02, 2) for t in ref_ids if t >= sp.timestamp_begin]
+
+    options = TranscribeOptions(temperatures=(0.0,), context_margin_s=None, compression_ratio_threshold=None,
+                                logprob_threshold=None, no_speech_threshold=None)
+    seeker = SeekTranscriber(whisper, options)
+    seeker.advance(audio, final=True)
+    first = [t for t in seeker.decoded[0] if t != sp.eot]  # the first 30-s window, as decoded
+    if name == "paragraph":
+        # Known divergence (see the issue-14 note): at 6.0 s our decoder emits a timestamp where
+        # CTranslate2 continues the sentence; everything before it is identical.
+        same = next((i for i, (a, b) in enumerate(zip(first, ref_ids, strict=False)) if a != b), len(ref_ids))
+        assert same >= 25 and first[same] >= sp.timestamp_begin, (same, first[same - 2:same + 2])
+        return
+    assert first == ref_ids, (tok.decode([t for t in first if t < sp.eot]), tok.decode(ref_text))
+    # and the segments built from it carry those tokens and boundaries
+    ours = transcribe(whisper, audio, options)
+    window = [seg for seg in ours.segments if seg.end <= max(ref_stamps) + 1e-6]
+    assert [t for seg in window for t in seg.tokens if t < sp.eot] == ref_text[: sum(
+        1 for seg in window for t in seg.tokens if t < sp.eot)]
+    assert {round(b, 2) for seg in window for b in (seg.start, seg.end)} <= set(ref_stamps)

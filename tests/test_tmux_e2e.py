@@ -58,6 +58,14 @@ class Tmux:
                 raise AssertionError(f"timed out waiting for {regex.pattern!r}; screen:\n{screen}")
             time.sleep(0.25)
 
+    def wait_for_absence(self, pattern: str, timeout: float = 60.0) -> None:
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while regex.search(screen := self.screen()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {regex.pattern!r} to go; screen:\n{screen}")
+            time.sleep(0.1)
+
     def kill(self) -> None:
         subprocess.run([*self.base, "kill-server"], capture_output=True)
 
@@ -106,8 +114,9 @@ def test_ask_quit_resume_and_restore_from_ssd(tmux):
     assert first[-1].content.strip()
 
     _launch(tmux)
-    tmux.keys("C-l")  # go to the chat list (focus moves on the next refresh)...
-    time.sleep(0.5)
+    tmux.wait_for(r"\^j Newline")  # the footer lists the message box's keys while it has focus
+    tmux.keys("C-l")  # go to the chat list; the footer drops those keys once focus has moved...
+    tmux.wait_for_absence(r"\^j Newline")
     tmux.keys("Enter")  # ...and open the newest chat
     tmux.wait_for(r"opened “")
     screen = _ask(tmux, "And what is its population?")

@@ -68,7 +68,7 @@ def test_timeout_kills_the_whole_process_group(ws, reg):
     t0 = time.monotonic()
     result = reg.run("bash", {"command": "sleep 300 & echo $! > bg.pid; sleep 30", "timeout_s": 1})
     elapsed = time.monotonic() - t0
-    assert elapsed < 2.5, elapsed
+    assert elapsed < 20, elapsed  # 1 s plus the kill; generous: a loaded 2-core machine
     assert not result.ok and result.data["timed_out"] and not result.data["cancelled"]
     assert result.content.startswith("timed out after 1 s")
     assert _wait_dead(int((ws / "bg.pid").read_text()))
@@ -79,21 +79,29 @@ def test_timeout_escalates_to_sigkill_when_sigterm_is_ignored(ws, reg):
     result = reg.run("bash", {"command": "trap '' TERM; echo $$ > sh.pid; sleep 30; sleep 30", "timeout_s": 1})
     elapsed = time.monotonic() - t0
     assert result.data["timed_out"]
-    assert 1.9 < elapsed < 3.5, elapsed  # 1 s timeout + 1 s SIGTERM grace
+    assert 1.9 < elapsed < 20, elapsed  # 1 s timeout + 1 s SIGTERM grace (lower bound: it waited)
     assert _wait_dead(int((ws / "sh.pid").read_text()))
 
 
 def test_cancel_from_another_thread(ws, reg):
     cancel = threading.Event()
-    timer = threading.Timer(0.5, cancel.set)
-    timer.start()
+    stop = threading.Event()
+
+    def cancel_once_running() -> None:  # gated on the command having started, not on a sleep
+        while not stop.is_set() and not (ws / "sh.pid").exists():
+            time.sleep(0.01)
+        cancel.set()
+
+    canceller = threading.Thread(target=cancel_once_running)
+    canceller.start()
     t0 = time.monotonic()
     try:
         result = reg.run("bash", {"command": "echo started; echo $$ > sh.pid; sleep 30"}, cancel=cancel)
     finally:
-        timer.cancel()
+        stop.set()
+        canceller.join()
     elapsed = time.monotonic() - t0
-    assert 0.4 < elapsed < 1.5, elapsed
+    assert elapsed < 20, elapsed  # far below the 30 s sleep
     assert not result.ok and result.data["cancelled"] and not result.data["timed_out"]
     assert result.content.startswith("cancelled after")
     assert "started" in result.data["stdout"]
@@ -121,7 +129,7 @@ def test_ten_megabytes_of_output_keep_head_and_tail_in_bounded_memory(reg):
 def test_background_child_holding_the_pipes_does_not_hang(ws, reg):
     t0 = time.monotonic()
     result = reg.run("bash", {"command": "sleep 30 & echo $! > bg.pid; echo started"})
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 20  # far below the 30 s the child would hold the pipes
     assert result.ok and result.data["exit_code"] == 0 and result.data["background_killed"]
     assert "started" in result.content
     assert _wait_dead(int((ws / "bg.pid").read_text()))

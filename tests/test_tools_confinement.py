@@ -268,3 +268,88 @@ def test_schemas_outside_the_subset_are_rejected(schema):
 def test_workspace_root_must_be_a_directory(tmp_path):
     with pytest.raises(ValueError):
         Workspace(tmp_path / "missing")
+
+
+# -- races: a symlink swapped in between the path check and the open ----------------------------
+
+def _swap_after_resolve(monkeypatch, swap):
+    """Run ``swap()`` right after each path check, i.e. inside the check-then-open window."""
+    original = Workspace.resolve
+
+    def resolve(self, path):
+        real = original(self, path)
+        swap()
+        return real
+
+    monkeypatch.setattr(Workspace, "resolve", resolve)
+
+
+@pytest.mark.parametrize("tool,args", [
+    ("read_file", {"path": "d/f.txt"}),
+    ("write_file", {"path": "d/f.txt", "content": "pwned"}),
+    ("edit_file", {"path": "d/f.txt", "old_text": "outside", "new_text": "pwned"}),
+    ("grep", {"pattern": "secret", "path": "d/f.txt"}),
+])
+def test_directory_swapped_for_a_symlink_after_the_check_is_not_followed(layout, monkeypatch, tool, args):
+    root, outside = layout
+    (root / "d").mkdir()
+    (root / "d/f.txt").write_text("inside text\n")
+    (outside / "f.txt").write_text(SECRET)
+
+    def swap():
+        os.rename(root / "d", root / "d.old")
+        os.symlink(outside, root / "d")
+
+    _swap_after_resolve(monkeypatch, swap)
+    result = default_registry(root).run(tool, args)
+    assert not result.ok or tool == "grep", result.content  # grep skips the file instead
+    assert "42" not in result.content and "matching lines" not in result.content
+    assert (outside / "f.txt").read_text() == SECRET  # nothing written through the link
+    assert sorted(p.name for p in outside.iterdir()) == ["f.txt", "secret.txt"]
+
+
+@pytest.mark.parametrize("tool,args", [
+    ("read_file", {"path": "f.txt"}),
+    ("edit_file", {"path": "f.txt", "old_text": "outside", "new_text": "pwned"}),
+])
+def test_file_swapped_for_a_symlink_after_the_check_is_not_followed(layout, monkeypatch, tool, args):
+    root, outside = layout
+    (root / "f.txt").write_text("inside text\n")
+
+    def swap():
+        os.unlink(root / "f.txt")
+        os.symlink(outside / "secret.txt", root / "f.txt")
+
+    _swap_after_resolve(monkeypatch, swap)
+    result = default_registry(root).run(tool, args)
+    assert not result.ok and "secret" not in result.content
+    assert "changed into a symlink" in result.content
+    assert (outside / "secret.txt").read_text() == SECRET
+
+
+def test_write_over_a_swapped_file_link_never_writes_its_target(layout, monkeypatch):
+    root, outside = layout
+    (root / "f.txt").write_text("inside text\n")
+
+    def swap():
+        os.unlink(root / "f.txt")
+        os.symlink(outside / "secret.txt", root / "f.txt")
+
+    _swap_after_resolve(monkeypatch, swap)
+    result = default_registry(root).run("write_file", {"path": "f.txt", "content": "new\n"})
+    assert not result.ok and "changed into a symlink" in result.content
+    assert (outside / "secret.txt").read_text() == SECRET
+
+
+@pytest.mark.parametrize("tool,extra", [("read_file", {}), ("write_file", {"content": "x"}), ("list_dir", {})])
+def test_sibling_directory_with_the_workspace_name_as_prefix_is_refused(tmp_path, tool, extra):
+    root = tmp_path / "ws"
+    sibling = tmp_path / "ws2"
+    root.mkdir()
+    sibling.mkdir()
+    (sibling / "f.txt").write_text(SECRET)
+    target = str(sibling / "f.txt") if tool != "list_dir" else str(sibling)
+    for path in (target, "../ws2/f.txt" if tool != "list_dir" else "../ws2"):
+        result = default_registry(root).run(tool, {"path": path, **extra})
+        assert not result.ok and "outside the workspace" in result.content
+    assert (sibling / "f.txt").read_text() == SECRET

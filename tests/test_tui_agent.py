@@ -20,6 +20,7 @@ from app.tui.screens.approval import ApprovalScreen
 from app.tui.widgets.message import MessageView
 from app.tui.widgets.prompt import PromptInput
 from app.tui.widgets.tool_card import AgentNotice, DiffView, ToolCard
+from tools.sandbox import probe
 
 SIZE = (120, 40)
 
@@ -154,6 +155,9 @@ async def test_write_edit_bash_with_approval_then_reopen(tmp_path):
         # bash: approved once, exit code and output shown.
         meta = str(bash.query_one(".tool-meta").render())
         assert "exit code 3" in meta and "approved once" in meta
+        sandboxed = probe().available  # the card says whether the shell was confined
+        assert ("sandboxed" in meta.split(" · ")) == sandboxed and ("NOT sandboxed" in meta) != sandboxed
+        assert ("unsandboxed" in str(bash.title)) != sandboxed
         assert "exit 3" in str(bash.title)
         assert "alpha" in str(bash.query_one(".tool-output").render())
         assert replies(app)[0] == "I will write the file."
@@ -176,6 +180,7 @@ async def test_write_edit_bash_with_approval_then_reopen(tmp_path):
             == ["-beta", "+BETA"]
         assert "+alpha" in diff_lines(write)
         assert bash.exit_code == 3 and "exit code 3" in str(bash.query_one(".tool-meta").render())
+        assert bash.sandboxed is sandboxed  # kept in the stored message
         assert replies(app) == ["I will write the file.", "Done: notes.txt now says BETA."]
         assert notices(app)[0].startswith(f"Agent session in {ws.resolve()}")
 
@@ -227,7 +232,7 @@ async def test_escape_cancels_running_tool_and_streaming_text():
         t0 = time.monotonic()
         await pilot.press("escape")
         await idle(pilot, timeout=5)
-        assert time.monotonic() - t0 < 5  # the sleep was killed, not waited for
+        assert time.monotonic() - t0 < 25  # the 30-s sleep was killed, not waited for (generous: loaded CI)
         (card,) = cards(app)
         assert card.state == "cancelled" and "cancelled" in str(card.title)
         assert any(n.startswith("Cancelled after 1 step") for n in notices(app))

@@ -1,42 +1,58 @@
 """Crash-safe file replacement for the editing tools (temp file, fsync, rename, fsync dir).
 
 A copy of the idea in ``engine.atomic`` because ``tools/`` may not import ``engine``; this one
-also keeps the permission bits of the file it replaces (a 0755 script stays executable).
+also keeps the permission bits of the file it replaces (a 0755 script stays executable), and
+works inside a directory descriptor opened by ``Workspace.open_parent`` so every step (the
+temp file, the rename, the fsync) happens in the directory that was checked, never through a
+symlink swapped in afterwards.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 
+from tools.base import Workspace
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = _target_mode(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+def atomic_write_bytes(ws: Workspace, path: Path, data: bytes) -> None:
+    """Replace ``path`` (a real path inside ``ws``, from ``ws.resolve``) with ``data``."""
+    dir_fd, name = ws.open_parent(path, create=True)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        mode = _target_mode(dir_fd, name)
+        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dir_fd)
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())
+            # rename() replaces a symlink at ``name`` itself; it never writes through one.
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            raise
+        try:
+            os.fsync(dir_fd)
+        except OSError:
             pass
-        raise
-    _fsync_dir(path.parent)
+    finally:
+        os.close(dir_fd)
 
 
-def _target_mode(path: Path) -> int:
+def _target_mode(dir_fd: int, name: str) -> int:
     try:
-        return stat.S_IMODE(path.stat().st_mode)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
-        return 0o666 & ~_umask()  # mkstemp would otherwise leave new files 0600
+        return 0o666 & ~_umask()  # a new file gets the usual permissions
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else 0o666 & ~_umask()
 
 
 def _umask() -> int:
@@ -49,16 +65,3 @@ def _umask() -> int:
     except (OSError, ValueError):
         pass
     return 0o022
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

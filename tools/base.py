@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,14 +50,24 @@ class ToolResult:
         return cls(ok=False, content=f"Error: {error}", data=data, error=error)
 
 
-class Workspace:
-    """A root directory that every tool path is confined to."""
+_NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-    def __init__(self, root: str | os.PathLike) -> None:
+
+class Workspace:
+    """A root directory that every tool path is confined to.
+
+    ``resolve`` checks a path (symlinks followed) and ``open`` then opens the checked real
+    path one component at a time from the root's directory descriptor with ``O_NOFOLLOW``,
+    so a symlink swapped in between the check and the open makes the open fail instead of
+    reaching outside. ``sandbox`` (a ``tools.sandbox.Sandbox`` or None) confines ``bash``.
+    """
+
+    def __init__(self, root: str | os.PathLike, sandbox: Any = None) -> None:
         real = Path(os.path.realpath(os.fspath(root)))
         if not real.is_dir():
             raise ValueError(f"workspace root {os.fspath(root)!r} is not a directory")
         self.root = real
+        self.sandbox = sandbox
 
     def resolve(self, path: str) -> Path:
         """Return the real path for ``path``, refusing anything that lands outside the root.
@@ -87,7 +99,72 @@ class Workspace:
         raise ToolError(f"path {path!r} is outside the workspace; only files under {self.root} are allowed")
 
     def contains(self, real: Path) -> bool:
+        # Compared by path components: a sibling such as "ws2" beside "ws" is not inside.
         return real == self.root or self.root in real.parents
+
+    def open(self, real: Path, flags: int = os.O_RDONLY, mode: int = 0o666) -> int:
+        """A file descriptor for ``real`` (from ``resolve``), opened without following any
+        symlink on the way. ``flags`` may add O_CREAT etc.; raises ToolError on a swapped link."""
+        parent, name = self.open_parent(real)
+        try:
+            return self._nofollow(lambda: os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                                                  dir_fd=parent), real)
+        finally:
+            os.close(parent)
+
+    def read_bytes(self, real: Path, limit: int | None = None) -> bytes:
+        """Up to ``limit`` bytes of the regular file ``real`` (opened without following links;
+        O_NONBLOCK so a FIFO swapped in cannot block the call)."""
+        fd = self.open(real, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ToolError(f"{self.display(real)} is not a regular file")
+            return f.read() if limit is None else f.read(limit)
+
+    def open_dir(self, real: Path) -> int:
+        """A directory descriptor for ``real``, walked component by component without links."""
+        if real == self.root:
+            return os.open(self.root, _NOFOLLOW_DIR)
+        parent, name = self.open_parent(real)
+        try:
+            return self._nofollow(lambda: os.open(name, _NOFOLLOW_DIR, dir_fd=parent), real)
+        finally:
+            os.close(parent)
+
+    def open_parent(self, real: Path, create: bool = False) -> tuple[int, str]:
+        """(descriptor of ``real``'s directory, its last name); ``create`` makes missing
+        directories on the way (each one inside the already-opened parent)."""
+        try:
+            rel = real.relative_to(self.root)
+        except ValueError:
+            raise ToolError(f"{real} is outside the workspace {self.root}") from None
+        if not rel.parts:
+            raise ToolError("the workspace root itself is a directory, not a file")
+        fd = os.open(self.root, _NOFOLLOW_DIR)
+        try:
+            for part in rel.parts[:-1]:
+                if create:
+                    try:
+                        os.mkdir(part, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                nxt = self._nofollow(lambda part=part, fd=fd: os.open(part, _NOFOLLOW_DIR, dir_fd=fd), real)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, rel.parts[-1]
+
+    def _nofollow(self, fn: Callable[[], int], real: Path) -> int:
+        try:
+            return fn()
+        except OSError as exc:
+            # O_NOFOLLOW on a symlink fails with ELOOP (EMLINK on some BSDs).
+            if exc.errno in (errno.ELOOP, errno.EMLINK):
+                raise ToolError(f"{self.display(real)} changed into a symlink while it was being opened; "
+                                "nothing outside the workspace was touched") from None
+            raise
 
     def display(self, real: Path) -> str:
         """The path as the model should write it next time: relative to the root."""

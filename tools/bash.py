@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tools.base import Tool, ToolResult, Workspace
+from tools.sandbox import Sandbox, SandboxStatus
 from tools.textio import HeadTail, strip_ansi
 
 STREAM_CAP = 16 * 1024  # bytes kept per stream (head + tail)
@@ -27,6 +28,7 @@ TERM_GRACE_S = 1.0  # SIGTERM -> SIGKILL
 PIPE_GRACE_S = 0.5  # after the shell exits, how long background children may keep its pipes
 _POLL_S = 0.05
 
+UNCONFINED = SandboxStatus("none", "no sandbox was asked for")
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
 _SECRET_PREFIXES = (
     "AWS_", "GITHUB_", "GH_", "GITLAB_", "OPENAI_", "ANTHROPIC_", "HF_", "HUGGING", "AZURE_",
@@ -56,22 +58,37 @@ def scrub_env(env: Mapping[str, str], home: str) -> dict[str, str]:
 
 def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> ToolResult:
     timeout = args["timeout_s"]
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [shutil.which("bash") or "/bin/bash", "-c", args["command"]],
-        cwd=ws.root,
-        env=scrub_env(os.environ, str(ws.root)),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # own process group: killpg reaches every child
-    )
-    out, err = HeadTail(STREAM_CAP), HeadTail(STREAM_CAP)
-    outcome = _pump(proc, {proc.stdout: out, proc.stderr: err}, started + timeout, cancel)
-    duration_ms = round((time.monotonic() - started) * 1000)
+    data = execute(args["command"], ws.root, timeout, cancel, ws.sandbox)
+    content = _render(data, timeout)
+    if data["timed_out"] or data["cancelled"]:
+        return ToolResult(ok=False, content=content, data=data, error=content.splitlines()[0])
+    return ToolResult.success(content, **data)
 
+
+def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | None = None,
+            sandbox: Sandbox | None = None, extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run ``bash -c command`` in ``cwd`` (confined by ``sandbox`` when it is active); the
+    result fields the bash tool reports. Task acceptance checks use it too (with ``extra_env``
+    telling them where the task's files and the run's evidence directory are)."""
+    started = time.monotonic()
+    sandbox = sandbox if sandbox is not None else Sandbox(status=UNCONFINED)
+    env = {**scrub_env(os.environ, str(cwd)), **(extra_env or {})}
+    with sandbox.launch(command, cwd, env) as (argv, preexec):
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # own process group: killpg reaches every child
+            preexec_fn=preexec,
+        )
+        out, err = HeadTail(STREAM_CAP), HeadTail(STREAM_CAP)
+        outcome = _pump(proc, {proc.stdout: out, proc.stderr: err}, started + timeout, cancel)
+    duration_ms = round((time.monotonic() - started) * 1000)
     exit_code = proc.returncode
-    data: dict[str, Any] = {
+    return {
         "exit_code": exit_code,
         "timed_out": outcome == "timeout",
         "cancelled": outcome == "cancelled",
@@ -83,11 +100,9 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
         "stderr_bytes": err.total,
         "stdout_truncated": out.truncated,
         "stderr_truncated": err.truncated,
+        "sandboxed": sandbox.active,
+        "sandbox": sandbox.status.backend,
     }
-    content = _render(data, timeout)
-    if outcome in ("timeout", "cancelled"):
-        return ToolResult(ok=False, content=content, data=data, error=content.splitlines()[0])
-    return ToolResult.success(content, **data)
 
 
 def _pump(proc: subprocess.Popen, sinks: dict, deadline: float, cancel: threading.Event | None) -> str:

@@ -30,7 +30,7 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
         raise ToolError("old_text is empty; give the exact text to replace (use write_file for new files)")
     if old_text == new_text:
         raise ToolError("old_text and new_text are identical; nothing to change")
-    text = _read_text(path, name)
+    text = _read_text(ws, path, name)
 
     count = text.count(old_text)
     if count == 0 and "\r\n" in text and "\r\n" not in old_text:
@@ -48,7 +48,7 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
         )
 
     updated = text.replace(old_text, new_text) if args["replace_all"] else text.replace(old_text, new_text, 1)
-    atomic_write_bytes(path, updated.encode("utf-8"))
+    atomic_write_bytes(ws, path, updated.encode("utf-8"))
     diff = unified_diff(text, updated, name)
     added, removed = diff_stats(diff)
     shown, _ = cap_text(diff, MAX_DIFF_CHARS)
@@ -61,7 +61,7 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
     )
 
 
-def _read_text(path: Path, name: str) -> str:
+def _read_text(ws: Workspace, path: Path, name: str) -> str:
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -70,7 +70,9 @@ def _read_text(path: Path, name: str) -> str:
         raise ToolError(f"{name} is not a regular file")
     if st.st_size > MAX_EDIT_BYTES:
         raise ToolError(f"{name} is {st.st_size} bytes; edit_file handles files up to {MAX_EDIT_BYTES} bytes")
-    raw = path.read_bytes()
+    raw = ws.read_bytes(path, MAX_EDIT_BYTES + 1)
+    if len(raw) > MAX_EDIT_BYTES:  # it grew since the stat
+        raise ToolError(f"{name} is larger than {MAX_EDIT_BYTES} bytes; edit_file cannot edit it")
     if b"\x00" in raw:
         raise ToolError(f"{name} is a binary file; edit_file only edits UTF-8 text")
     try:

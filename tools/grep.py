@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import fnmatch
+import io
 import os
 import re
 import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tools.base import Tool, ToolError, ToolResult, Workspace
 from tools.list_dir import NO_EXPAND, SKIP_DIRS
@@ -43,12 +44,18 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
         if stats["files_searched"] >= MAX_FILES:
             capped = True
             break
-        reason = _skip_reason(path)
-        if reason:
-            stats[reason] += 1
+        try:  # opened without following links: a link swapped in since the walk is skipped
+            f = os.fdopen(ws.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
+        except (OSError, ToolError):
+            stats["skipped_binary"] += 1
             continue
-        stats["files_searched"] += 1
-        found = _search_file(path, ws.display(path), regex, matches)
+        with f:
+            reason = _skip_reason(f)
+            if reason:
+                stats[reason] += 1
+                continue
+            stats["files_searched"] += 1
+            found = _search_file(f, ws.display(path), regex, matches)
         stats["files_with_matches"] += found > 0
         if len(matches) >= MAX_MATCHES:
             capped = True
@@ -110,15 +117,14 @@ def _expand_braces(glob: str) -> list[str]:
     return [g for alt in m.group(1).split(",") for g in _expand_braces(glob[: m.start()] + alt + glob[m.end() :])]
 
 
-def _skip_reason(path: Path) -> str | None:
+def _skip_reason(f: BinaryIO) -> str | None:
     try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):  # opening a FIFO would block
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):  # reading a FIFO would block
             return "skipped_binary"
         if st.st_size > MAX_FILE_BYTES:
             return "skipped_large"
-        with open(path, "rb") as f:
-            sample = f.read(SNIFF_BYTES)
+        sample = f.read(SNIFF_BYTES)
     except OSError:
         return "skipped_binary"
     if looks_binary(sample, complete=len(sample) == st.st_size):
@@ -126,11 +132,12 @@ def _skip_reason(path: Path) -> str | None:
     return None
 
 
-def _search_file(path: Path, rel: str, regex: re.Pattern[str], out: list[str]) -> int:
+def _search_file(f: BinaryIO, rel: str, regex: re.Pattern[str], out: list[str]) -> int:
     """Append ``rel:line:text`` per matching line until the cap; return how many were added."""
     found = 0
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
-        for number, raw in enumerate(f, 1):
+    f.seek(0)
+    with io.TextIOWrapper(f, encoding="utf-8", errors="replace", newline="") as text:
+        for number, raw in enumerate(text, 1):
             line = raw.rstrip("\r\n")  # so "$" works on CRLF files too
             m = regex.search(line)
             if not m:

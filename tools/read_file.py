@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import threading
 from pathlib import Path
@@ -23,7 +24,9 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
     if end is not None and end < start:
         raise ToolError(f"end_line ({end}) is before start_line ({start})")
     size = _regular_file_size(path, name)
-    with open(path, "rb") as f:
+    with os.fdopen(ws.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped since the check above
+            raise ToolError(f"{name} is not a regular file")
         sample = f.read(SNIFF_BYTES)
         if looks_binary(sample, complete=len(sample) == size):
             what = guess_type(sample, path)

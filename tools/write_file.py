@@ -22,9 +22,9 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
     if path.exists() and not path.is_file():
         raise ToolError(f"{name} is not a regular file")
     new = args["content"].encode("utf-8")
-    old = _previous_text(path)
+    old = _previous_text(ws, path)
     created = not path.exists()
-    atomic_write_bytes(path, new)
+    atomic_write_bytes(ws, path, new)
 
     data: dict[str, Any] = {"path": name, "bytes_written": len(new), "created": created}
     if old is None or len(new) > MAX_DIFF_SOURCE_BYTES:
@@ -39,14 +39,14 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
     return ToolResult.success(f"{verb} {name} ({len(new)} bytes){summary}.", **data)
 
 
-def _previous_text(path: Path) -> str | None:
+def _previous_text(ws: Workspace, path: Path) -> str | None:
     """Old content to diff against: "" for a new file, None when binary or too large."""
     try:
-        if path.stat().st_size > MAX_DIFF_SOURCE_BYTES:
-            return None
-        raw = path.read_bytes()
+        raw = ws.read_bytes(path, MAX_DIFF_SOURCE_BYTES + 1)
     except FileNotFoundError:
         return ""
+    if len(raw) > MAX_DIFF_SOURCE_BYTES:
+        return None
     if looks_binary(raw, complete=True):
         return None
     return raw.decode("utf-8")

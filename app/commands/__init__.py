@@ -6,7 +6,8 @@ Modules import the engine lazily inside their handlers so ``mlxterm --help`` sta
 import importlib
 
 # Order is the order shown in ``mlxterm --help``.
-COMMANDS = ("chat", "generate", "sessions", "models", "profile", "cache", "transcribe", "run", "bench", "report")
+COMMANDS = ("chat", "generate", "sessions", "models", "profile", "cache", "transcribe", "run", "bench",
+            "report", "doctor")
 
 
 def register_all(subparsers) -> None:

@@ -44,6 +44,12 @@ def run(args) -> int:
         if line:
             print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
+    from tools.sandbox import probe
+
+    sandbox = probe()
+    if not sandbox.available:
+        print(f"mlxterm: no sandbox ({sandbox.reason}): checks run unconfined and bash only runs "
+              "with --allow bash, unconfined", file=sys.stderr, flush=True)
     headless = HeadlessRun(task, profile=args.profile, workspace=args.workspace, allow=tuple(args.allow),
                            run_dir=args.run_dir, on_event=progress)
     if args.checks_only:

@@ -107,6 +107,8 @@ class AgentActions:
         self.agent = agent
         self.notify(f"Agent mode: working in {agent.workspace}. Type a task; tools set to "
                     "ask (bash) wait for your approval.", timeout=8)
+        if agent.sandbox_notice:  # no sandbox here: said once per process
+            self.notify(agent.sandbox_notice, severity="warning", timeout=12)
 
     async def send_agent(self, text: str) -> None:
         self.prompt.sent(text)

@@ -72,7 +72,8 @@ class AgentRunView:
             if card is not None:
                 card.finish(ok=ev.result.ok, output=ev.result.content, approval=ev.approval,
                             duration_ms=ev.duration_ms, exit_code=ev.exit_code, diff=ev.diff,
-                            cancelled=bool(ev.result.data.get("cancelled")))
+                            cancelled=bool(ev.result.data.get("cancelled")),
+                            sandboxed=ev.result.data.get("sandboxed"))
         elif isinstance(ev, Compacted):
             await self.notice(compacted_text(len(ev.messages), ev.tokens_before, ev.tokens_after),
                               "compacted")
@@ -190,7 +191,7 @@ def _fill(card: ToolCard, m) -> None:
     card.finish(ok=bool(meta.get("ok", True)), output=m.content, approval=approval,
                 duration_ms=meta.get("duration_ms"), exit_code=meta.get("exit_code"),
                 diff=stored_diff(card.tool, card.arguments or {}, m.content, meta),
-                cancelled=bool(meta.get("cancelled")))
+                cancelled=bool(meta.get("cancelled")), sandboxed=meta.get("sandboxed"))
 
 
 def stored_diff(tool: str, args: dict[str, Any], content: str, meta: dict[str, Any]) -> str | None:

@@ -149,6 +149,9 @@ class ChatController:
         return self.store.get(session_id)
 
     def messages(self, session_id: str):
+        from engine.sessions.partial import recover_interrupted
+
+        recover_interrupted(self.store, session_id)  # a reply left streaming by a killed run
         return self.store.messages(session_id, tokens=False)
 
     def new_session(self, title: str | None = None):

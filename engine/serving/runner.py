@@ -127,7 +127,7 @@ class Runner:
         text_parts: list[str] = []
         reasoning_parts: list[str] = []
         logprobs_out: list[TokenLogprobs] = []
-        generated: list[int] = []
+        generated: list[int] = handle.token_ids  # visible to the caller as it grows
 
         def emit_text(piece: str) -> None:
             for kind, chunk in splitter.feed(piece) if splitter else [("content", piece)]:

@@ -47,6 +47,9 @@ class RequestHandle:
         self._finished = threading.Event()
         self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = []
         self._lock = threading.Lock()
+        # Ids generated so far, appended by the engine thread (read a copy): what a streaming
+        # reply saves before Done arrives (engine.sessions.partial).
+        self.token_ids: list[int] = []
 
     # -- producer side (engine thread) ---------------------------------------------------
     def emit(self, event: Event) -> None:

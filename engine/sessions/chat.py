@@ -7,6 +7,8 @@ token (e.g. ChatML's "\\n" after ``<|im_end|>``), the new message and the genera
 Generated ids stay exactly as generated, so the next turn's prompt always extends the
 previous context and its KV checkpoint. Where a template renders history differently from
 what was fed (e.g. it strips earlier reasoning), the session keeps the tokens actually fed.
+A reply is stored while it streams (``engine.sessions.partial``): a kill mid-reply keeps it,
+marked interrupted when the session is next continued.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any
 
 from engine.errors import MlxtermError
 from engine.serving.engine import Engine, GenerationRequest
-from engine.serving.events import Done, Event
+from engine.serving.events import Done, Event, ReasoningDelta, TextDelta
 from engine.sessions import Message, Session, SessionStore, suggest_title
+from engine.sessions.partial import PartialReply, recover_interrupted
 
 log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New chat"
@@ -73,6 +76,10 @@ class ChatTurn:
         self.handle = handle
         self.done: Done | None = None
         self.message: Message | None = None
+        # The reply is saved as it streams (a kill loses at most ~1 s of it).
+        self.partial = PartialReply(service.store, session_id, handle)
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
 
     def cancel(self) -> None:
         self.handle.cancel()
@@ -80,18 +87,28 @@ class ChatTurn:
     def _finish(self, done: Done) -> None:
         if self.done is None:
             self.done = done
-            self.message = self.service._record_reply(self.session_id, done)
+            self.message = self.service._record_reply(self.session_id, done, self.partial)
+
+    def _seen(self, ev: Event) -> None:
+        if isinstance(ev, Done):
+            self._finish(ev)
+            return
+        if isinstance(ev, TextDelta):
+            self._text.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            self._reasoning.append(ev.text)
+        else:
+            return
+        self.partial.update("".join(self._text), "".join(self._reasoning))
 
     def __iter__(self) -> Iterator[Event]:
         for ev in self.handle:
-            if isinstance(ev, Done):
-                self._finish(ev)
+            self._seen(ev)
             yield ev
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         async for ev in self.handle:
-            if isinstance(ev, Done):
-                self._finish(ev)
+            self._seen(ev)
             yield ev
 
     def result(self) -> Done:
@@ -112,6 +129,7 @@ class ChatService:
 
     def send(self, session_id: str, text: str, *, role: str = "user", tools=None, **overrides) -> ChatTurn:
         """Append ``text`` as a ``role`` message and start generating the reply."""
+        recover_interrupted(self.store, session_id)
         session = self.store.get(session_id)
         self._add(session, {"role": role, "content": text}, tools)
         if session.title == DEFAULT_TITLE and role == "user":
@@ -132,6 +150,7 @@ class ChatService:
 
     def retry(self, session_id: str, **overrides) -> ChatTurn:
         """Drop the last assistant reply and generate it again from the same context."""
+        recover_interrupted(self.store, session_id)
         msgs = self.store.messages(session_id, tokens=False)
         if msgs and msgs[-1].role == "assistant":
             self.store.delete_last(session_id, 1)
@@ -184,7 +203,7 @@ class ChatService:
         ids = eng.tokenizer.encode(tail + after[len(before) :])
         self.store.add_message(session.id, message["role"], message["content"], token_ids=ids)
 
-    def _record_reply(self, session_id: str, done: Done) -> Message:
+    def _record_reply(self, session_id: str, done: Done, partial: PartialReply | None = None) -> Message:
         meta = {
             "finish_reason": done.finish_reason,
             "usage": {
@@ -197,12 +216,9 @@ class ChatService:
         }
         if done.error:
             meta["error"] = done.error
-        return self.store.add_message(
-            session_id,
-            "assistant",
-            done.text,
-            reasoning=done.reasoning or None,
-            token_ids=done.completion_token_ids,
-            meta=meta,
-        )
+        if partial is None:
+            return self.store.add_message(session_id, "assistant", done.text, reasoning=done.reasoning or None,
+                                          token_ids=done.completion_token_ids, meta=meta)
+        return partial.finish(done.text, reasoning=done.reasoning or None, token_ids=done.completion_token_ids,
+                              meta=meta)
 

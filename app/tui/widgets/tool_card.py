@@ -95,6 +95,7 @@ class ToolCard(Collapsible):
         self.duration_ms: int | None = None
         self.diff: str | None = None
         self.approval: str | None = None
+        self.sandboxed: bool | None = None  # bash: whether it ran inside the sandbox
         self._args = Static("", markup=False, classes="tool-args")
         self._diff = DiffView(classes="tool-diff")
         self._output = Static("", markup=False, classes="tool-output")
@@ -120,8 +121,11 @@ class ToolCard(Collapsible):
         self._refresh()
 
     def finish(self, *, ok: bool, output: str, approval: str | None, duration_ms: int | None,
-               exit_code: int | None = None, diff: str | None = None, cancelled: bool = False) -> None:
-        """``cancelled``: the run was cancelled while the tool ran (bash was killed)."""
+               exit_code: int | None = None, diff: str | None = None, cancelled: bool = False,
+               sandboxed: bool | None = None) -> None:
+        """``cancelled``: the run was cancelled while the tool ran (bash was killed);
+        ``sandboxed``: bash ran inside the sandbox (False: unconfined; None: not a shell)."""
+        self.sandboxed = sandboxed
         self.output = clean(output)
         self.approval, self.duration_ms, self.exit_code, self.diff = approval, duration_ms, exit_code, diff
         if approval == "cancelled" or cancelled or (approval == "deny" and "was cancelled" in self.output):
@@ -161,6 +165,8 @@ class ToolCard(Collapsible):
             parts.append(f"+{added} -{removed}")
         if self.duration_ms is not None and self.state not in ("denied",):
             parts.append(f"{self.duration_ms} ms")
+        if self.sandboxed is False:
+            parts.append("unsandboxed")
         return " · ".join(parts) or "ok"
 
     def _title_text(self) -> str:
@@ -185,6 +191,8 @@ class ToolCard(Collapsible):
             parts.append(f"exit code {self.exit_code}")
         if self.duration_ms is not None:
             parts.append(f"{self.duration_ms} ms")
+        if self.sandboxed is not None:
+            parts.append("sandboxed" if self.sandboxed else "NOT sandboxed")
         parts.append(APPROVAL_LABELS.get(self.approval or "", self.state))
         return " · ".join(parts)
 

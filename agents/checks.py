@@ -1,0 +1,55 @@
+"""The sandbox agents work in, and task acceptance checks run inside it.
+
+``agent_sandbox`` builds the ``tools.sandbox.Sandbox`` for an agent's ``bash`` calls and a
+task's checks: mlxterm's own data, config and cache directories (the session database,
+checkpoints, profiles) and ``$MLXTERM_HOME`` are hidden besides the user's home; the Python
+running mlxterm stays readable so a check can run ``python -m pytest`` or Selenium from the
+same environment. Checks run model-written code, so they get the same confinement as
+``bash``: the workspace writable, a private ``/tmp``, ``/dev`` (with ``/dev/shm``) and
+``/proc`` of their own, read-only ``/usr``, and loopback inside their own network namespace
+(a check may start a server and point a headless browser at it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from engine import paths
+
+from agents.tasks import Check
+from tools.bash import execute
+from tools.sandbox import Sandbox, SandboxPolicy, SandboxStatus
+
+CHECK_OUTPUT_CHARS = 4000
+
+
+def agent_sandbox(network: bool = False, status: SandboxStatus | None = None) -> Sandbox:
+    """The sandbox for agent shells and checks (``network``: keep the host network)."""
+    hide = [str(paths.data_dir()), str(paths.config_dir()), str(paths.cache_dir())]
+    if os.environ.get("MLXTERM_HOME"):
+        hide.append(os.environ["MLXTERM_HOME"])
+    read_only = sorted({sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))})
+    return Sandbox(SandboxPolicy(network=network, hide=tuple(hide), read_only=tuple(read_only)), status)
+
+
+def run_check(check: Check, workspace: Path, sandbox: Sandbox, env: Mapping[str, str] | None = None,
+              writable: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run one acceptance check in ``workspace`` (``writable``: more directories it may write,
+    such as the run directory for its evidence); its record for the transcript and result."""
+    t0 = time.monotonic()
+    if writable:
+        sandbox = Sandbox(replace(sandbox.policy, writable=(*sandbox.policy.writable, *writable)), sandbox.status)
+    data = execute(check.run, workspace, check.timeout_s, None, sandbox, extra_env=env)
+    output = data["stdout"] + data["stderr"]
+    if data["timed_out"]:
+        output += f"\n[check timed out after {check.timeout_s:g} s]"
+    code = None if data["timed_out"] else data["exit_code"]
+    return {"name": check.name, "run": check.run, "passed": code == 0, "exit_code": code,
+            "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000),
+            "sandboxed": data["sandboxed"]}

@@ -1,0 +1,92 @@
+"""``mlxterm doctor``: what this machine gives mlxterm, in one screen.
+
+The agent sandbox (bubblewrap / Seatbelt, or why not), the BLAS the CPU backend uses, the
+compiled kernels extension, espeak-ng (speech tests and voices) and the microphone
+(PortAudio and an input device). Every probe is guarded: a missing piece is reported, never
+raised. ``--json`` prints the same facts as one object. Exit code 0 (facts, not a verdict).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+from typing import Any
+
+
+def register(sub) -> None:
+    p = sub.add_parser("doctor", help="report the sandbox, BLAS, kernels, espeak and microphone status")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    facts = collect()
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    width = max(len(k) for k in facts)
+    for name, fact in facts.items():
+        mark = "ok " if fact["ok"] else "-- "
+        print(f"{mark}{name.ljust(width)}  {fact['detail']}")
+    return 0
+
+
+def collect() -> dict[str, dict[str, Any]]:
+    return {"sandbox": sandbox(), "openblas": openblas(), "kernels": kernels(), "espeak": espeak(),
+            "microphone": microphone()}
+
+
+def sandbox() -> dict[str, Any]:
+    from tools.sandbox import probe
+
+    status = probe()
+    detail = status.describe()
+    if not status.available:
+        detail += "; bash runs unconfined and every call asks for approval"
+    return {"ok": status.available, "backend": status.backend, "process_limit": status.process_limit,
+            "detail": detail}
+
+
+def openblas() -> dict[str, Any]:
+    import engine  # noqa: F401  (loads OpenBLAS before MLX, like every engine user)
+    from engine import blas
+
+    state = blas.status()
+    if state["path"]:
+        return {"ok": True, "path": state["path"], "detail": f"loaded from {state['path']}"}
+    return {"ok": False, "path": None, "detail": f"not loaded: {state['reason']}"}
+
+
+def kernels() -> dict[str, Any]:
+    """The compiled kernels extension (``engine.kernels``), when it is built here."""
+    try:
+        module = importlib.import_module("engine.kernels")
+    except ImportError as e:
+        return {"ok": False, "detail": f"not available ({e})"}
+    except Exception as e:  # a broken build must show up here, not crash the report
+        return {"ok": False, "detail": f"fails to import: {type(e).__name__}: {e}"}
+    where = getattr(module, "__file__", None) or "built in"
+    return {"ok": True, "detail": f"present ({where})"}
+
+
+def espeak() -> dict[str, Any]:
+    exe = shutil.which("espeak-ng") or shutil.which("espeak")
+    if exe is None:
+        return {"ok": False, "detail": "espeak-ng not found (apt-get install espeak-ng)"}
+    return {"ok": True, "detail": exe}
+
+
+def microphone() -> dict[str, Any]:
+    try:
+        from engine.speech.capture import default_input_device
+        from engine.speech.errors import AudioInputError
+
+        try:
+            name = default_input_device()
+        except AudioInputError as e:
+            portaudio = "PortAudio missing" if "libportaudio2" in str(e) else "PortAudio present"
+            return {"ok": False, "portaudio": portaudio == "PortAudio present", "detail": f"{portaudio}; {e}"}
+    except Exception as e:  # never let a sound-stack problem hide the rest of the report
+        return {"ok": False, "portaudio": False, "detail": f"cannot probe: {type(e).__name__}: {e}"}
+    return {"ok": True, "portaudio": True, "detail": f"input device: {name}"}

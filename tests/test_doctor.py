@@ -1,0 +1,63 @@
+"""``mlxterm doctor``: the environment facts, from a real subprocess and from its probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+from app.commands import doctor
+from tools.sandbox import probe
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _doctor(**env: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "app", "doctor", "--json"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_doctor_reports_every_fact_and_follows_the_environment():
+    facts = _doctor()
+    assert list(facts) == ["sandbox", "openblas", "kernels", "espeak", "microphone"]
+    assert facts["sandbox"]["backend"] == probe().backend
+    off = _doctor(MLXTERM_SANDBOX="off", MLXTERM_NO_OPENBLAS="1")
+    assert not off["sandbox"]["ok"] and "MLXTERM_SANDBOX=off" in off["sandbox"]["detail"]
+    assert "asks for approval" in off["sandbox"]["detail"]
+    assert not off["openblas"]["ok"] and "MLXTERM_NO_OPENBLAS" in off["openblas"]["detail"]
+
+
+def test_doctor_text_output_marks_each_line():
+    proc = subprocess.run([sys.executable, "-m", "app", "doctor"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "MLXTERM_SANDBOX": "off"})
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == 5
+    assert lines[0].startswith("-- sandbox") and all(ln[:3] in ("ok ", "-- ") for ln in lines)
+
+
+def test_kernels_probe_is_guarded(monkeypatch):
+    monkeypatch.setitem(sys.modules, "engine.kernels", None)  # import fails like a missing build
+    assert not doctor.kernels()["ok"]
+    monkeypatch.setitem(sys.modules, "engine.kernels", types.ModuleType("engine.kernels"))
+    assert doctor.kernels()["ok"]
+
+
+def test_espeak_and_microphone_probes(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    assert doctor.espeak() == {"ok": False, "detail": "espeak-ng not found (apt-get install espeak-ng)"}
+    from engine.speech import capture
+    from engine.speech.errors import NoAudioInputDevice
+
+    def missing():
+        raise NoAudioInputDevice("no audio input: libportaudio.so: cannot open (install libportaudio2)")
+
+    monkeypatch.setattr(capture, "default_input_device", missing)
+    mic = doctor.microphone()
+    assert not mic["ok"] and not mic["portaudio"] and "PortAudio missing" in mic["detail"]
+    monkeypatch.setattr(capture, "default_input_device", lambda: "USB mic")
+    assert doctor.microphone() == {"ok": True, "portaudio": True, "detail": "input device: USB mic"}

@@ -1,0 +1,422 @@
+"""The bash sandbox: each escape fails inside it while normal work succeeds; the fallback asks.
+
+The escape tests run real commands under bubblewrap. Each one first shows the same command
+succeeding without the sandbox (where that is harmless), so a sandbox that silently stopped
+confining would fail the test instead of passing by accident.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agents.checks import agent_sandbox, run_check
+from agents.policy import ApprovalPolicy
+from agents.tasks import Check
+from tools import default_registry
+from tools import sandbox as sb
+from tools.bash import execute
+from tools.sandbox import (
+    Limits,
+    Sandbox,
+    SandboxPolicy,
+    SandboxStatus,
+    bwrap_args,
+    seatbelt_profile,
+)
+
+STATUS = sb.probe()
+# "namespaces unavailable" is an environment fact (a container without user namespaces) that
+# CI strict mode accepts as a skip; a missing bwrap is an install step that must not be skipped.
+needs_bwrap = pytest.mark.skipif(
+    STATUS.backend != "bwrap",
+    reason=("namespaces unavailable: " if shutil.which("bwrap") else "bubblewrap missing: ") + STATUS.reason,
+)
+OFF = SandboxStatus("none", "test: no sandbox")
+SECRET = "outside secret 42"
+
+
+@pytest.fixture
+def layout(tmp_path):
+    ws = tmp_path / "ws"
+    outside = tmp_path / "outside"
+    ws.mkdir()
+    outside.mkdir()
+    (outside / "secret.txt").write_text(SECRET)
+    return ws, outside
+
+
+def sandbox(**limits) -> Sandbox:
+    return Sandbox(SandboxPolicy(limits=Limits(**limits)), STATUS)
+
+
+def run(cmd: str, ws: Path, box: Sandbox | None, timeout: float = 60) -> dict:
+    return execute(cmd, ws, timeout, None, box)
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Host processes whose command line contains ``marker`` (zombies excluded)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+# -- escapes ----------------------------------------------------------------------------------
+
+@needs_bwrap
+def test_reading_and_writing_beside_the_workspace_fails(layout):
+    ws, outside = layout
+    read = "cat ../outside/secret.txt"
+    write = "echo pwned > ../outside/new.txt"
+    assert SECRET in run(read, ws, None)["stdout"]  # the control: unconfined, it works
+    confined = run(f"{read}; {write}; echo x > /usr/mlxterm-escape", ws, sandbox())
+    assert SECRET not in confined["stdout"]
+    assert "No such file or directory" in confined["stderr"]
+    assert "Read-only file system" in confined["stderr"]
+    assert not (outside / "new.txt").exists() and not os.path.exists("/usr/mlxterm-escape")
+    assert confined["sandboxed"] and confined["sandbox"] == "bwrap"
+
+
+@needs_bwrap
+def test_a_symlink_made_inside_the_sandbox_does_not_reach_outside(layout):
+    ws, outside = layout
+    cmd = f"ln -s {outside} link; cat link/secret.txt; echo pwned > link/new.txt"
+    result = run(cmd, ws, sandbox())
+    assert SECRET not in result["stdout"] and result["exit_code"] != 0
+    assert not (outside / "new.txt").exists()
+    assert os.path.islink(ws / "link")  # the link itself was made: the workspace is writable
+
+
+@needs_bwrap
+def test_home_and_mlxterm_home_are_hidden(tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    # Data dirs inside the workspace's own tree stay visible to a bind mount unless hidden,
+    # so this proves the hide rule itself (under /tmp everything is private anyway).
+    home = ws / "mlxterm-home"
+    (home / "data").mkdir(parents=True)
+    (home / "data" / "sessions.sqlite3").write_text("SESSION DATABASE")
+    monkeypatch.setenv("MLXTERM_HOME", str(home))
+    cmd = f"cat {home}/data/sessions.sqlite3; ls -A {home}; cat ~root/.bashrc /root/.profile 2>&1 | head -c 200"
+    assert "SESSION DATABASE" in run(cmd, ws, None)["stdout"]
+    result = run(cmd, ws, agent_sandbox(status=STATUS))
+    assert "SESSION DATABASE" not in result["stdout"]
+    assert result["stdout"].strip() == "" or "No such file" in result["stdout"]
+
+
+@needs_bwrap
+def test_no_network_to_a_host_loopback_listener_but_the_sandboxes_own_loopback_works(layout):
+    ws, _ = layout
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    try:
+        probe = (f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); "
+                 "print('CONNECTED')\"")
+        assert "CONNECTED" in run(probe, ws, None)["stdout"]
+        assert "CONNECTED" not in run(probe, ws, sandbox())["stdout"]
+        # the task switch keeps the host network
+        assert "CONNECTED" in run(probe, ws, Sandbox(SandboxPolicy(network=True), STATUS))["stdout"]
+    finally:
+        server.close()
+    own = ("python3 -c \"import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+           "c = socket.create_connection(s.getsockname()); print('OWN LOOPBACK OK')\"")
+    assert "OWN LOOPBACK OK" in run(own, ws, sandbox())["stdout"]
+
+
+@needs_bwrap
+def test_a_fork_bomb_ends_as_a_tool_error_and_leaves_nothing_behind(layout):
+    ws, _ = layout
+    bomb = ("python3 -c \"import os, time\nwhile True:\n    try:\n        os.fork()\n"
+            "    except OSError as e:\n        print('LIMIT', e, flush=True); time.sleep(600)\" forkbomb-7f3a")
+    t0 = time.monotonic()
+    result = run(bomb, ws, sandbox(processes=64), timeout=6)
+    assert time.monotonic() - t0 < 40
+    assert "LIMIT" in result["stdout"] and "Resource temporarily unavailable" in result["stdout"]
+    assert result["timed_out"]
+    deadline = time.monotonic() + 10
+    while _pids_with("forkbomb-7f3a") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _pids_with("forkbomb-7f3a") == []
+
+
+@needs_bwrap
+def test_a_memory_hog_fails_with_memory_error(layout):
+    ws, _ = layout
+    hog = "python3 -c \"b = bytearray(1 << 30); print('ALLOCATED', len(b))\""
+    result = run(hog, ws, sandbox(data_bytes=256 << 20))
+    assert "MemoryError" in result["stderr"] and "ALLOCATED" not in result["stdout"]
+    assert result["exit_code"] == 1
+
+
+@needs_bwrap
+def test_runaway_output_is_capped_and_runaway_files_stop_at_the_size_limit(layout):
+    ws, _ = layout
+    box = sandbox(file_bytes=1 << 20, tmp_bytes=4 << 20)
+    result = run("head -c 100M /dev/zero > big; head -c 100M /dev/zero > /tmp/big; yes | head -c 50M", ws, box)
+    assert (ws / "big").stat().st_size == 1 << 20
+    assert "File size limit exceeded" in result["stderr"]
+    assert result["stdout_bytes"] == 50 << 20 and result["stdout_truncated"] and len(result["stdout"]) < 20_000
+
+
+@needs_bwrap
+def test_timeout_and_cancel_end_every_process_in_the_sandbox(layout):
+    ws, _ = layout
+    t0 = time.monotonic()
+    result = run("sleep 301.25 & sleep 301.25 & echo started; sleep 301.25", ws, sandbox(), timeout=1)
+    assert result["timed_out"] and "started" in result["stdout"]
+    assert time.monotonic() - t0 < 15
+    cancel = threading.Event()
+    timer = threading.Timer(0.5, cancel.set)
+    timer.start()
+    try:
+        cancelled = execute("setsid sleep 302.25 & echo started; sleep 302.25", ws, 60, cancel, sandbox())
+    finally:
+        timer.cancel()
+    assert cancelled["cancelled"]
+    deadline = time.monotonic() + 10
+    while (_pids_with("301.25") or _pids_with("302.25")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _pids_with("301.25") == [] and _pids_with("302.25") == []
+
+
+# -- normal work ------------------------------------------------------------------------------
+
+@needs_bwrap
+def test_normal_work_succeeds_inside(layout):
+    ws, _ = layout
+    reg = default_registry(ws, sandbox=sandbox())
+    result = reg.run("bash", {"command": "mkdir -p src && printf 'print(6*7)\\n' > src/m.py && python3 src/m.py "
+                                         "&& echo tmp > /tmp/t && cat /tmp/t && git --version >/dev/null && echo ok"})
+    assert result.ok and result.data["exit_code"] == 0, result.content
+    assert result.data["stdout"] == "42\ntmp\nok\n" and result.data["sandboxed"]
+    assert (ws / "src/m.py").read_text() == "print(6*7)\n"
+
+
+@needs_bwrap
+def test_a_check_can_serve_on_loopback_and_fetch_inside_its_own_namespace(layout):
+    ws, _ = layout
+    (ws / "index.html").write_text("<h1>board</h1>")
+    script = ("python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 & "
+              "for i in $(seq 50); do python3 -c \"import urllib.request as u; "
+              "print(u.urlopen('http://127.0.0.1:8765/index.html').read().decode())\" 2>/dev/null && exit 0; "
+              "sleep 0.2; done; exit 1")
+    record = run_check(Check("serves", script, 60), ws, agent_sandbox(status=STATUS))
+    assert record["passed"], record["output"]
+    assert "<h1>board</h1>" in record["output"] and record["sandboxed"]
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@needs_bwrap
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (setup.sh --test installs it)")
+def test_headless_chromium_runs_inside_the_check_sandbox(layout):
+    ws, _ = layout
+    (ws / "page.html").write_text("<title>t</title><p id=x>rendered by chromium</p>")
+    script = (f"python3 -m http.server 8766 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1; "
+              f"{CHROMIUM} --headless --no-sandbox --disable-gpu --dump-dom http://127.0.0.1:8766/page.html 2>/dev/null")
+    record = run_check(Check("browser", script, 120), ws, agent_sandbox(status=STATUS))
+    assert record["passed"] and "rendered by chromium" in record["output"], record["output"]
+
+
+# -- the fallback -----------------------------------------------------------------------------
+
+def test_fallback_runs_unconfined_and_says_so(layout):
+    ws, _ = layout
+    result = run("cat ../outside/secret.txt", ws, Sandbox(SandboxPolicy(), OFF))
+    assert SECRET in result["stdout"] and not result["sandboxed"] and result["sandbox"] == "none"
+
+
+def test_fallback_forces_ask_for_bash_whatever_the_profile_says():
+    interactive = ApprovalPolicy({"bash": "allow", "read_file": "allow"}, unsandboxed=["bash"])
+    assert interactive.decide("bash") == "ask" and interactive.decide("read_file") == "allow"
+    interactive.remember("bash")  # an "always" answer does not stick for an unconfined shell
+    assert interactive.decide("bash") == "ask"
+    headless = ApprovalPolicy({"bash": "allow"}, interactive=False, unsandboxed=["bash"])
+    assert headless.decide("bash") == "deny" and "cannot be sandboxed" in headless.denial_message("bash")
+    explicit = ApprovalPolicy({"bash": "ask"}, allow=["bash"], interactive=False, unsandboxed=["bash"])
+    assert explicit.decide("bash") == "allow"  # this run's own --allow bash
+    denied = ApprovalPolicy({"bash": "deny"}, allow=["bash"], interactive=False, unsandboxed=["bash"])
+    assert denied.decide("bash") == "deny"
+    sandboxed = ApprovalPolicy({"bash": "allow"})
+    assert sandboxed.decide("bash") == "allow"
+
+
+def test_fallback_is_announced_once(monkeypatch):
+    monkeypatch.setattr(sb, "_warned", False)
+    first = sb.warn_once(OFF)
+    assert first and "without a sandbox" in first and "test: no sandbox" in first
+    assert sb.warn_once(OFF) is None
+    assert sb.warn_once(SandboxStatus("bwrap", "x")) is None
+
+
+def test_mlxterm_sandbox_off_and_missing_bwrap_are_reported(monkeypatch):
+    monkeypatch.setenv("MLXTERM_SANDBOX", "off")
+    assert sb._probe().reason == "turned off by MLXTERM_SANDBOX=off"
+    monkeypatch.delenv("MLXTERM_SANDBOX")
+    monkeypatch.setattr(sb.sys, "platform", "linux")
+    monkeypatch.setattr(sb.shutil, "which", lambda name: None)
+    status = sb._probe()
+    assert not status.available and "bubblewrap" in status.reason
+
+
+# -- generated arguments and profiles --------------------------------------------------------
+
+def test_bwrap_arguments_hide_before_binding_the_workspace(tmp_path, monkeypatch):
+    monkeypatch.setattr(sb, "PRIVATE_TMP", "/private-tmp")  # tmp_path lies under the real one
+    home = tmp_path / "home"
+    ws = home / "proj" / "ws"
+    data = ws / ".mlxterm"  # a hidden path inside the workspace is hidden after its bind
+    venv = home / "venv"
+    for d in (ws, data, venv):
+        d.mkdir(parents=True)
+    args = bwrap_args(SandboxPolicy(hide=(str(data),), read_only=(str(venv),)), ws, str(home))
+    joined = " ".join(args)
+    assert "--unshare-all" in args and "--die-with-parent" in args and "--share-net" not in args
+    assert f"--tmpfs {home} " in joined and "--tmpfs /tmp" in joined
+    assert f"--tmpfs {home / 'proj'} " not in joined  # covered by hiding home already
+    order = [args.index(x) for x in (str(home), str(venv), "--bind", str(data))]
+    assert order == sorted(order), args
+    assert args[args.index("--bind") + 1] == str(ws) and args[args.index("--chdir") + 1] == str(ws)
+    networked = bwrap_args(SandboxPolicy(network=True), ws, str(home))
+    resolv = os.path.realpath("/etc/resolv.conf")
+    assert "--share-net" in networked
+    if os.path.exists(resolv):  # name resolution keeps working where resolv.conf links into /run
+        assert networked[networked.index(resolv) - 1] == "--ro-bind"
+
+
+def test_bwrap_arguments_hide_the_directory_beside_the_workspace_but_never_a_system_dir(tmp_path, monkeypatch):
+    ws = tmp_path / "a" / "ws"
+    ws.mkdir(parents=True)
+    assert f"--tmpfs {tmp_path / 'a'}" not in " ".join(bwrap_args(SandboxPolicy(), ws))  # /tmp is private
+    monkeypatch.setattr(sb, "PRIVATE_TMP", "/private-tmp")
+    assert f"--tmpfs {tmp_path / 'a'}" in " ".join(bwrap_args(SandboxPolicy(), ws))
+    assert "--tmpfs /usr " not in " ".join(bwrap_args(SandboxPolicy(), Path("/usr/lib")))
+
+
+def test_seatbelt_profile_text():
+    policy = SandboxPolicy(hide=("/Users/me/.mlxterm",), read_only=("/opt/venv",))
+    text = seatbelt_profile(policy, Path("/Users/me/proj"), "/Users/me", "/private/tmp/x")
+    lines = text.splitlines()
+    assert lines[0] == "(version 1)" and lines[1] == "(deny default)"
+    deny = next(line for line in lines if line.startswith("(deny file-read*"))
+    assert '(subpath "/Users/me")' in deny and '(subpath "/Users/me/.mlxterm")' in deny
+    allow_read = lines.index(next(line for line in lines if line.startswith("(allow file-read* (subpath")))
+    assert allow_read > lines.index(deny)  # later rules win: the workspace is readable again
+    write = next(line for line in lines if line.startswith("(allow file-write*"))
+    assert write.startswith('(allow file-write* (subpath "/Users/me/proj") (subpath "/private/tmp/x") ')
+    assert write.count("/Users") == 1
+    assert '(literal "/Users/me")' in text  # the way down to the workspace: metadata only
+    assert "(allow network*)" not in text and '(remote ip "localhost:*")' in text
+    assert "(allow network*)" in seatbelt_profile(SandboxPolicy(network=True), Path("/tmp"), None, "/t")
+    quoted = seatbelt_profile(SandboxPolicy(), Path("/tmp"), '/Users/a"b\\c', "/t")
+    assert '(subpath "/Users/a\\"b\\\\c")' in quoted
+
+
+SELENIUM_CHECK = """
+import http.server, threading, sys
+from functools import partial
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+handler = partial(http.server.SimpleHTTPRequestHandler, directory=".")
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+options = webdriver.ChromeOptions()
+for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+    options.add_argument(arg)
+driver = webdriver.Chrome(options=options, service=Service(sys.argv[1]))
+try:
+    driver.get(f"http://127.0.0.1:{server.server_port}/board.html")
+    driver.find_element(By.ID, "add").click()
+    print("CARDS", len(driver.find_elements(By.CLASS_NAME, "card")))
+finally:
+    driver.quit()
+"""
+
+
+@needs_bwrap
+@pytest.mark.skipif(CHROMIUM is None or shutil.which("chromedriver") is None,
+                    reason="chromium/chromium-driver not installed (setup.sh --test installs them)")
+def test_a_selenium_check_drives_chromium_inside_the_sandbox(layout):
+    pytest.importorskip("selenium", reason="selenium is a test extra (setup.sh --test installs it)")
+    import sys
+
+    ws, _ = layout
+    (ws / "board.html").write_text(
+        "<div id=cards></div><button id=add onclick=\"let d=document.createElement('div');"
+        "d.className='card';document.getElementById('cards').appendChild(d)\">add</button>")
+    (ws / "check_board.py").write_text(SELENIUM_CHECK)
+    run_line = f"{sys.executable} check_board.py {shutil.which('chromedriver')}"
+    record = run_check(Check("board", run_line, 120), ws, agent_sandbox(status=STATUS))
+    assert record["passed"] and "CARDS 1" in record["output"], record["output"]
+
+
+# -- the agent loop ---------------------------------------------------------------------------
+
+def _agent_run(tmp_path, profile_bash: str, command: str):
+    from engine.sessions import SessionStore
+
+    from agents.events import ApprovalNeeded, ToolFinished
+    from agents.protocol import format_call
+    from agents.scripted import ScriptedEngine, scripted_profile
+    from agents.session import AgentOptions, AgentSession
+
+    ws = tmp_path / "agent-ws"
+    ws.mkdir()
+    engine = ScriptedEngine([format_call("bash", {"command": command}), "done"],
+                            profile=scripted_profile(approval={"bash": profile_bash}))
+    store = SessionStore()
+    agent = AgentSession.create(engine, store, ws, options=AgentOptions(system_prompt="t", examples=False))
+    asked, finished = [], []
+    for ev in agent.run("go"):
+        if isinstance(ev, ApprovalNeeded):
+            asked.append(ev)
+            ev.approve()
+        elif isinstance(ev, ToolFinished):
+            finished.append(ev)
+    tool_msg = [m for m in store.messages(agent.session_id) if m.role == "tool"][0]
+    return agent, asked, finished[0], tool_msg
+
+
+@needs_bwrap
+def test_agent_bash_runs_sandboxed_and_says_so(tmp_path):
+    from engine import paths
+
+    (paths.data_dir() / "marker.txt").write_text("PRIVATE DATA")
+    agent, asked, done, msg = _agent_run(tmp_path, "allow", f"cat {paths.data_dir()}/marker.txt; echo ran")
+    assert not asked and done.result.data["sandboxed"] and msg.meta["sandboxed"] is True
+    assert "ran" in done.result.content and "PRIVATE DATA" not in done.result.content
+    assert agent.describe()["sandbox"]["active"] and agent.describe()["approval"]["bash"] == "allow"
+
+
+def test_agent_without_a_sandbox_asks_for_every_bash_call(tmp_path, monkeypatch):
+    monkeypatch.setattr(sb, "_probed", OFF)
+    monkeypatch.setattr(sb, "_warned", False)
+    agent, asked, done, msg = _agent_run(tmp_path, "allow", "echo ran")
+    assert len(asked) == 1 and done.approval == "once"  # the profile said allow; it asked anyway
+    assert done.result.data["sandboxed"] is False and msg.meta["sandboxed"] is False
+    assert agent.sandbox_notice and "without a sandbox" in agent.sandbox_notice
+    assert agent.describe()["sandbox"] == {"backend": "none", "active": False, "network": False,
+                                           "detail": "unavailable: test: no sandbox"}
+    (tmp_path / "b").mkdir()
+    again, asked2, _, _ = _agent_run(tmp_path / "b", "allow", "echo")
+    assert again.sandbox_notice is None and len(asked2) == 1  # said once; still asks

@@ -1,0 +1,49 @@
+"""``model.weights: auto`` per backend, the backend detection, and the no-OpenBLAS note."""
+
+from __future__ import annotations
+
+import engine  # noqa: F401  (loads OpenBLAS before mlx)
+
+# isort: split
+from types import SimpleNamespace
+
+from engine import blas
+from engine.model import weight_policy as wp
+
+import mlx.core as mx
+import pytest
+
+
+@pytest.fixture
+def on(monkeypatch):
+    """Pretend to run on one backend: the default device, and whether CUDA is there."""
+    def set_backend(name: str) -> None:
+        monkeypatch.setattr(wp.mx, "default_device", lambda: mx.cpu if name == "cpu" else mx.gpu)
+        monkeypatch.setattr(wp.mx, "cuda", SimpleNamespace(is_available=lambda: name == "cuda"), raising=False)
+    return set_backend
+
+
+@pytest.mark.parametrize("name,auto", [("cpu", "fp32"), ("metal", "quantized"), ("cuda", "quantized")])
+def test_auto_weights_per_backend(on, name, auto):
+    on(name)
+    assert wp.backend() == name
+    assert wp.choose_weights("auto") == auto
+    for explicit in ("quantized", "fp32", "fp16", "bf16"):  # a profile's choice always wins
+        assert wp.choose_weights(explicit) == explicit
+
+
+def test_blas_note_only_on_cpu_without_openblas(on, monkeypatch):
+    on("cpu")
+    monkeypatch.setattr(blas, "_state", {"path": None, "reason": "OpenBLAS not found"})
+    note = wp.blas_note()
+    assert note and "OpenBLAS not found" in note and "slow" in note
+    monkeypatch.setattr(blas, "_state", {"path": "/usr/lib/libopenblas.so.0", "reason": None})
+    assert wp.blas_note() is None
+    on("metal")
+    monkeypatch.setattr(blas, "_state", {"path": None, "reason": "macOS uses Accelerate"})
+    assert wp.blas_note() is None
+
+
+def test_this_machine_runs_what_the_policy_says():
+    expected = "fp32" if mx.default_device() == mx.cpu else "quantized"
+    assert wp.choose_weights() == expected
