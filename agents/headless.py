@@ -125,21 +125,7 @@ class HeadlessRun:
         return done
 
     def _check(self, check: Check, transcript: Transcript) -> dict[str, Any]:
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(["bash", "-c", check.run], cwd=self.workspace, capture_output=True,
-                                  timeout=check.timeout_s, stdin=subprocess.DEVNULL)
-            code: int | None = proc.returncode
-            output = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
-            passed = code == 0
-        except subprocess.TimeoutExpired as e:
-            code, passed = None, False
-            output = ((e.stdout or b"") + (e.stderr or b"")).decode("utf-8", errors="replace")
-            output += f"\n[check timed out after {check.timeout_s:g} s]"
-        record = {"name": check.name, "run": check.run, "passed": passed, "exit_code": code,
-                  "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000)}
-        transcript.write("check", 0, **record)
-        return record
+        return run_check(check, self.workspace, transcript)
 
     def _result(self, engine, done: AgentDone, checks: list[dict[str, Any]], transcript: Transcript,
                 wall: float) -> dict[str, Any]:
@@ -185,6 +171,28 @@ class HeadlessRun:
             "tool_calls": 0, "malformed_calls": 0, "tokens": {"prompt": 0, "cached": 0, "completion": 0},
             "cached_ratio": 0.0, "agent_wall_s": 0.0, "wall_s": round(wall, 3),
         }
+
+
+def run_check(check: Check, workspace: str | Path, transcript: Transcript | None = None) -> dict[str, Any]:
+    """Run one acceptance check with bash in ``workspace``; the record (also written to the
+    transcript): name, run, passed, exit_code, output (last CHECK_OUTPUT_CHARS), duration_ms.
+    Every check runner (``mlxterm run``, the task board) goes through here."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(["bash", "-c", check.run], cwd=workspace, capture_output=True,
+                              timeout=check.timeout_s, stdin=subprocess.DEVNULL)
+        code: int | None = proc.returncode
+        output = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
+        passed = code == 0
+    except subprocess.TimeoutExpired as e:
+        code, passed = None, False
+        output = ((e.stdout or b"") + (e.stderr or b"")).decode("utf-8", errors="replace")
+        output += f"\n[check timed out after {check.timeout_s:g} s]"
+    record = {"name": check.name, "run": check.run, "passed": passed, "exit_code": code,
+              "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000)}
+    if transcript is not None:
+        transcript.write("check", 0, **record)
+    return record
 
 
 def describe_event(ev: AgentEvent) -> str | None:
