@@ -49,6 +49,20 @@ def workspace_spec(path: str | None, git: str | None = None) -> dict[str, Any]:
     return {"kind": "empty", "source": None}
 
 
+def move_by_hand(board: BoardStore, card_id: int, state: str) -> Card:
+    """A move asked for by a person (``tasks move``, Shift+arrows): the transitions table,
+    plus: only the dispatcher starts or finishes a running card (cancel it to stop it), and
+    review -> done is an approval."""
+    card = board.get(card_id)
+    if state == "running":
+        raise BoardError(f"only the dispatcher starts a card; queue card {card.id} instead")
+    if card.state == "running":
+        raise BoardError(f"card {card.id} is running; cancel it first")
+    if card.state == "review" and state == "done":
+        return approve(board, card.id)
+    return board.move(card.id, state, reason="moved by hand")
+
+
 def start(board: BoardStore, card_id: int) -> Card:
     """Queue a card (from the backlog, or again after failed / blocked)."""
     card = board.get(card_id)

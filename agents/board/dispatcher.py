@@ -169,7 +169,12 @@ class Dispatcher:
 
     def _settle(self, card_id: int, att: Attempt) -> None:
         card = self.board.get(card_id)
-        if att.status == "cancelled" or card.cancel_requested:
+        if att.status == "cancelled" and self._stop.is_set() and not card.cancel_requested:
+            # The dispatcher is shutting down (the app closed): the card resumes next time.
+            nxt = {"kind": "resume"} if att.session_id else card.next_attempt
+            self._move(card_id, "queued", reason=f"attempt {att.number} stopped when the board closed; "
+                       "it resumes next time", next_attempt=nxt)
+        elif att.status == "cancelled" or card.cancel_requested:
             nxt = {"kind": "resume"} if att.session_id else None
             self._move(card_id, "backlog", reason=f"attempt {att.number} was cancelled",
                        next_attempt=nxt, cancel_requested=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +45,7 @@ from agents.transcript import Transcript
 
 FEEDBACK_CHARS = 2000  # check output given back to the next attempt
 _WARM_LOCK = threading.Lock()
-_WARMED: dict[tuple[int, str], threading.Event] = {}
+_WARMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {prefix hash: Event}
 
 
 def attempt_prompt(card: Card, kind: str, feedback: str | None) -> str:
@@ -78,12 +79,13 @@ def warm_prefix(engine, agent: AgentSession) -> bool:
     prefix = agent.store.context_tokens(agent.session_id)
     if len(prefix) < 2:
         return False
-    key = (id(engine), hashlib.sha1(repr(prefix).encode()).hexdigest())
+    key = hashlib.sha1(repr(prefix).encode()).hexdigest()
     with _WARM_LOCK:
-        done = _WARMED.get(key)
+        per_engine = _WARMED.setdefault(engine, {})
+        done = per_engine.get(key)
         mine = done is None
         if mine:
-            done = _WARMED[key] = threading.Event()
+            done = per_engine[key] = threading.Event()
     if not mine:
         done.wait(600)
         return False

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-BENCHES = ("engine", "resume", "speech")
+BENCHES = ("engine", "resume", "speech", "board")
 
 
 def register(sub) -> None:

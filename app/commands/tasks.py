@@ -194,8 +194,9 @@ def _export(args) -> int:
 
 
 def _move(args) -> int:
-    board = _board()
-    card = board.move(args.id, args.state, reason="moved by hand")
+    from agents.board.actions import move_by_hand
+
+    card = move_by_hand(_board(), args.id, args.state)
     _out(args, card.as_dict(), _line(card))
     return 0
 

@@ -52,6 +52,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         Binding("ctrl+r", "retry", "Retry"),
         Binding("f2", "rename", "Rename chat"),
         Binding("f5", "dictate", "Dictate"),
+        Binding("ctrl+b", "board", "Task board"),
         Binding("f8", "delete", "Delete chat", show=False),
         Binding("ctrl+s", "export('md')", "Export chat (Markdown)", show=False),
         Binding("ctrl+l", "focus_sessions", "Go to the chat list", show=False),
@@ -177,6 +178,13 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self.refresh_sessions()
         self.prompt.focus()
 
+    def action_board(self) -> None:
+        """Open the task board (its cards keep running when you come back here)."""
+        from app.tui.screens.board import BoardScreen
+
+        if not isinstance(self.app.screen, BoardScreen):
+            self.app.push_screen(BoardScreen())
+
     def action_focus_sessions(self) -> None:
         self.query_one("#session-list").focus()
 
@@ -272,6 +280,10 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         if is_dictate_command(text):
             self.prompt.sent(text)
             self.dictate_command()
+            return
+        if text.strip().lower() == "/board":
+            self.prompt.sent(text)
+            self.action_board()
             return
         agent_arg = agent_command(text)
         if agent_arg is not None:
