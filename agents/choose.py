@@ -45,5 +45,5 @@ def best_agent_profile() -> str:
     found = agent_profiles()
     if not found:
         raise NoAgentProfile("no agent-capable profile is installed (the chat default cannot do agent tasks); "
-                             f"install one with: mlxterm models install {SUGGESTED}")
+                             f"install one with: mlxterm models install {SUGGESTED} (or pass --profile NAME)")
     return found[0][0]

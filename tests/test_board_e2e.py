@@ -33,7 +33,7 @@ def test_three_cards_concurrency_2_on_qwen(tmp_path):
             assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc
 
-    for name in ("hello", "greeting", "add"):
+    for name in ("hello", "greeting", "hi"):
         cli("tasks", "add", str(TASKS / f"{name}.yaml"))
     run = cli("tasks", "run", "--concurrency", "2", "--until-empty", "--json")
     summary = json.loads(run.stdout)

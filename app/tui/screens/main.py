@@ -53,6 +53,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         Binding("f2", "rename", "Rename chat"),
         Binding("f5", "dictate", "Dictate"),
         Binding("ctrl+b", "board", "Task board"),
+        Binding("f3", "continue_last", "Reopen the most recent session", show=False),
         Binding("f8", "delete", "Delete chat", show=False),
         Binding("ctrl+s", "export('md')", "Export chat (Markdown)", show=False),
         Binding("ctrl+l", "focus_sessions", "Go to the chat list", show=False),
@@ -178,6 +179,16 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self.refresh_sessions()
         self.prompt.focus()
 
+    async def action_continue_last(self) -> None:
+        """F3 (on the start screen, or any time): reopen the most recent session."""
+        from app.tui.controller import latest_session
+
+        sid = latest_session(self.controller.store)
+        if sid is None:
+            self.notify("There is no session to reopen yet.", severity="warning")
+        elif sid != self.session_id:
+            await self.open_session(sid)
+
     def action_board(self) -> None:
         """Open the task board (its cards keep running when you come back here)."""
         from app.tui.screens.board import BoardScreen
@@ -258,9 +269,13 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
                 await self.action_new_chat()
                 self.notify(f"Started a new chat for profile {info.profile}; the previous chat "
                             "stays in the sidebar.")
+        pending, self._agent_after_load = self._agent_after_load, None
+        if pending is not None and info.profile == self.controller.engine.profile.name:
+            await self.action_agent(pending)
 
     def _load_failed(self, spec: str, message: str) -> None:
         self._loading = None
+        self._agent_after_load = None
         log.error("cannot load profile %s: %s", spec, message)
         self.status.set_model(self.controller.info())
 
