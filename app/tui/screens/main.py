@@ -52,7 +52,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         Binding("ctrl+r", "retry", "Retry"),
         Binding("f2", "rename", "Rename chat"),
         Binding("f5", "dictate", "Dictate"),
-        Binding("ctrl+b", "board", "Task board"),
+        Binding("ctrl+b", "board", "Task board", show=False),
         Binding("f3", "continue_last", "Reopen the most recent session", show=False),
         Binding("f8", "delete", "Delete chat", show=False),
         Binding("ctrl+s", "export('md')", "Export chat (Markdown)", show=False),
