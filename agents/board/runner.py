@@ -216,7 +216,7 @@ class AttemptRun:
                                   "cached_tokens": ev.cached_tokens, "completion_tokens": ev.completion_tokens,
                                   "cache_source": ev.cache_source,
                                   "ttft_s": round(ev.ttft_ms / 1000, 4) if ev.ttft_ms else None,
-                                  "tool_calls": calls, "decode_tps": ev.decode_tps})
+                                  "tool_calls": calls, "decode_tps": ev.decode_tps or None})
                 att.tokens, att.requests = dict(tokens), len(att.steps)
                 att.ttft_s_sum = round(ttft, 4) if ttft_known else None
                 att.tool_errors = tool_errors
