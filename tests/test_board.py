@@ -318,3 +318,34 @@ def test_threads_do_not_leak(board, sessions):
     dispatcher(board, sessions, engine).drain()
     time.sleep(0.1)
     assert threading.active_count() <= before + 1
+
+
+# -- workspaces -----------------------------------------------------------------------------------
+
+def test_template_and_git_workspaces_and_their_diffs(board, sessions, tmp_path):
+    template = tmp_path / "tpl"
+    template.mkdir()
+    (template / "keep.txt").write_text("same\n")
+    (template / "a.txt").write_text("old\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "b.txt").write_text("old\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    engine = RoutedEngine({"a": ok_script("a"), "b": [write("b.txt", "new\n"), write("c.txt", "c"), answer()]})
+    a = board.add(card("a", workspace=actions.workspace_spec(str(template))))
+    b = board.add(card("b", workspace=actions.workspace_spec(None, str(repo))))
+    dispatcher(board, sessions, engine).drain()
+    da = board.attempts(a.id)[0].diff
+    assert "--- a/a.txt\n+++ b/a.txt\n" in da and "-old\n+a\n\\ No newline at end of file\n" in da
+    assert "keep.txt" not in da and (template / "a.txt").read_text() == "old\n"  # the template is untouched
+    wb = Path(board.get(b.id).workspace_dir)
+    branch = subprocess.run(["git", "-C", str(wb), "branch", "--show-current"], capture_output=True, text=True)
+    assert branch.stdout.strip() == f"board/card-{b.id}"
+    db = board.attempts(b.id)[0].diff
+    assert "-old\n+new\n" in db and "+++ b/c.txt" in db
+    assert (repo / "b.txt").read_text() == "old\n"
+    with pytest.raises(BoardError, match="is not a git repository"):
+        actions.workspace_spec(None, str(template))

@@ -29,12 +29,10 @@ def card_status(card, attempt, run) -> str:
     checks = attempt.checks
     passed = sum(1 for c in checks if c["passed"])
     mark = (" " + "".join("✓" if c["passed"] else "✗" for c in checks)) if checks else ""
-    text = f"attempt {attempt.number} {attempt.status}{mark}"
-    if checks:
-        text += f" {passed}/{len(checks)}"
+    score = f"{mark} {passed}/{len(checks)}" if checks else ""
     if card.state in ("failed", "blocked") and card.reason:
-        text += f" · {card.reason}"
-    return text
+        return f"{score.strip()} · {card.reason}" if score else card.reason
+    return f"attempt {attempt.number} {attempt.status}{score}"
 
 
 class BoardCard(Static, can_focus=False):
