@@ -223,12 +223,15 @@ class Dispatcher:
         returns the cards this dispatcher ran, in their final states."""
         while not self._stop.is_set():
             self._wake.clear()
-            self.tick()
-            self.poll_cancels()
-            with self._lock:
-                idle = not self.running
-            if until_empty and idle and not self.runnable():
-                break
+            try:
+                self.tick()
+                self.poll_cancels()
+                with self._lock:
+                    idle = not self.running
+                if until_empty and idle and not self.runnable():
+                    break
+            except BoardError as e:  # a card moved by someone else meanwhile: look again
+                log.debug("board changed while dispatching: %s", e)
             self._wake.wait(poll_s)
         for t in list(self._threads.values()):
             t.join()

@@ -1,7 +1,8 @@
 """Task board: wall time of the same cards run serially vs concurrently, first-step reuse.
 
 Each arm runs the demo cards (``assets/tasks/board/*.yaml``) on a fresh board, session store
-and checkpoint store (a fresh engine per arm, its load not timed), arms alternated
+and checkpoint store, in its own process (a fresh engine per arm, its load not timed; the
+process returns the model's memory), arms alternated
 (1, N, N, 1 for ``--rounds 1``). Reported per arm: the dispatcher's wall time, every card's
 final state and checks, and each attempt's first-step cached ratio (the shared system prompt,
 tools and example turns restored from the prefix checkpoint instead of prefilled).
@@ -22,6 +23,13 @@ def add_arguments(p) -> None:
     p.add_argument("--concurrency", type=int, default=2, help="the concurrent arm's limit (default 2)")
     p.add_argument("--rounds", type=int, default=1, help="each round runs serial, N, N, serial")
     p.add_argument("--tasks", default=str(TASKS), help="directory of task YAMLs (one card each)")
+    p.add_argument("--arm", type=int, help=argparse_hidden())
+
+
+def argparse_hidden():
+    import argparse
+
+    return argparse.SUPPRESS
 
 
 def run_arm(profile: str, tasks: list[Path], concurrency: int) -> dict:
@@ -65,6 +73,19 @@ def run_arm(profile: str, tasks: list[Path], concurrency: int) -> dict:
         engine.close()
 
 
+def _arm_in_subprocess(profile: str, tasks: str, concurrency: int) -> dict:
+    """Each arm in its own process: a fresh engine whose memory is returned when it ends."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "app", "bench", "board", "--json", "--profile", profile,
+                           "--tasks", tasks, "--arm", str(concurrency)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench arm (concurrency {concurrency}) failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
 def run(args) -> dict:
     import os
 
@@ -72,10 +93,10 @@ def run(args) -> dict:
 
     profile = args.profile or best_agent_profile()
     tasks = sorted(Path(args.tasks).glob("*.yaml"))
+    if args.arm is not None:  # one arm, in the child process the parent started
+        return run_arm(profile, tasks, args.arm)
     order = [1, args.concurrency, args.concurrency, 1] * args.rounds
-    arms = []
-    for n in order:
-        arms.append(run_arm(profile, tasks, n))
+    arms = [_arm_in_subprocess(profile, args.tasks, n) for n in order]
     serial = [a["wall_s"] for a in arms if a["concurrency"] == 1]
     conc = [a["wall_s"] for a in arms if a["concurrency"] == args.concurrency]
     ratio = statistics.median(serial) / statistics.median(conc)
