@@ -196,6 +196,20 @@ async def test_board_keeps_running_while_chatting():
         await wait_for(pilot, lambda: state(app, a.id) == "review", what="review while chatting")
 
 
+async def test_profile_switch_waits_for_cards_on_the_chat_model():
+    app, engine = make_app({"a": [write("a.txt", "a" * 400, delay_s=0.02), answer()]})
+    async with app.run_test(size=SIZE) as pilot:
+        a = app.board.board.add(key_card("a", state="queued"))
+        await open_board(pilot)
+        await wait_for(pilot, lambda: app.board.cards_on(engine) == [a.id], what="the card on the chat engine")
+        await pilot.press("escape")
+        main = app.screen_stack[0]
+        main.load_profile("other")
+        assert main._loading is None and app.controller.engine is engine  # refused, said why
+        app.board.cancel(a.id)
+        await wait_for(pilot, lambda: state(app, a.id) == "backlog", what="cancelled")
+
+
 def _snapshot_board(board):
     def add(card, attempt=None):
         c = board.add(card)

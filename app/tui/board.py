@@ -78,6 +78,13 @@ class BoardService:
         d = self.dispatcher
         return d.running.get(card_id) if d is not None else None
 
+    def cards_on(self, engine) -> list[int]:
+        """Ids of the cards running on ``engine`` now (a profile switch would close it)."""
+        d = self.dispatcher
+        if d is None or engine is None:
+            return []
+        return sorted(cid for cid, run in list(d.running.items()) if run.engine is engine)
+
     def cancel(self, card_id: int) -> None:
         self.start().cancel(card_id)
 

@@ -243,6 +243,12 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             self.notify("Wait for the reply to finish (or press Esc) before switching.",
                         severity="warning")
             return
+        busy = self.app.board.cards_on(self.controller.engine)
+        if busy:  # switching closes the engine those board cards are running on
+            self.notify(f"Board card{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} "
+                        "running on this model; wait for them or cancel them on the board (Ctrl+B) "
+                        "before switching.", severity="warning")
+            return
         self._loading = spec
         self.status.set_loading(f"loading {Path(spec).stem if '/' in spec else spec}…")
         self._load(spec)
