@@ -23,6 +23,7 @@ from typing import Any
 from engine import paths
 
 from agents.tasks import Check
+from agents.transcript import Transcript
 from tools.bash import execute
 from tools.sandbox import Sandbox, SandboxPolicy, SandboxStatus
 
@@ -39,9 +40,10 @@ def agent_sandbox(network: bool = False, status: SandboxStatus | None = None) ->
 
 
 def run_check(check: Check, workspace: Path, sandbox: Sandbox, env: Mapping[str, str] | None = None,
-              writable: tuple[str, ...] = ()) -> dict[str, Any]:
+              writable: tuple[str, ...] = (), transcript: Transcript | None = None) -> dict[str, Any]:
     """Run one acceptance check in ``workspace`` (``writable``: more directories it may write,
-    such as the run directory for its evidence); its record for the transcript and result."""
+    such as the run directory for its evidence); its record, also written to ``transcript``.
+    Every check runner (``mlxterm run``, the task board) goes through here."""
     t0 = time.monotonic()
     if writable:
         sandbox = Sandbox(replace(sandbox.policy, writable=(*sandbox.policy.writable, *writable)), sandbox.status)
@@ -50,6 +52,9 @@ def run_check(check: Check, workspace: Path, sandbox: Sandbox, env: Mapping[str,
     if data["timed_out"]:
         output += f"\n[check timed out after {check.timeout_s:g} s]"
     code = None if data["timed_out"] else data["exit_code"]
-    return {"name": check.name, "run": check.run, "passed": code == 0, "exit_code": code,
-            "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000),
-            "sandboxed": data["sandboxed"]}
+    record = {"name": check.name, "run": check.run, "passed": code == 0, "exit_code": code,
+              "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000),
+              "sandboxed": data["sandboxed"]}
+    if transcript is not None:
+        transcript.write("check", 0, **record)
+    return record

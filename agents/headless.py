@@ -10,7 +10,6 @@ final answer), failed, error (the run itself broke), cancelled.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import sys
@@ -176,10 +175,8 @@ class HeadlessRun:
         # checks run model-written code: the agent's sandbox, or the task's own for --checks-only;
         # the run directory stays writable for their evidence (quality.json, screenshots)
         sandbox = self.agent.sandbox if self.agent is not None else agent_sandbox(network=self.task.network)
-        record = run_check(check, self.workspace, sandbox, env=self._check_env(), writable=(str(self.run_dir.resolve()),))
-        if transcript is not None:
-            transcript.write("check", 0, **record)
-        return record
+        return run_check(check, self.workspace, sandbox, env=self._check_env(),
+                         writable=(str(self.run_dir.resolve()),), transcript=transcript)
 
     def _result(self, engine, done: AgentDone, checks: list[dict[str, Any]], transcript: Transcript,
                 wall: float) -> dict[str, Any]:

@@ -184,6 +184,7 @@ class ScriptedHandle:
 
 
 def scripted_profile(max_context: int = 8192, max_tokens: int = 512, **agent: Any) -> Profile:
+    agent.setdefault("capable", True)  # it stands in for a model that can do agent tasks
     return Profile(
         name="scripted",
         model=ModelConfig(source="scripted"),

@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_default_command(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -38,3 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _default_command(argv: list[str]) -> list[str]:
+    """``mlxterm --continue`` / ``mlxterm --profile P``: chat options without the word chat."""
+    i = 0
+    while i < len(argv) and argv[i] in ("-v", "--verbose"):
+        i += 1
+    if i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-h", "--help"):
+        return [*argv[:i], "chat", *argv[i:]]
+    return argv

@@ -343,6 +343,7 @@ class AgentConfig:
     approval: dict[str, str] = opt(DEFAULT_APPROVAL, Approval())
     max_steps: int = opt(24, Number(integer=True, ge=1))
     constrained_tool_calls: bool = opt(True, Boolean())
+    capable: bool = opt(False, Boolean())  # can do agent tasks (cards, /agent, `run` pick these)
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,8 @@ def test_cli_run_writes_result_and_a_continuable_session(tmp_path):
 
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "run", str(TASKS / "hello.yaml"), "--run-dir", str(run_dir), "--json"],
+        [sys.executable, "-m", "app", "run", str(TASKS / "hello.yaml"), "--profile", "smollm2-135m",
+         "--run-dir", str(run_dir), "--json"],
         capture_output=True, text=True, timeout=600,
     )
     result = json.loads(proc.stdout)

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-BENCHES = ("engine", "resume", "speech", "sandbox")
+BENCHES = ("engine", "resume", "speech", "sandbox", "board")
 
 
 def register(sub) -> None:

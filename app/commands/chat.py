@@ -10,6 +10,8 @@ def register(sub) -> None:
     p.add_argument("--profile", metavar="NAME|PATH",
                    help="profile name or YAML path (default: the session's, else smollm2-135m)")
     p.add_argument("--session", metavar="ID", help="open this session (an id or a unique prefix)")
+    p.add_argument("--continue", dest="resume", action="store_true",
+                   help="reopen the most recent session (chat or agent)")
     p.add_argument("--plain", action="store_true",
                    help="line REPL instead of the full-screen TUI (for pipes and scrollback)")
     p.set_defaults(func=run)
@@ -17,6 +19,13 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import sys
+
+    if args.resume and not args.session:
+        from app.tui.controller import latest_session
+
+        args.session = latest_session()
+        if args.session is None:
+            print("mlxterm: no session to continue yet; starting a new chat", file=sys.stderr)
 
     if args.plain or not sys.stdin.isatty() or not sys.stdout.isatty():
         from app.tui.plain import run_plain

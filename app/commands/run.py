@@ -19,7 +19,8 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="run an agent task file headless (checks, transcript, result.json)")
     p.add_argument("task", type=Path, help="task YAML file (prompt, limits, checks...)")
     p.add_argument("--workspace", type=Path, help="directory the agent works in (default: RUN_DIR/workspace)")
-    p.add_argument("--profile", help="profile name or path (default: the task's, else smollm2-135m)")
+    p.add_argument("--profile", help="profile name or path (default: the task's, else the best installed "
+                   "agent-capable profile)")
     p.add_argument("--allow", action="append", default=[], metavar="TOOL",
                    help="let TOOL run without approval (repeatable; e.g. --allow bash)")
     p.add_argument("--run-dir", type=Path, help="where transcript.jsonl and result.json go")
@@ -44,13 +45,15 @@ def run(args) -> int:
         if line:
             print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
+    from agents.choose import best_agent_profile
     from tools.sandbox import probe
 
     sandbox = probe()
     if not sandbox.available:
         print(f"mlxterm: no sandbox ({sandbox.reason}): checks run unconfined and bash only runs "
               "with --allow bash, unconfined", file=sys.stderr, flush=True)
-    headless = HeadlessRun(task, profile=args.profile, workspace=args.workspace, allow=tuple(args.allow),
+    profile = args.profile or task.profile or best_agent_profile()  # no capable one: says how to get one
+    headless = HeadlessRun(task, profile=profile, workspace=args.workspace, allow=tuple(args.allow),
                            run_dir=args.run_dir, on_event=progress)
     if args.checks_only:
         if args.workspace is None:

@@ -74,6 +74,7 @@ class AgentActions:
         self.agent_view: AgentRunView | None = None
         self._agent_stop = False  # Esc before the run had started
         self._approval: ApprovalScreen | None = None
+        self._agent_after_load: str | None = None  # /agent waiting for an agent-capable model
 
     def set_agent_mode(self, session) -> None:
         """Follow the open session (None: a new chat): agent mode for kind "agent"."""
@@ -98,6 +99,21 @@ class AgentActions:
         if not self.controller.loaded:
             self.notify("Agent mode needs the model; wait for it to load.", severity="warning")
             return
+        loaded = self.controller.engine.profile
+        if not loaded.agent.capable:
+            from agents.choose import best_agent_profile
+
+            try:
+                best = await asyncio.to_thread(best_agent_profile)
+            except MlxtermError as e:
+                self.notify(f"{e}. Agent mode runs on {loaded.name} for now.", severity="warning", timeout=10)
+            else:
+                # The chat model cannot do agent work: load the best agent-capable one first;
+                # agent mode starts when it is loaded (MainScreen._loaded).
+                self._agent_after_load = path
+                self.notify(f"Agent mode runs on {best} ({loaded.name} cannot do agent tasks); loading it…")
+                self.load_profile(best)
+                return
         try:
             agent = await asyncio.to_thread(self.controller.new_agent, path or None)
         except MlxtermError as e:

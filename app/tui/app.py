@@ -19,6 +19,7 @@ from textual.binding import Binding
 from textual.worker import WorkerFailed
 
 from app.tui import logs, settings
+from app.tui.board import BoardService
 from app.tui.controller import ChatController
 from app.tui.format import process_rss
 from app.tui.history import PromptHistory
@@ -34,7 +35,7 @@ STYLES = Path(__file__).parent / "styles"
 
 class MlxtermApp(App[int]):
     TITLE = "mlxterm"
-    CSS_PATH = [STYLES / "app.tcss", STYLES / "agent.tcss", STYLES / "dialogs.tcss"]
+    CSS_PATH = [STYLES / "app.tcss", STYLES / "agent.tcss", STYLES / "dialogs.tcss", STYLES / "board.tcss"]
     BINDINGS = [
         Binding("f1", "help", "Help"),
         Binding("ctrl+t", "toggle_theme", "Light/dark theme", show=False),
@@ -46,7 +47,7 @@ class MlxtermApp(App[int]):
                  settings_path: Path | None = None, log_path: Path | None = None,
                  clock: Callable[[], float] = time.time,
                  memory_probe: Callable[[], int] = process_rss, autoload: bool = True,
-                 engine_factory: Callable[[str], object] | None = None) -> None:
+                 engine_factory: Callable[[str], object] | None = None, board=None) -> None:
         super().__init__()
         from engine.sessions import SessionStore
 
@@ -54,6 +55,7 @@ class MlxtermApp(App[int]):
         if profile is None and session_id is not None:
             profile = _profile_of(store, session_id)
         self.controller = ChatController(store, profile, engine_factory=engine_factory)
+        self.board = BoardService(self.controller, board)  # the task board; runs while you chat
         self.initial_session = session_id
         self.history = PromptHistory(history_path)
         self.settings_path = settings_path or settings.default_path()
@@ -94,6 +96,7 @@ class MlxtermApp(App[int]):
         return None
 
     async def on_unmount(self) -> None:
+        self.board.close()  # cancels running cards (they are requeued as resumable)
         self.controller.close()  # stops the engine thread (cancels nothing: replies are done)
 
     # -- errors ----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ PALETTE: tuple[tuple[str, str, str], ...] = (
     ("Retry last answer", "Generate the last reply again", "retry"),
     ("Set system prompt…", "System prompt of a new chat", "system"),
     ("Clear chat…", "Delete this chat's messages", "clear"),
+    ("Task board", "Agent tasks as cards: queue, run, review (/board, Ctrl+B)", "board"),
     ("Stop generating", "Stop the reply or cancel the agent (the partial text is kept)", "stop"),
     ("Toggle light/dark theme", "Switch between the light and dark theme", "app.toggle_theme"),
     ("Keys and commands", "Show the help screen", "app.help"),

@@ -266,6 +266,16 @@ class ChatController:
         return self.engine
 
 
+def latest_session(store=None) -> str | None:
+    """The id of the most recently updated session (chat or agent), or None."""
+    if store is None:
+        from engine.sessions import SessionStore
+
+        store = SessionStore()
+    found = store.list(limit=1)
+    return found[0].id if found else None
+
+
 _WHERE = re.compile(r"^\S+?:\d+(?::\d+)?: (?:[\w.]+: )?")
 
 

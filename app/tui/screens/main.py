@@ -52,6 +52,8 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         Binding("ctrl+r", "retry", "Retry"),
         Binding("f2", "rename", "Rename chat"),
         Binding("f5", "dictate", "Dictate"),
+        Binding("ctrl+b", "board", "Task board", show=False),
+        Binding("f3", "continue_last", "Reopen the most recent session", show=False),
         Binding("f8", "delete", "Delete chat", show=False),
         Binding("ctrl+s", "export('md')", "Export chat (Markdown)", show=False),
         Binding("ctrl+l", "focus_sessions", "Go to the chat list", show=False),
@@ -177,6 +179,23 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self.refresh_sessions()
         self.prompt.focus()
 
+    async def action_continue_last(self) -> None:
+        """F3 (on the start screen, or any time): reopen the most recent session."""
+        from app.tui.controller import latest_session
+
+        sid = latest_session(self.controller.store)
+        if sid is None:
+            self.notify("There is no session to reopen yet.", severity="warning")
+        elif sid != self.session_id:
+            await self.open_session(sid)
+
+    def action_board(self) -> None:
+        """Open the task board (its cards keep running when you come back here)."""
+        from app.tui.screens.board import BoardScreen
+
+        if not isinstance(self.app.screen, BoardScreen):
+            self.app.push_screen(BoardScreen())
+
     def action_focus_sessions(self) -> None:
         self.query_one("#session-list").focus()
 
@@ -224,6 +243,12 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             self.notify("Wait for the reply to finish (or press Esc) before switching.",
                         severity="warning")
             return
+        busy = self.app.board.cards_on(self.controller.engine)
+        if busy:  # switching closes the engine those board cards are running on
+            self.notify(f"Board card{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} "
+                        "running on this model; wait for them or cancel them on the board (Ctrl+B) "
+                        "before switching.", severity="warning")
+            return
         self._loading = spec
         self.status.set_loading(f"loading {Path(spec).stem if '/' in spec else spec}…")
         self._load(spec)
@@ -250,9 +275,13 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
                 await self.action_new_chat()
                 self.notify(f"Started a new chat for profile {info.profile}; the previous chat "
                             "stays in the sidebar.")
+        pending, self._agent_after_load = self._agent_after_load, None
+        if pending is not None and info.profile == self.controller.engine.profile.name:
+            await self.action_agent(pending)
 
     def _load_failed(self, spec: str, message: str) -> None:
         self._loading = None
+        self._agent_after_load = None
         log.error("cannot load profile %s: %s", spec, message)
         self.status.set_model(self.controller.info())
 
@@ -272,6 +301,10 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         if is_dictate_command(text):
             self.prompt.sent(text)
             self.dictate_command()
+            return
+        if text.strip().lower() == "/board":
+            self.prompt.sent(text)
+            self.action_board()
             return
         agent_arg = agent_command(text)
         if agent_arg is not None:

@@ -15,7 +15,7 @@ W = TypeVar("W", bound=Widget)
 
 WELCOME = (
     "Type a message and press Enter. Ctrl+J adds a new line; Esc stops a reply.\n"
-    "Type /help or press F1 for keys and commands."
+    "Type /help or press F1 for keys and commands; F3 reopens your most recent session."
 )
 
 

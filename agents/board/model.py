@@ -1,0 +1,134 @@
+"""Cards, attempts and the one table of allowed state changes.
+
+Every state change of a card goes through ``BoardStore.move``, which calls ``check_move``
+against ``TRANSITIONS``; nothing else writes a card's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.errors import MlxtermError
+
+STATES = ("backlog", "queued", "running", "review", "done", "failed", "blocked", "archived")
+
+# from -> the states a card may move to. "running -> queued" is a retry after failed checks or
+# an attempt interrupted by a crash; "review -> queued" is a reject (a follow-up attempt in the
+# same agent session); "running -> backlog" is a cancel.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "backlog": frozenset({"queued", "archived"}),
+    "queued": frozenset({"running", "backlog", "blocked", "archived"}),
+    "running": frozenset({"review", "done", "queued", "failed", "backlog"}),
+    "review": frozenset({"done", "queued", "backlog", "archived"}),
+    "done": frozenset({"archived"}),
+    "failed": frozenset({"queued", "backlog", "archived"}),
+    "blocked": frozenset({"queued", "backlog", "archived"}),
+    "archived": frozenset({"backlog"}),
+}
+ACTIVE = ("queued", "running")
+ATTEMPT_STATUSES = ("running", "passed", "failed", "error", "cancelled", "interrupted")
+WORKSPACE_KINDS = ("empty", "template", "git")
+
+
+class BoardError(MlxtermError):
+    """A board action that cannot be done (unknown card, forbidden move, bad card spec)."""
+
+
+def check_move(card_id: int, old: str, new: str) -> None:
+    """Raise ``BoardError`` unless ``old -> new`` is in ``TRANSITIONS``."""
+    if new not in STATES:
+        raise BoardError(f"unknown state {new!r} (states: {', '.join(STATES)})")
+    if new not in TRANSITIONS[old]:
+        allowed = ", ".join(sorted(TRANSITIONS[old])) or "none"
+        raise BoardError(f"card {card_id} cannot move from {old} to {new} (from {old}: {allowed})")
+
+
+@dataclass
+class CheckSpec:
+    name: str
+    run: str
+    timeout_s: float = 60.0
+
+
+@dataclass
+class Card:
+    """One task. ``workspace`` is ``{"kind": empty|template|git, "source": path|None}``; the
+    directory the agent works in (``workspace_dir``) is made on the first attempt and kept for
+    the following ones (a retry fixes the work, a reject continues it)."""
+
+    id: int
+    title: str
+    prompt: str
+    state: str = "backlog"
+    profile: str | None = None
+    workspace: dict[str, Any] = field(default_factory=lambda: {"kind": "empty", "source": None})
+    workspace_dir: str | None = None
+    base: str | None = None  # git: the commit the card's branch started from
+    checks: list[CheckSpec] = field(default_factory=list)
+    limits: dict[str, Any] = field(default_factory=dict)  # steps, tokens, wall_s
+    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, seed, max_tokens
+    allow: list[str] = field(default_factory=list)
+    system: str | None = None
+    examples: bool = True
+    priority: int = 0
+    labels: list[str] = field(default_factory=list)
+    depends_on: list[int] = field(default_factory=list)
+    max_retries: int = 2
+    auto_accept: bool = False
+    task_file: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    reason: str | None = None  # why it is where it is (blocked by..., failed after...)
+    review_comment: str | None = None  # the last reject's comment, fed to the follow-up
+    next_attempt: dict[str, Any] | None = None  # {"kind": retry|followup|resume, "feedback": text}
+    retries_used: int = 0  # automatic retries since the last human action
+    cancel_requested: bool = False  # set by `tasks cancel` / x; the running attempt stops
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Attempt:
+    """One run of a card's agent. Unknown numbers are None, never 0."""
+
+    card_id: int
+    number: int
+    kind: str  # first | retry | followup | resume
+    prompt: str
+    status: str = "running"
+    session_id: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    wall_s: float | None = None
+    tokens: dict[str, int | None] = field(
+        default_factory=lambda: {"prompt": None, "cached": None, "completion": None})
+    requests: int | None = None
+    ttft_s_sum: float | None = None
+    tool_errors: int | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    workspace: str | None = None
+    diff: str | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str | None = None
+    error: str | None = None
+    final_text: str | None = None
+    pid: int | None = None  # the process running it (crash recovery checks it is gone)
+
+    @property
+    def first_step_cached_ratio(self) -> float | None:
+        if not self.steps or not self.steps[0].get("prompt_tokens"):
+            return None
+        return self.steps[0]["cached_tokens"] / self.steps[0]["prompt_tokens"]
+
+    @property
+    def cached_ratio(self) -> float | None:
+        p, c = self.tokens.get("prompt"), self.tokens.get("cached")
+        return None if not p or c is None else c / p
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["first_step_cached_ratio"] = self.first_step_cached_ratio
+        d["cached_ratio"] = self.cached_ratio
+        return d

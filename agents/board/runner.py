@@ -1,0 +1,243 @@
+"""One attempt of a card: its workspace, its agent session, its checks and its record.
+
+``AttemptRun(...).run()`` runs the agent (a new session for the first attempt and for
+automatic retries, the same session for a follow-up after a reject or a resume after a
+crash), then the card's checks through ``agents.checks.run_check`` (the one check runner),
+and fills the ``Attempt``: per-step tokens / cache source / TTFT, tool errors, checks, diff.
+The attempt is saved after every step, so a crash keeps what was done.
+
+Before the first step, the shared prefix every card starts with (system prompt, tool prelude
+and example turns) is prefilled once per engine (``warm_prefix``): the first step of every
+card then restores that KV checkpoint instead of prefilling it, whether the cards' first
+steps take turns on the engine or run in one batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.runtime import GenerationRequest
+
+from agents.board import workspace as ws_mod
+from agents.board.model import Attempt, Card
+from agents.checks import run_check
+from agents.events import (
+    AgentDone,
+    AgentEvent,
+    ApprovalNeeded,
+    StepDone,
+    StepStart,
+    TextDelta,
+    ToolCallForming,
+    ToolCallMalformed,
+    ToolCallParsed,
+    ToolFinished,
+    ToolStarted,
+)
+from agents.session import AgentLimits, AgentOptions, AgentSession
+from agents.tasks import Check
+from agents.transcript import Transcript
+
+FEEDBACK_CHARS = 2000  # check output given back to the next attempt
+_WARM_LOCK = threading.Lock()
+_WARMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {prefix hash: Event}
+
+
+def attempt_prompt(card: Card, kind: str, feedback: str | None) -> str:
+    """What the agent is told: the card's prompt, the failed checks of the previous attempt
+    (retry), the reviewer's comment (follow-up) or a nudge to finish (resume)."""
+    if kind == "retry" and feedback:
+        return (f"{card.prompt}\n\nA previous attempt did not pass the acceptance checks. The files it "
+                f"left are in the workspace. Check output:\n{feedback}\nFix the work so the checks pass.")
+    if kind == "followup":
+        return (f"The reviewer rejected the result: {feedback or 'no comment'}\n"
+                "Change the work accordingly.")
+    if kind == "resume":
+        return f"The run was interrupted. Continue the task and finish it: {card.prompt}"
+    return card.prompt
+
+
+def check_feedback(checks: list[dict[str, Any]]) -> str:
+    """The failed checks of an attempt as text for the next attempt's prompt."""
+    parts = []
+    for c in checks:
+        if not c["passed"]:
+            out = (c.get("output") or "").strip()[-FEEDBACK_CHARS:]
+            parts.append(f"- check {c['name']} (`{c['run']}`) failed with exit code {c['exit_code']}:\n{out}")
+    return "\n".join(parts)
+
+
+def warm_prefix(engine, agent: AgentSession) -> bool:
+    """Prefill the session's context so far (the shared prefix of every card) once per engine
+    and prefix, so every card's first step reuses its KV checkpoint. Threads asking for the
+    same prefix wait for the first one. Returns True when this call did the prefill."""
+    prefix = agent.store.context_tokens(agent.session_id)
+    if len(prefix) < 2:
+        return False
+    key = hashlib.sha1(repr(prefix).encode()).hexdigest()
+    with _WARM_LOCK:
+        per_engine = _WARMED.setdefault(engine, {})
+        done = per_engine.get(key)
+        mine = done is None
+        if mine:
+            done = per_engine[key] = threading.Event()
+    if not mine:
+        done.wait(600)
+        return False
+    try:
+        handle = engine.submit(GenerationRequest(prefix, engine.sampling(max_tokens=1, temperature=0.0)))
+        handle.result(600)
+    finally:
+        done.set()
+    return True
+
+
+class AttemptRun:
+    """Runs one attempt; ``cancel()`` and the ``status`` fields may be used from any thread."""
+
+    def __init__(self, board, sessions, engine, card: Card, attempt: Attempt, *, interactive: bool = False,
+                 on_event: Callable[[AttemptRun, AgentEvent], None] | None = None, warm: bool = True):
+        self.board, self.sessions, self.engine = board, sessions, engine
+        self.card, self.attempt = card, attempt
+        self.interactive = interactive
+        self.on_event = on_event
+        self.warm = warm
+        self.agent: AgentSession | None = None
+        self.pending_approval: ApprovalNeeded | None = None
+        self._cancelled = threading.Event()
+        # live status for the board
+        self.step = 0
+        self.tool: str | None = None
+        self.step_tokens = 0
+        self.t0 = time.monotonic()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        if self.agent is not None:
+            self.agent.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.t0
+
+    def run(self) -> Attempt:
+        card, att = self.card, self.attempt
+        att.workspace = card.workspace_dir
+        t0 = time.monotonic()
+        transcript = Transcript(ws_mod.board_dir(self.board) / "cards" / str(card.id) / f"attempt-{att.number}.jsonl")
+        try:
+            self._open_agent(transcript)
+            att.session_id = self.agent.session_id
+            self.board.save_attempt(att)
+            if self.cancelled:
+                self.agent.cancel()
+            if self.warm and att.kind in ("first", "retry"):
+                warm_prefix(self.engine, self.agent)
+            done = self._run_agent()
+            att.stop_reason, att.error, att.final_text = done.reason, done.error, done.final_text
+            if done.reason == "cancelled":
+                att.status = "cancelled"
+            else:
+                att.checks = [run_check(Check(c.name, c.run, c.timeout_s), Path(card.workspace_dir), self.agent.sandbox,
+                                        transcript=transcript)
+                              for c in card.checks]
+                if done.reason == "error":
+                    att.status = "error"
+                elif att.checks:
+                    att.status = "passed" if all(c["passed"] for c in att.checks) else "failed"
+                else:
+                    att.status = "passed" if done.reason == "answered" else "failed"
+        except Exception as e:  # noqa: BLE001 (the attempt must end with a record, not vanish)
+            att.status, att.error = "error", f"{type(e).__name__}: {e}"
+        finally:
+            transcript.close()
+        try:
+            att.diff = ws_mod.diff(card)
+        except Exception as e:  # noqa: BLE001
+            att.diff, att.error = None, att.error or f"diff failed: {e}"
+        att.finished_at = time.time()
+        att.wall_s = round(time.monotonic() - t0, 3)
+        self.board.save_attempt(att)
+        self.board.log(card.id, "attempt_finished", number=att.number, status=att.status,
+                       stop_reason=att.stop_reason, error=att.error, wall_s=att.wall_s,
+                       tokens=att.tokens, first_step_cached_ratio=att.first_step_cached_ratio,
+                       checks=[{"name": c["name"], "passed": c["passed"]} for c in att.checks])
+        return att
+
+    def _open_agent(self, transcript: Transcript) -> None:
+        card, att = self.card, self.attempt
+        s = card.sampling
+        options = AgentOptions(system_prompt=card.system, examples=card.examples, allow=tuple(card.allow),
+                               interactive=self.interactive, temperature=s.get("temperature"),
+                               seed=s.get("seed"), max_tokens_per_step=s.get("max_tokens"))
+        if att.kind in ("followup", "resume") and att.session_id:
+            self.agent = AgentSession.open(self.engine, self.sessions, att.session_id, options=options,
+                                           transcript=transcript)
+        else:
+            self.agent = AgentSession.create(self.engine, self.sessions, card.workspace_dir,
+                                             title=f"card {card.id}: {card.title}", options=options,
+                                             transcript=transcript,
+                                             meta={"board": {"card": card.id, "attempt": att.number}})
+
+    def _run_agent(self) -> AgentDone:
+        att = self.attempt
+        limits = AgentLimits(steps=self.card.limits.get("steps"), tokens=self.card.limits.get("tokens"),
+                             wall_s=self.card.limits.get("wall_s"))
+        tokens = {"prompt": 0, "cached": 0, "completion": 0}
+        ttft, tool_errors, calls = 0.0, 0, 0
+        ttft_known = True
+        done: AgentDone | None = None
+        for ev in self.agent.run(att.prompt, limits):
+            if isinstance(ev, StepStart):
+                self.step, self.tool, self.step_tokens, calls = ev.step, None, 0, 0
+            elif isinstance(ev, TextDelta | ToolCallForming):
+                self.step_tokens += 1
+                if isinstance(ev, ToolCallForming) and ev.name:
+                    self.tool = ev.name
+            elif isinstance(ev, ToolCallParsed | ToolCallMalformed):
+                calls += 1
+            elif isinstance(ev, StepDone):
+                tokens["prompt"] += ev.prompt_tokens
+                tokens["cached"] += ev.cached_tokens
+                tokens["completion"] += ev.completion_tokens
+                if not ev.ttft_ms:  # 0.0 is the engine's "not measured" default
+                    ttft_known = False
+                else:
+                    ttft += ev.ttft_ms / 1000
+                att.steps.append({"request": ev.step, "prompt_tokens": ev.prompt_tokens,
+                                  "cached_tokens": ev.cached_tokens, "completion_tokens": ev.completion_tokens,
+                                  "cache_source": ev.cache_source,
+                                  "ttft_s": round(ev.ttft_ms / 1000, 4) if ev.ttft_ms else None,
+                                  "tool_calls": calls, "decode_tps": ev.decode_tps or None})
+                att.tokens, att.requests = dict(tokens), len(att.steps)
+                att.ttft_s_sum = round(ttft, 4) if ttft_known else None
+                att.tool_errors = tool_errors
+                self.board.save_attempt(att)
+            elif isinstance(ev, ToolStarted):
+                self.tool = ev.call.name
+            elif isinstance(ev, ToolFinished):
+                if not ev.result.ok:
+                    tool_errors += 1
+                att.tool_errors = tool_errors
+            elif isinstance(ev, ApprovalNeeded):
+                self.pending_approval = ev
+                self.board.log(self.card.id, "approval_needed", number=att.number, tool=ev.call.name)
+            elif isinstance(ev, AgentDone):
+                done = ev
+            if isinstance(ev, ToolStarted | ToolFinished):
+                self.pending_approval = None
+            if self.on_event is not None:
+                self.on_event(self, ev)
+        assert done is not None
+        att.tool_errors = tool_errors
+        return done
