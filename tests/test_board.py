@@ -303,6 +303,10 @@ def test_cli_add_list_move_export(tmp_path, capsys):
     assert cli("tasks", "export", "1", "-o", str(out)) == 0
     data = json.loads(out.read_text())
     assert data["kind"] == "board_card" and data["attempts"] == [] and data["card"]["labels"] == ["demo"]
+    report = tmp_path / "board.html"
+    assert cli("tasks", "report", "--out", str(report), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["cards"] == [1, 2]
+    assert "create x.txt" in report.read_text() and "say hi" in report.read_text()
     assert cli("tasks", "archive", "1") == 0
     capsys.readouterr()
     assert cli("tasks", "list") == 0

@@ -164,6 +164,11 @@ async def test_open_card_review_reject_then_approve():
         await wait_for(pilot, lambda: "A!" in card_screen.query_one(DiffView).diff, what="the new diff")
         await pilot.press("y")
         await wait_for(pilot, lambda: state(app, a.id) == "done", what="done")
+        await pilot.press("o")  # the card's HTML report: both attempts, the model's words escaped
+        from engine import paths
+
+        html = (paths.data_dir() / "reports" / f"card-{a.id}.html").read_text()
+        assert "attempt 2" in html and "exists" in html and "a.txt" in html
         await pilot.press("escape")
         assert isinstance(app.screen, BoardScreen)
 

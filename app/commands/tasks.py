@@ -51,6 +51,13 @@ def register(sub) -> None:
             sp.add_argument("--output", "-o", type=Path, metavar="FILE", help="write to FILE (atomically)")
         sp.set_defaults(func=_show if name == "show" else _export)
 
+    rep = tsub.add_parser("report", help="one standalone HTML report of the board's cards and attempts")
+    rep.add_argument("ids", type=int, nargs="*", metavar="ID", help="only these cards (default: every card)")
+    rep.add_argument("--all", action="store_true", help="include archived cards")
+    rep.add_argument("--out", "-o", type=Path, default=Path("board-report.html"), metavar="FILE")
+    rep.add_argument("--json", action="store_true")
+    rep.set_defaults(func=_report)
+
     mp = tsub.add_parser("move", help="move a card to STATE (allowed moves only)")
     mp.add_argument("id", type=int, metavar="ID")
     mp.add_argument("state", metavar="STATE")
@@ -190,6 +197,17 @@ def _export(args) -> int:
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _report(args) -> int:
+    from agents.board.actions import export_card
+    from app.report import write_report
+
+    board = _board()
+    ids = args.ids or [c.id for c in board.cards() if args.all or c.state != "archived"]
+    out = write_report([export_card(board, i) for i in ids], args.out, title="mlxterm task board")
+    _out(args, {"report": str(out), "cards": ids}, f"wrote {out} ({len(ids)} cards)")
     return 0
 
 

@@ -316,6 +316,7 @@ class CardScreen(Screen):
         Binding("escape", "back", "Back to the board"),
         Binding("y", "approve", "Approve"),
         Binding("n", "reject", "Reject with comment"),
+        Binding("o", "report", "HTML report"),
         Binding("1", "tab('attempts')", "Attempts", show=False),
         Binding("2", "tab('agent')", "Agent", show=False),
         Binding("3", "tab('review')", "Review", show=False),
@@ -411,6 +412,18 @@ class CardScreen(Screen):
         screen, self._approval = self._approval, None
         if screen is not None and self.app.screen is screen:
             screen.dismiss("deny")
+
+    def action_report(self) -> None:
+        """Write this card's standalone HTML report (attempts, steps, checks) and say where."""
+        from engine import paths
+
+        from agents.board.actions import export_card
+        from app.report import write_report
+
+        out = paths.data_dir() / "reports" / f"card-{self.card_id}.html"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_report([export_card(self.service.board, self.card_id)], out, title=f"mlxterm card {self.card_id}")
+        self.notify(f"report written: {out}", timeout=8)
 
     async def refresh_card(self, load_agent: bool = False) -> None:
         board = self.service.board
