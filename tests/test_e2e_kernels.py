@@ -9,8 +9,6 @@ of a fixed text, fed one token at a time as decode does (the int8-activation pat
 
 import math
 
-import pytest
-
 from engine import kernels
 from engine.generation.generate import generate_step
 from engine.generation.kv_cache import make_cache
@@ -19,6 +17,7 @@ from engine.model.loader import load_bundle
 from engine.sampling import SamplingParams
 
 import mlx.core as mx
+import pytest
 
 pytestmark = [
     pytest.mark.e2e,

@@ -168,3 +168,87 @@ def test_requantized_q6k_stays_close():
     err = np.abs(np.array(back).reshape(2, 16, 32) - dense.reshape(2, 16, 32))
     # half a step of rounding, plus float32 slop on values of size ~30
     assert (err <= step * 0.5 + 1e-5 * np.abs(dense).reshape(2, 16, 32).max()).all()
+
+
+def _attn_case(B, H, Hk, L, S, seed=0):
+    k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
+    return (
+        mx.random.normal((B, H, L, 64), key=k1),
+        mx.random.normal((B, Hk, S, 64), key=k2),
+        mx.random.normal((B, Hk, S, 64), key=k3),
+    )
+
+
+@needs_ext
+@pytest.mark.parametrize("shape", [(1, 9, 3, 1, 100), (1, 9, 3, 7, 40), (2, 4, 2, 5, 5), (1, 14, 2, 33, 70)])
+def test_attention_matches_mlx_sdpa_for_every_mask_kind(shape):
+    from engine.kernels import attention
+
+    B, H, Hk, L, S = shape
+    q, k, v = _attn_case(*shape)
+    window = (mx.arange(S)[None] <= mx.arange(S - L, S)[:, None]) & (
+        mx.arange(S)[None] > mx.arange(S - L, S)[:, None] - 4
+    )
+    masks = [
+        None,
+        "causal",
+        mx.arange(S) <= S - 3,  # a static cache's key-validity mask in the compiled decode step
+        window,  # sliding window, boolean (L, S)
+        mx.random.normal((L, S)),  # additive
+        mx.random.uniform(shape=(B, 1, L, S), key=mx.random.key(5)) > 0.3,  # per-row (batched)
+    ]
+    for m in masks:
+        got = attention.scaled_dot_product_attention(q, k, v, None, 0.125, m)
+        ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=m)
+        assert float(mx.abs(got - ref).max()) < 2e-6, m
+
+
+@needs_ext
+def test_attention_falls_back_for_what_it_does_not_handle(monkeypatch):
+    from engine.kernels import attention
+
+    calls = []
+    monkeypatch.setattr(attention, "_original", lambda *a: calls.append(a) or "mlx")
+    q, k, v = _attn_case(1, 4, 2, 3, 8)
+    per_head = mx.zeros((1, 4, 3, 8))  # differs per head: not this kernel's shape
+    assert attention.scaled_dot_product_attention(q, k, v, None, 1.0, per_head) == "mlx"
+    assert attention.scaled_dot_product_attention(q.astype(mx.float16), k, v, None, 1.0, None) == "mlx"
+    assert attention.scaled_dot_product_attention(q, k, v, None, 1.0, None, sinks=mx.zeros((4,))) == "mlx"
+    assert len(calls) == 3
+
+
+@needs_ext
+def test_attention_inside_compile_matches():
+    from engine.kernels import attention
+
+    q, k, v = _attn_case(1, 6, 2, 1, 64)
+    valid = mx.arange(64) <= 40
+
+    def f(q, k, v):
+        return attention.scaled_dot_product_attention(q, k, v, None, 0.125, valid)
+
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=valid)
+    assert float(mx.abs(mx.compile(f)(q, k, v) - ref).max()) < 2e-6
+
+
+@needs_ext
+@pytest.mark.parametrize("isa", ["avx2", "avxvnni"])
+def test_narrower_instruction_sets_agree(isa):
+    """The AVX2-only (maddubs) and AVX-VNNI paths, as CPUs without AVX512-VNNI run them."""
+    code = (
+        "import engine, sys\n"
+        "from engine import kernels\n"
+        "from tests.test_kernels import _case, _rel\n"
+        "print(kernels.status()['isa'])\n"
+        "for bits in (4, 5, 8):\n"
+        "    for M in (1, 5):\n"
+        "        x, wq, s, b, ref = _case(M, 45, 256, bits, 64, seed=bits + M)\n"
+        "        e = kernels.quantized_matmul(x, wq, s, b, 64, bits, exact=True)\n"
+        "        f = kernels.quantized_matmul(x, wq, s, b, 64, bits)\n"
+        "        assert _rel(e, ref) < 1e-6 and _rel(f, ref) < 1.5e-2, (bits, M, _rel(f, ref))\n"
+    )
+    env = dict(os.environ, MLXTERM_KERNEL_ISA=isa)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if isa == "avx2":
+        assert out.stdout.strip() == "avx2"

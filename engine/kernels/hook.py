@@ -1,4 +1,5 @@
-"""Route a model's quantized linears (and tied quantized output heads) to the CPU kernels.
+"""Route a model's quantized linears (and tied quantized output heads) to the CPU kernels,
+and mlx_lm's attention to engine.kernels.attention.
 
 ``install(model)`` swaps the class of every ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding``
 whose format the kernel reads (affine, 4/5/8 bits, group 32/64/128) for a subclass whose
@@ -51,6 +52,9 @@ def install(model: nn.Module) -> int:
     """Route ``model``'s quantized layers to the kernels; return how many were routed."""
     if not kernels.available():
         return 0
+    from engine.kernels import attention
+
+    attention.install()
     n = 0
     for _, m in model.named_modules():
         if type(m) is nn.QuantizedLinear:

@@ -5,6 +5,8 @@
 #include "ops.h"
 #include "pool.h"
 #include "qmm.h"
+#include "softmax.h"
+#include <nanobind/stl/optional.h>
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -19,6 +21,14 @@ NB_MODULE(_ext, m) {
       },
       "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "exact"_a = false,
       "x @ dequantize(w, scales, biases).T on the CPU, float32 out.");
+  m.def(
+      "masked_softmax",
+      [](const mlx::core::array& scores, int mode, int offset,
+         std::optional<mlx::core::array> mask) {
+        return mlxterm::masked_softmax(scores, mode, offset, mask ? &*mask : nullptr);
+      },
+      "scores"_a, "mode"_a, "offset"_a = 0, "mask"_a = nb::none(),
+      "softmax over the last axis of (B, H, L, S) float32 scores under a mask.");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include <immintrin.h>
 
@@ -17,6 +18,11 @@ namespace mlxterm {
 Isa best_isa() {
   static const Isa isa = [] {
     __builtin_cpu_init();
+    // MLXTERM_KERNEL_ISA=avx2|avxvnni narrows the choice (tests run every path on one CPU).
+    const char* env = std::getenv("MLXTERM_KERNEL_ISA");
+    const std::string want = env ? env : "";
+    if (want == "avx2") return Isa::avx2;
+    if (want == "avxvnni" && __builtin_cpu_supports("avxvnni")) return Isa::avxvnni;
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
       return Isa::avx512vnni;
     if (__builtin_cpu_supports("avxvnni")) return Isa::avxvnni;
