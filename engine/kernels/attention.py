@@ -75,3 +75,12 @@ def install() -> None:
     for name in _MODULES:
         mod = importlib.import_module(f"mlx_lm.models.{name}")
         mod.scaled_dot_product_attention = scaled_dot_product_attention
+
+
+def uninstall() -> None:
+    """Back to mlx_lm's own attention (for A/B benchmarks)."""
+    import importlib
+
+    for name in _MODULES:
+        mod = importlib.import_module(f"mlx_lm.models.{name}")
+        mod.scaled_dot_product_attention = _original
