@@ -117,3 +117,16 @@ def quantized_matmul(
     if ext is None:
         raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
     return ext.quantized_matmul(x, w, scales, biases, group_size, bits, exact)
+
+
+def masked_softmax(scores: mx.array, causal_offset: int | None = None, mask: mx.array | None = None) -> mx.array:
+    """Softmax over the last axis of float32 (B, H, L, S) scores; ``causal_offset`` lets query
+    i see keys j <= i + offset; ``mask`` is additive, shaped (B or 1, 1, L, S)."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    if mask is not None:
+        return ext.masked_softmax(scores, 2, 0, mask)
+    if causal_offset is not None:
+        return ext.masked_softmax(scores, 1, causal_offset, None)
+    return ext.masked_softmax(scores, 0, 0, None)

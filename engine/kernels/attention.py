@@ -69,7 +69,7 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sink
     else:
         scores = q @ keys.swapaxes(-1, -2)
     scores = scores.reshape(B, H, L, S)
-    probs = kernels._load().masked_softmax(scores, mode, offset, marr)
+    probs = kernels.masked_softmax(scores, offset if mode == 1 else None, marr)
     out = probs.reshape(B, Hk, r * L, S) @ values
     return out.reshape(B, H, L, values.shape[-1])
 
