@@ -170,6 +170,15 @@ def test_requantized_q6k_stays_close():
     assert (err <= step * 0.5 + 1e-5 * np.abs(dense).reshape(2, 16, 32).max()).all()
 
 
+@pytest.fixture
+def routed_attention():
+    from engine.kernels import attention
+
+    attention._active.on = True
+    yield attention
+    attention._active.on = False
+
+
 def _attn_case(B, H, Hk, L, S, seed=0):
     k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
     return (
@@ -181,9 +190,8 @@ def _attn_case(B, H, Hk, L, S, seed=0):
 
 @needs_ext
 @pytest.mark.parametrize("shape", [(1, 9, 3, 1, 100), (1, 9, 3, 7, 40), (2, 4, 2, 5, 5), (1, 14, 2, 33, 70)])
-def test_attention_matches_mlx_sdpa_for_every_mask_kind(shape):
-    from engine.kernels import attention
-
+def test_attention_matches_mlx_sdpa_for_every_mask_kind(shape, routed_attention):
+    attention = routed_attention
     B, H, Hk, L, S = shape
     q, k, v = _attn_case(*shape)
     window = (mx.arange(S)[None] <= mx.arange(S - L, S)[:, None]) & (
@@ -204,9 +212,8 @@ def test_attention_matches_mlx_sdpa_for_every_mask_kind(shape):
 
 
 @needs_ext
-def test_attention_falls_back_for_what_it_does_not_handle(monkeypatch):
-    from engine.kernels import attention
-
+def test_attention_falls_back_for_what_it_does_not_handle(monkeypatch, routed_attention):
+    attention = routed_attention
     calls = []
     monkeypatch.setattr(attention, "_original", lambda *a: calls.append(a) or "mlx")
     q, k, v = _attn_case(1, 4, 2, 3, 8)
@@ -215,12 +222,13 @@ def test_attention_falls_back_for_what_it_does_not_handle(monkeypatch):
     assert attention.scaled_dot_product_attention(q.astype(mx.float16), k, v, None, 1.0, None) == "mlx"
     assert attention.scaled_dot_product_attention(q, k, v, None, 1.0, None, sinks=mx.zeros((4,))) == "mlx"
     assert len(calls) == 3
+    attention._active.on = False  # outside a routed model's forward pass: mlx_lm's own
+    assert attention.scaled_dot_product_attention(q, k, v, None, 1.0, None) == "mlx"
 
 
 @needs_ext
-def test_attention_inside_compile_matches():
-    from engine.kernels import attention
-
+def test_attention_inside_compile_matches(routed_attention):
+    attention = routed_attention
     q, k, v = _attn_case(1, 6, 2, 1, 64)
     valid = mx.arange(64) <= 40
 

@@ -15,6 +15,8 @@ the compiled decode step, sliding windows, and per-row masks of a batch.
 
 from __future__ import annotations
 
+import threading
+
 from engine import kernels
 
 import mlx.core as mx
@@ -22,6 +24,23 @@ from mlx_lm.models import base
 
 _original = base.scaled_dot_product_attention
 _MODULES = ("llama", "qwen2", "gemma3_text")
+# Set while a model routed by engine.kernels.hook runs its forward pass (or is traced by
+# mx.compile): other models in the process keep mlx_lm's attention bit for bit.
+_active = threading.local()
+
+
+def routed(cls: type) -> type:
+    """A subclass of model class ``cls`` whose forward pass uses this attention."""
+
+    def __call__(self, *args, **kwargs):
+        prev = getattr(_active, "on", False)
+        _active.on = True
+        try:
+            return cls.__call__(self, *args, **kwargs)
+        finally:
+            _active.on = prev
+
+    return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "_routed_base": cls})
 
 
 def _mask_array(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
@@ -39,7 +58,8 @@ def _mask_array(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """Drop-in for ``mlx_lm.models.base.scaled_dot_product_attention``."""
     if (
-        sinks is not None
+        not getattr(_active, "on", False)
+        or sinks is not None
         or hasattr(cache, "bits")
         or not kernels.available()
         or queries.ndim != 4

@@ -55,6 +55,8 @@ def install(model: nn.Module) -> int:
     from engine.kernels import attention
 
     attention.install()
+    if "_routed_base" not in type(model).__dict__:
+        model.__class__ = attention.routed(type(model))
     n = 0
     for _, m in model.named_modules():
         if type(m) is nn.QuantizedLinear:
@@ -67,7 +69,10 @@ def install(model: nn.Module) -> int:
 
 
 def uninstall(model: nn.Module) -> None:
-    """Back to MLX's own quantized ops (for A/B benchmarks and tests)."""
+    """Back to MLX's own quantized ops and attention (for A/B benchmarks and tests)."""
+    base = type(model).__dict__.get("_routed_base")
+    if base is not None:
+        model.__class__ = base
     for _, m in model.named_modules():
         if type(m) is KernelQuantizedLinear:
             m.__class__ = nn.QuantizedLinear
