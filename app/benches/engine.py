@@ -6,7 +6,11 @@ Arms, alternated in order then in reverse each round (medians over rounds):
   engine_hybrid the engine with ``hybrid`` weights: dense fp32 prefill, packed quantized decode
   stock_same    mlx_lm.stream_generate on the very same in-memory model object
   stock_loaded  mlx_lm.stream_generate on the model as a user gets it today: the GGUF's weights
-                as ``mx.load`` returns them (quantized), no engine policy
+                as ``mx.load`` returns them (quantized), no engine policy (MLX's own ops)
+  engine_fp32   the engine on fp32 weights + OpenBLAS: the CPU path without engine/kernels
+  llama_cpp     llama.cpp (PyPI ``xllamacpp``, the ``peer`` extra) on the same GGUF, prompt
+                tokens, token count and thread count; skipped with a note when not installed
+``--arms`` picks a subset; ratios are reported for the arms that ran.
 """
 
 from __future__ import annotations
@@ -31,6 +35,39 @@ def add_arguments(p) -> None:
     p.add_argument("--prompt-tokens", type=int, default=500)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="each round runs every arm twice (in order, then reversed)")
+    p.add_argument("--arms", default="engine,engine_fp32,llama_cpp",
+                   help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, llama_cpp")
+    p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the kernel pool's)")
+
+
+def _llama_cpp_arm(path, prompt: list[int], n: int, threads: int):
+    """A callable running llama.cpp on ``path`` -> (ttft s, decode tok/s, tokens), and its load
+    seconds; or (None, reason) when xllamacpp is not installed."""
+    try:
+        import xllamacpp as xl
+    except ImportError:
+        return None, "xllamacpp not installed (pip install -e '.[peer]')"
+    p = xl.CommonParams()
+    p.model.path = str(path)
+    p.n_ctx = max(2048, len(prompt) + n + 16)
+    p.n_batch = p.n_ubatch = 512
+    p.n_parallel = 1
+    p.cpuparams.n_threads = threads
+    p.cpuparams_batch.n_threads = threads
+    p.warmup = False
+    t = time.perf_counter()
+    server = xl.Server(p)
+    load_s = time.perf_counter() - t
+
+    def run_():
+        r = server.handle_completions(
+            {"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False}
+        )
+        tm = r["timings"]
+        return tm["prompt_ms"] / 1000, tm["predicted_per_second"], int(tm["predicted_n"])
+
+    run_.server = server  # keep the model alive with the arm
+    return run_, load_s
 
 
 def _prompt_ids(tokenizer, n: int) -> list[int]:
@@ -38,6 +75,27 @@ def _prompt_ids(tokenizer, n: int) -> list[int]:
     while len(tokenizer.encode(text)) < n:
         text += PASSAGE
     return tokenizer.encode(text)[:n]
+
+
+def _rss_mb() -> float:
+    """Resident set size of this process in MiB (Linux), else 0."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _load_avg() -> list[float] | None:
+    try:
+        import os
+
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _time_stream(tokens_iter) -> tuple[float, float, int]:
@@ -51,9 +109,10 @@ def _time_stream(tokens_iter) -> tuple[float, float, int]:
 
 
 def run(args) -> dict:
-    from engine import blas
+    from engine import blas, kernels
     from engine.generation.generate import generate_step
     from engine.generation.kv_cache import make_cache
+    from engine.kernels import hook
     from engine.model.catalog import resolve_source
     from engine.model.loader import load_bundle
     from engine.model.weight_policy import backend, choose_weights
@@ -61,21 +120,36 @@ def run(args) -> dict:
     from engine.sampling import SamplingParams
 
     import mlx.core as mx
+    from mlx.utils import tree_flatten
     from mlx_lm.generate import stream_generate
     from mlx_lm.sample_utils import make_sampler as stock_sampler
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     from transformers import PreTrainedTokenizerFast
 
+    want = [a.strip() for a in args.arms.split(",") if a.strip()]
+    kernels.set_threads(args.threads)
     profile = load_profile(args.profile)
     source = resolve_source(profile.model.source, profile.base_dir)
     fmt = choose_weights(profile.model.weights)
+    rss0 = _rss_mb()
     t = time.perf_counter()
     ours = load_bundle(source, fmt)
     load_engine_ms = (time.perf_counter() - t) * 1000
-    t = time.perf_counter()
-    stock = load_bundle(source, "quantized") if fmt != "quantized" else ours
-    load_stock_ms = (time.perf_counter() - t) * 1000
-    hybrid = load_bundle(source, "hybrid")
+    mx.clear_cache()  # conversion temporaries are not weights
+    weights_rss_mb = _rss_mb() - rss0
+    load_ms = {"engine": round(load_engine_ms)}
+    stock = ours
+    if "stock_loaded" in want:
+        t = time.perf_counter()
+        stock = load_bundle(source, "quantized")
+        hook.uninstall(stock.model)  # MLX's own quantized ops, as a user gets them today
+        load_ms["stock_loaded"] = round((time.perf_counter() - t) * 1000)
+    hybrid = load_bundle(source, "hybrid") if "engine_hybrid" in want else None
+    dense = None
+    if "engine_fp32" in want:
+        t = time.perf_counter()
+        dense = ours if fmt == "fp32" else load_bundle(source, "fp32")
+        load_ms["engine_fp32"] = round((time.perf_counter() - t) * 1000)
 
     tok = ours.tokenizer
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
@@ -100,12 +174,23 @@ def run(args) -> dict:
 
         return run_
 
+    notes = []
     arms = {
         "engine": engine_arm(ours),
-        "engine_hybrid": engine_arm(hybrid),
+        "engine_hybrid": engine_arm(hybrid) if hybrid else None,
         "stock_same": stock_arm(ours.model),
         "stock_loaded": stock_arm(stock.model),
+        "engine_fp32": engine_arm(dense) if dense else None,
+        "llama_cpp": None,
     }
+    if "llama_cpp" in want:
+        fn, info = _llama_cpp_arm(source, prompt, n, args.threads)
+        if fn is None:
+            notes.append(f"llama_cpp arm skipped: {info}")
+        else:
+            arms["llama_cpp"] = fn
+            load_ms["llama_cpp"] = round(info * 1000)
+    arms = {k: v for k, v in arms.items() if k in want and v is not None}
     for fn in arms.values():  # warm-up: compile traces, allocator, BLAS threads
         fn()
     results: dict[str, list[tuple[float, float, int]]] = {k: [] for k in arms}
@@ -124,22 +209,26 @@ def run(args) -> dict:
             "tokens": [r[2] for r in runs],
             "runs": len(runs),
         }
-    e, s, q = summary["engine"], summary["stock_same"], summary["stock_loaded"]
-    ratios = {
-        "decode_vs_stock_same": round(e["decode_tps"] / s["decode_tps"], 2),
-        "prefill_vs_stock_same": round(e["prefill_tps"] / s["prefill_tps"], 2),
-        "decode_vs_stock_loaded": round(e["decode_tps"] / q["decode_tps"], 2),
-        "prefill_vs_stock_loaded": round(e["prefill_tps"] / q["prefill_tps"], 2),
-        "hybrid_decode_vs_engine": round(summary["engine_hybrid"]["decode_tps"] / e["decode_tps"], 2),
-        "hybrid_decode_vs_stock_loaded": round(summary["engine_hybrid"]["decode_tps"] / q["decode_tps"], 2),
-    }
+    def ratio(a: str, b: str, key: str):
+        if a in summary and b in summary and summary[b][key]:
+            return round(summary[a][key] / summary[b][key], 2)
+        return None
+
+    ratios = {}
+    for other in ("llama_cpp", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid"):
+        for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
+            r = ratio("engine", other, key)
+            if r is not None:
+                ratios[f"{label}_vs_{other}"] = r
     table = ["| arm | weights | prefill tok/s | decode tok/s | TTFT ms |", "|---|---|---|---|---|"]
-    weights = {"engine": fmt, "engine_hybrid": "hybrid", "stock_same": fmt, "stock_loaded": stock.loaded.weight_format}
-    for name, w in weights.items():
+    weights = {"engine": fmt, "engine_hybrid": "hybrid", "stock_same": fmt,
+               "stock_loaded": "quantized (MLX ops)", "engine_fp32": "fp32", "llama_cpp": "GGUF"}
+    for name in arms:
         r = summary[name]
-        table.append(f"| {name} | {w} | {r['prefill_tps']} | {r['decode_tps']} | {r['ttft_ms']} |")
+        table.append(f"| {name} | {weights[name]} | {r['prefill_tps']} | {r['decode_tps']} | {r['ttft_ms']} |")
     table.append("")
     table.append(", ".join(f"{k} = {v}x" for k, v in ratios.items()))
+    table += notes
     return {
         "bench": "engine",
         "profile": profile.name,
@@ -151,8 +240,13 @@ def run(args) -> dict:
         "max_tokens": n,
         "rounds": args.rounds,
         "weight_format_engine": fmt,
-        "weight_format_stock_loaded": stock.loaded.weight_format,
-        "load_ms": {"engine": round(load_engine_ms), "stock_loaded": round(load_stock_ms)},
+        "kernels": kernels.status(),
+        "load_ms": load_ms,
+        "weights_rss_mb": round(weights_rss_mb, 1),  # process RSS growth over the load
+        "weights_mb": round(sum(v.nbytes for _, v in tree_flatten(ours.model.parameters())) / 2**20, 1),
+        "gguf_mb": round(source.stat().st_size / 2**20, 1) if source.is_file() else None,
+        "load_avg": _load_avg(),
+        "notes": notes,
         "arms": summary,
         "ratios": ratios,
         "summary": "\n".join(table),

@@ -5,6 +5,10 @@ alternated (cold, ram, ssd, then ssd, ram, cold): cold = the prompt with a fresh
 checkpoint matches; ram = a follow-up turn of a session whose checkpoint is in the RAM tier;
 ssd = the same follow-up from a second engine whose RAM tier is empty (a new process would
 see the same), restoring the flushed checkpoint file.
+
+``--long-context N`` runs the long-context arm instead: a cold prefill of N tokens and decode
+speed at that context vs at ~100 tokens, with the engine's CPU kernels (engine/kernels) and
+without them (fp32 weights + OpenBLAS + MLX's attention, today's CPU path), alternated.
 """
 
 from __future__ import annotations
@@ -20,6 +24,82 @@ def add_arguments(p) -> None:
     p.add_argument("--profile", default="smollm2-135m")
     p.add_argument("--contexts", default="1024,4096,8000", help="comma-separated token counts")
     p.add_argument("--repeats", type=int, default=1, help="rounds per context (each runs every arm twice)")
+    p.add_argument("--long-context", type=int, default=0, metavar="N",
+                   help="run the long-context arm at N tokens instead (kernels vs fp32 path)")
+    p.add_argument("--decode-tokens", type=int, default=32, help="long-context arm: tokens decoded")
+
+
+def _long_context(args) -> dict:
+    import os
+    import time
+
+    from engine import kernels
+    from engine.generation.generate import generate_step
+    from engine.generation.kv_cache import make_cache
+    from engine.kernels import attention, hook
+    from engine.model.catalog import resolve_source
+    from engine.model.loader import load_bundle
+    from engine.profiles import load_profile
+    from engine.sampling import SamplingParams
+
+    import mlx.core as mx
+
+    profile = load_profile(args.profile)
+    source = resolve_source(profile.model.source, profile.base_dir)
+    fast = load_bundle(source, "quantized")
+    today = load_bundle(source, "fp32")
+    tok = fast.tokenizer
+    text = PASSAGE
+    while len(tok.encode(text)) < args.long_context:
+        text += PASSAGE
+    long_ids = tok.encode(text)[: args.long_context]
+    short_ids = long_ids[:100]
+    params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens)
+
+    def run_arm(bundle, ids):
+        cache = make_cache(bundle.model)
+        t0 = time.perf_counter()
+        stamps = [time.perf_counter() for _ in generate_step(bundle.model, ids, cache, params)]
+        return stamps[0] - t0, (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+    def arm(name):
+        if name == "kernels":
+            attention.install()
+            return run_arm(fast, long_ids), run_arm(fast, short_ids)
+        attention.uninstall()  # today's path: MLX attention, fp32 weights
+        try:
+            return run_arm(today, long_ids), run_arm(today, short_ids)
+        finally:
+            attention.install()
+
+    if not kernels.available():
+        return {"bench": "resume-long", "skipped": f"CPU kernels unavailable: {kernels.status()['reason']}"}
+    hook.install(fast.model)
+    res: dict[str, list] = {"kernels": [], "today": []}
+    for _ in range(args.repeats):
+        for name in ("kernels", "today", "today", "kernels")[: 2 if args.repeats == 1 else 4]:
+            res[name].append(arm(name))
+            mx.clear_cache()
+    out = {}
+    for name, runs in res.items():
+        out[name] = {
+            "cold_prefill_s": round(statistics.median(r[0][0] for r in runs), 2),
+            "decode_tps_at_context": round(statistics.median(r[0][1] for r in runs), 2),
+            "decode_tps_at_100": round(statistics.median(r[1][1] for r in runs), 2),
+            "runs": len(runs),
+        }
+        out[name]["decode_ratio_context_vs_100"] = round(
+            out[name]["decode_tps_at_context"] / out[name]["decode_tps_at_100"], 2)
+    speedup = round(out["today"]["cold_prefill_s"] / out["kernels"]["cold_prefill_s"], 2)
+    table = ["| arm | cold prefill s | decode tok/s at context | decode tok/s at 100 | ratio |",
+             "|---|---|---|---|---|"]
+    for name, r in out.items():
+        table.append(f"| {name} | {r['cold_prefill_s']} | {r['decode_tps_at_context']} | "
+                     f"{r['decode_tps_at_100']} | {r['decode_ratio_context_vs_100']} |")
+    table.append(f"\ncold prefill speed-up (today / kernels): {speedup}x")
+    return {"bench": "resume-long", "profile": profile.name, "context_tokens": len(long_ids),
+            "arms": out, "prefill_speedup": speedup, "load_avg": list(os.getloadavg()),
+            "summary": "\n".join(table)}
 
 
 def _conversation(engine, n_tokens: int, nonce: str) -> list[int]:
@@ -31,6 +111,8 @@ def _conversation(engine, n_tokens: int, nonce: str) -> list[int]:
 
 
 def run(args) -> dict:
+    if args.long_context:
+        return _long_context(args)
     from engine.profiles import load_profile, profile_to_dict
     from engine.runtime import Engine, GenerationRequest
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelLoadError
+from engine.kernels import hook as kernel_hook
 from engine.model.gguf import LoadedModel, load_gguf
 from engine.model.tokenizer import Tokenizer
 
@@ -54,6 +55,9 @@ def load_bundle(path: Path, weights: str) -> ModelBundle:
         # half-precision matmul has no fast kernel.
         _upcast_dense(loaded.model)
         loaded.weight_format = "hybrid"
+    if base == "quantized":
+        # On a CPU with the engine's kernels, quantized layers run through them (else no-op).
+        kernel_hook.install(loaded.model)
     return ModelBundle(loaded, tokenizer, (time.perf_counter() - t0) * 1000, prefill_model)
 
 

@@ -1,15 +1,20 @@
 """Which weight format a model runs in, per backend (``model.weights: auto`` in a profile).
 
-Measured with ``mlxterm bench engine`` (docs/benchmarks.md, SmolLM2 on a 2-core x86 CPU):
-dense fp32 through OpenBLAS prefills 14.8x faster than MLX's CPU quantized matmul and decodes
-1.32x faster; "hybrid" (fp32 prefill, packed decode) decodes at 0.72x of fp32. So the CPU
-backend runs fp32. On Metal/CUDA the quantized kernels are fast and save memory bandwidth,
-so keep quantized. A profile's ``model.weights`` overrides this.
+On Metal/CUDA the quantized kernels are fast and save memory bandwidth: keep quantized.
+On the CPU it depends on the engine's kernel extension (engine/kernels):
+  * with it (x86 with AVX2+FMA, module built): keep the GGUF's quantized weights; its matmul
+    reads the packed weights once per call, multi-threaded, with int8 activations: SmolLM2
+    decodes 2.9x faster than fp32 OpenBLAS and prefills 1.1x, in a quarter of the memory
+    (docs/benchmarks.md, docs/kernels.md).
+  * without it: MLX's own CPU quantized matmul is scalar and single-threaded, slower per byte
+    than OpenBLAS sgemm (docs/benchmarks.md measured 14.8x slower prefill and 0.72x decode
+    vs fp32), so dequantize to fp32 and say so once.
+A profile's ``model.weights`` overrides this.
 """
 
 from __future__ import annotations
 
-from engine import blas
+from engine import blas, kernels
 
 import mlx.core as mx
 
@@ -25,14 +30,21 @@ def choose_weights(requested: str = "auto") -> str:
     """The concrete format for ``requested`` (one of auto, quantized, fp32, fp16, bf16)."""
     if requested != "auto":
         return requested
-    return "fp32" if backend() == "cpu" else "quantized"
+    if backend() != "cpu":
+        return "quantized"
+    return "quantized" if kernels.available() else "fp32"
 
 
 def blas_note() -> str | None:
-    """One line to show once when the CPU backend runs without OpenBLAS, else None."""
+    """One line to show once when the CPU backend runs without OpenBLAS or without the engine's
+    CPU kernels, else None."""
     if backend() != "cpu":
         return None
+    notes = []
     st = blas.status()
-    if st["path"]:
-        return None
-    return f"running on MLX's reference BLAS ({st['reason']}); expect slow CPU inference"
+    if not st["path"]:
+        notes.append(f"running on MLX's reference BLAS ({st['reason']}); expect slow CPU inference")
+    k = kernels.note()
+    if k:
+        notes.append(k)
+    return "; ".join(notes) or None

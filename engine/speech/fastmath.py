@@ -9,6 +9,8 @@ blocks); small ones (the decoder's per-token steps) and GPU arrays stay in MLX.
 
 from __future__ import annotations
 
+from engine import kernels
+
 import mlx.core as mx
 import numpy as np
 
@@ -28,7 +30,10 @@ def _numpy_path(x: mx.array) -> bool:
 
 
 def softmax(x: mx.array) -> mx.array:
-    """Softmax over the last axis."""
+    """Softmax over the last axis (the engine's CPU kernel when present: vectorised exp on
+    the kernel pool, no numpy round trip)."""
+    if x.ndim == 4 and x.dtype == mx.float32 and kernels.available():
+        return kernels.masked_softmax(x)
     if not _numpy_path(x):
         return mx.softmax(x, axis=-1, precise=True)
     a = np.asarray(x).reshape(-1, x.shape[-1])  # evaluates x; a read-only view, no copy

@@ -5,6 +5,9 @@
     Q5_K) stay packed (QuantizedLinear/QuantizedEmbedding, group 32, float32 scales so
     the values are bit-exact and activations run in float32); other matrices (Q6_K, F16)
     are dequantized to float16; 1-D tensors (norms, biases) stay float32.
+    With the engine's CPU kernels active (engine/kernels) the CPU runs this format too:
+    Q6_K matrices are then re-quantized to 8-bit affine and other dense matrices kept in
+    float32 (MLX's CPU float16 matmul has no fast path), so every matmul is a kernel call.
   * ``"fp32"`` / ``"fp16"`` / ``"bf16"``: every tensor dequantized to that dtype.
 """
 
@@ -17,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import kernels
 from engine.errors import ModelLoadError
 from engine.model.gguf.arch import ARCHS, ArchSpec, Meta, check_args, unpermute_rows
 from engine.model.gguf.ggml_types import FILE_TYPES
-from engine.model.gguf.quants import AFFINE_TYPES, SUPPORTED, dequantize, to_affine
+from engine.model.gguf.quants import AFFINE_TYPES, SUPPORTED, dequantize, to_affine, to_affine8
 from engine.model.gguf.reader import GGUFFile, TensorInfo, read_gguf
 
 import mlx.core as mx
@@ -106,6 +110,7 @@ def _convert(
     """GGUF tensors -> {mlx_lm name: array}, plus {module path: bits} for packed ones."""
     arrays: dict[str, mx.array] = {}
     bits: dict[str, int] = {}
+    on_kernels = weights == "quantized" and kernels.available()
     for name, info in gg.tensors.items():
         hf = spec.hf_name(name)
         if hf is None:
@@ -114,11 +119,11 @@ def _convert(
             )
         rows = _row_order(spec, args, name, info)
         raw = gg.tensor_bytes(name)
-        keep_packed = (
-            weights == "quantized" and info.type_name in AFFINE_TYPES and len(info.shape) == 2
-        )
-        if keep_packed:
-            a = to_affine(raw, info.ggml_type, info.shape)
+        matrix = weights == "quantized" and len(info.shape) == 2
+        requant = matrix and on_kernels and info.type_name == "Q6_K"
+        if (matrix and info.type_name in AFFINE_TYPES) or requant:
+            conv = to_affine8 if requant else to_affine
+            a = conv(raw, info.ggml_type, info.shape)
             module_path = hf.rsplit(".", 1)[0]
             for suffix, arr in (("weight", a.weight), ("scales", a.scales), ("biases", a.biases)):
                 arrays[f"{module_path}.{suffix}"] = mx.array(_rows(arr, rows))
@@ -127,7 +132,8 @@ def _convert(
         dense = dequantize(raw, info.ggml_type, info.shape, np.float32)
         if spec.norm_shift and name.endswith("norm.weight"):
             dense -= spec.norm_shift
-        arrays[hf] = _to_mx(_rows(dense, rows), weights, len(info.shape))
+        fmt = "fp32" if on_kernels else weights
+        arrays[hf] = _to_mx(_rows(dense, rows), fmt, len(info.shape))
     return arrays, bits
 
 

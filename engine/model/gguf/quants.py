@@ -221,6 +221,35 @@ def to_affine(raw: np.ndarray, gtype: GGMLType | str, shape: tuple[int, ...]) ->
     )
 
 
+def to_affine8(raw: np.ndarray, gtype: GGMLType | str, shape: tuple[int, ...]) -> AffineWeights:
+    """Any supported type re-quantized to 8-bit affine, group 32 (min/max per group).
+
+    For the CPU kernels (engine/kernels), which have no Q6_K path: its groups of 16 have no
+    exact affine-32 form, and 8 bits per value keep the added error far below Q6_K's own.
+    """
+    gtype = _check(gtype)
+    blocks = _blocks(raw, gtype)
+    fn = _DENSE[gtype.name]
+    per_block = gtype.block_size // GROUP_SIZE
+    groups = len(blocks) * per_block
+    weight = np.empty((groups, 8), dtype=np.uint32)
+    scales = np.empty((groups, 1), dtype=np.float32)
+    biases = np.empty((groups, 1), dtype=np.float32)
+    step = max(1, _CHUNK_VALUES // gtype.block_size)
+    for i in range(0, len(blocks), step):
+        g = fn(blocks[i : i + step]).reshape(-1, GROUP_SIZE)
+        lo = g.min(axis=1, keepdims=True)
+        scale = (g.max(axis=1, keepdims=True) - lo) / 255.0
+        safe = np.where(scale > 0, scale, 1.0)
+        q = np.clip(np.rint((g - lo) / safe), 0, 255).astype(np.uint8)
+        sl = slice(i * per_block, i * per_block + len(g))
+        weight[sl], scales[sl], biases[sl] = pack(q, 8), scale, lo
+    lead = shape[:-1]
+    return AffineWeights(
+        weight.reshape(*lead, -1), scales.reshape(*lead, -1), biases.reshape(*lead, -1), 8
+    )
+
+
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
     """Pack (groups, 32) unsigned values as ``mx.quantize`` does: a little-endian bit stream
     (value i of a group at bit i*bits) stored as uint32 words -> (groups, bits)."""

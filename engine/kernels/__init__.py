@@ -1,0 +1,132 @@
+"""The engine's CPU kernels: an MLX C++ extension (``_ext``) with fast quantized matmul.
+
+MLX's CPU backend on x86 runs scalar, single-threaded kernels; this extension adds MLX
+primitives with AVX2/FMA kernels (VNNI where the CPU has it) on a small persistent thread
+pool. They are used only when all of these hold, else MLX's own ops run (``status()`` says
+why, once): the default device is the CPU, the CPU has AVX2+FMA (checked here, before the
+module is loaded, since it is built with those instructions), ``MLXTERM_NO_KERNELS`` is
+unset, and the module was built (``python -m engine.kernels.build``; setup.sh does it).
+Layouts, dispatch and how to add a kernel: docs/kernels.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import mlx.core as mx
+
+_state: dict[str, Any] = {"checked": False, "ext": None, "reason": None}
+
+# MLX affine formats the quantized matmul kernel reads directly.
+QMM_BITS = (4, 5, 8)
+QMM_GROUPS = (32, 64, 128)
+
+
+def _cpu_flags() -> set[str]:
+    if not sys.platform.startswith("linux"):
+        return set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _load() -> Any:
+    if _state["checked"]:
+        return _state["ext"]
+    _state["checked"] = True
+    if os.environ.get("MLXTERM_NO_KERNELS"):
+        _state["reason"] = "disabled by MLXTERM_NO_KERNELS"
+        return None
+    flags = _cpu_flags()
+    if not {"avx2", "fma", "f16c", "bmi2"} <= flags:
+        _state["reason"] = "this CPU lacks AVX2/FMA (or is not x86 Linux)"
+        return None
+    try:
+        ext = importlib.import_module("engine.kernels._ext")
+    except ImportError as e:
+        _state["reason"] = (
+            "the kernel extension is not built (run ./setup.sh or "
+            f"python -m engine.kernels.build): {e}"
+        )
+        return None
+    _state["ext"] = ext
+    return ext
+
+
+def available() -> bool:
+    """True when the kernels can run for the current default device."""
+    return _load() is not None and mx.default_device() == mx.cpu
+
+
+def status() -> dict[str, Any]:
+    """{"available", "reason" (why not, else None), "isa", "threads"}."""
+    ext = _load()
+    on_cpu = mx.default_device() == mx.cpu
+    reason = _state["reason"] if ext is None else (None if on_cpu else "default device is not the CPU")
+    return {
+        "available": ext is not None and on_cpu,
+        "reason": reason,
+        "isa": ext.isa() if ext is not None else None,
+        "threads": ext.threads() if ext is not None else None,
+    }
+
+
+def note() -> str | None:
+    """One line for the user, the first time only, when the CPU backend runs without the
+    kernels; else None."""
+    if mx.default_device() != mx.cpu or available() or _state.get("said"):
+        return None
+    _state["said"] = True
+    return f"CPU kernels off ({_state['reason']}); running the fp32 + OpenBLAS path"
+
+
+def set_threads(n: int) -> None:
+    """Threads of the kernel pool (default: the CPUs this process may use)."""
+    ext = _load()
+    if ext is not None:
+        ext.set_threads(int(n))
+
+
+def supports_qmm(bits: int, group_size: int, K: int) -> bool:
+    return bits in QMM_BITS and group_size in QMM_GROUPS and K % group_size == 0
+
+
+def quantized_matmul(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    group_size: int,
+    bits: int,
+    exact: bool = False,
+) -> mx.array:
+    """``x @ mx.dequantize(w, scales, biases, group_size, bits).T`` as a float32 array.
+
+    ``exact`` multiplies float32 activations (for tests); the default quantizes activations
+    to int8 per block of 32 (as llama.cpp does), about 0.5% RMS error per product.
+    """
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    return ext.quantized_matmul(x, w, scales, biases, group_size, bits, exact)
+
+
+def masked_softmax(scores: mx.array, causal_offset: int | None = None, mask: mx.array | None = None) -> mx.array:
+    """Softmax over the last axis of float32 (B, H, L, S) scores; ``causal_offset`` lets query
+    i see keys j <= i + offset; ``mask`` is additive, shaped (B or 1, 1, L, S)."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    if mask is not None:
+        return ext.masked_softmax(scores, 2, 0, mask)
+    if causal_offset is not None:
+        return ext.masked_softmax(scores, 1, causal_offset, None)
+    return ext.masked_softmax(scores, 0, 0, None)

@@ -1,0 +1,80 @@
+"""Route a model's quantized linears (and tied quantized output heads) to the CPU kernels,
+and mlx_lm's attention to engine.kernels.attention.
+
+``install(model)`` swaps the class of every ``nn.QuantizedLinear`` / ``nn.QuantizedEmbedding``
+whose format the kernel reads (affine, 4/5/8 bits, group 32/64/128) for a subclass whose
+forward pass calls ``engine.kernels.quantized_matmul``. The decision is re-made on every call,
+so a model moved to another device, or traced under ``mx.compile`` on one, keeps working:
+anything the kernel does not handle goes to MLX's own op. Parameters are untouched, so
+checkpoints, ``densify`` and ``deepcopy`` see ordinary modules.
+"""
+
+from __future__ import annotations
+
+from engine import kernels
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+def _fits(m: nn.Module, K: int) -> bool:
+    return (
+        getattr(m, "mode", "affine") == "affine"
+        and "biases" in m
+        and kernels.supports_qmm(m.bits, m.group_size, K)
+        and mx.default_device() == mx.cpu
+    )
+
+
+def _matmul(m: nn.Module, x: mx.array) -> mx.array:
+    y = kernels.quantized_matmul(x, m["weight"], m["scales"], m["biases"], m.group_size, m.bits)
+    return y if x.dtype == mx.float32 else y.astype(x.dtype)
+
+
+class KernelQuantizedLinear(nn.QuantizedLinear):
+    def __call__(self, x: mx.array) -> mx.array:
+        if not _fits(self, x.shape[-1]):
+            return super().__call__(x)
+        y = _matmul(self, x)
+        if "bias" in self:
+            y = y + self["bias"]
+        return y
+
+
+class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+    def as_linear(self, x: mx.array) -> mx.array:
+        if not _fits(self, x.shape[-1]):
+            return super().as_linear(x)
+        return _matmul(self, x)
+
+
+def install(model: nn.Module) -> int:
+    """Route ``model``'s quantized layers to the kernels; return how many were routed."""
+    if not kernels.available():
+        return 0
+    from engine.kernels import attention
+
+    attention.install()
+    if "_routed_base" not in type(model).__dict__:
+        model.__class__ = attention.routed(type(model))
+    n = 0
+    for _, m in model.named_modules():
+        if type(m) is nn.QuantizedLinear:
+            m.__class__ = KernelQuantizedLinear
+            n += 1
+        elif type(m) is nn.QuantizedEmbedding:
+            m.__class__ = KernelQuantizedEmbedding
+            n += 1
+    return n
+
+
+def uninstall(model: nn.Module) -> None:
+    """Back to MLX's own quantized ops and attention (for A/B benchmarks and tests)."""
+    base = type(model).__dict__.get("_routed_base")
+    if base is not None:
+        model.__class__ = base
+    for _, m in model.named_modules():
+        if type(m) is KernelQuantizedLinear:
+            m.__class__ = nn.QuantizedLinear
+        elif type(m) is KernelQuantizedEmbedding:
+            m.__class__ = nn.QuantizedEmbedding

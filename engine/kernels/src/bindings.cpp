@@ -1,0 +1,35 @@
+// Python bindings: engine/kernels/__init__.py is the only caller.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "ops.h"
+#include "pool.h"
+#include "qmm.h"
+#include "softmax.h"
+#include <nanobind/stl/optional.h>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_ext, m) {
+  m.doc() = "mlxterm CPU kernels (AVX2/FMA, VNNI where present) as MLX primitives";
+  m.def(
+      "quantized_matmul",
+      [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
+         const mlx::core::array& biases, int group_size, int bits, bool exact) {
+        return mlxterm::quantized_matmul(x, w, scales, biases, group_size, bits, exact);
+      },
+      "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "exact"_a = false,
+      "x @ dequantize(w, scales, biases).T on the CPU, float32 out.");
+  m.def(
+      "masked_softmax",
+      [](const mlx::core::array& scores, int mode, int offset,
+         std::optional<mlx::core::array> mask) {
+        return mlxterm::masked_softmax(scores, mode, offset, mask ? &*mask : nullptr);
+      },
+      "scores"_a, "mode"_a, "offset"_a = 0, "mask"_a = nb::none(),
+      "softmax over the last axis of (B, H, L, S) float32 scores under a mask.");
+  m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
+  m.def("threads", [] { return mlxterm::Pool::get().threads(); });
+  m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });
+}

@@ -1,0 +1,245 @@
+#include "ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include <immintrin.h>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/utils.h"
+#include "pool.h"
+#include "qmm.h"
+
+namespace mlxterm {
+
+Isa best_isa() {
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    // MLXTERM_KERNEL_ISA=avx2|avxvnni narrows the choice (tests run every path on one CPU).
+    const char* env = std::getenv("MLXTERM_KERNEL_ISA");
+    const std::string want = env ? env : "";
+    if (want == "avx2") return Isa::avx2;
+    if (want == "avxvnni" && __builtin_cpu_supports("avxvnni")) return Isa::avxvnni;
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
+      return Isa::avx512vnni;
+    if (__builtin_cpu_supports("avxvnni")) return Isa::avxvnni;
+    return Isa::avx2;
+  }();
+  return isa;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512vnni: return "avx2+avx512vnni";
+    case Isa::avxvnni: return "avx2+avxvnni";
+    default: return "avx2";
+  }
+}
+
+void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out) {
+  const int K = p.K, nb = K / 32, ng = K / p.group_size;
+  out.gsum.resize(size_t(p.M) * ng);
+  if (quantize) {
+    out.q.resize(size_t(p.M) * K);
+    out.d.resize(size_t(p.M) * nb);
+  }
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  std::vector<float> bsum;
+  for (int m = 0; m < p.M; ++m) {
+    const float* xr = p.x + size_t(m) * K;
+    for (int g = 0; g < ng && !quantize; ++g) {
+      const float* xg = xr + size_t(g) * p.group_size;
+      __m256 s = _mm256_setzero_ps();
+      for (int t = 0; t < p.group_size; t += 8) s = _mm256_add_ps(s, _mm256_loadu_ps(xg + t));
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_add_ss(h, _mm_movehdup_ps(h));
+      out.gsum[size_t(m) * ng + g] = _mm_cvtss_f32(h);
+    }
+    if (!quantize) continue;
+    bsum.resize(nb);
+    for (int b = 0; b < nb; ++b) {
+      const float* xb = xr + size_t(b) * 32;
+      __m256 v[4];
+      __m256 amax = _mm256_setzero_ps();
+      for (int t = 0; t < 4; ++t) {
+        v[t] = _mm256_loadu_ps(xb + 8 * t);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[t]));
+      }
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_max_ss(h, _mm_movehdup_ps(h));
+      const float a = _mm_cvtss_f32(h);
+      const float d = a / 127.0f;
+      const __m256 inv = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+      __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv));
+      __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
+      __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv));
+      __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
+      // packs interleave 128-bit lanes; the permute restores element order.
+      __m256i s01 = _mm256_packs_epi32(i0, i1);
+      __m256i s23 = _mm256_packs_epi32(i2, i3);
+      __m256i q = _mm256_packs_epi16(s01, s23);
+      q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + size_t(m) * K + size_t(b) * 32), q);
+      out.d[size_t(m) * nb + b] = d;
+      // The affine biases multiply the sum of the *quantized* activations, so that the
+      // scale and bias parts (which largely cancel) see the same x (as llama.cpp's Q8_1).
+      __m256i s16 = _mm256_madd_epi16(_mm256_add_epi16(s01, s23), _mm256_set1_epi16(1));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+      bsum[b] = d * float(_mm_cvtsi128_si32(s4));
+    }
+    for (int g = 0; g < ng; ++g) {
+      float t = 0.0f;
+      for (int j = 0; j < p.group_size / 32; ++j) t += bsum[g * (p.group_size / 32) + j];
+      out.gsum[size_t(m) * ng + g] = t;
+    }
+  }
+}
+
+namespace {
+
+using Kernel = void (*)(const QmmProblem&, const XView&, int, int);
+
+Kernel pick(bool exact) {
+  switch (best_isa()) {
+    case Isa::avx512vnni: return exact ? avx512vnni::qmm_exact : avx512vnni::qmm_int8;
+    case Isa::avxvnni: return exact ? avxvnni::qmm_exact : avxvnni::qmm_int8;
+    default: return exact ? avx2::qmm_exact : avx2::qmm_int8;
+  }
+}
+
+using DenseKernel = void (*)(const QmmProblem&, float*, int, int);
+
+DenseKernel pick_dense() {
+  switch (best_isa()) {
+    case Isa::avx512vnni: return avx512vnni::qmm_dense;
+    case Isa::avxvnni: return avxvnni::qmm_dense;
+    default: return avx2::qmm_dense;
+  }
+}
+
+int dense_min_rows() {
+  static const int m = [] {
+    const char* env = std::getenv("MLXTERM_QMM_DENSE_M");
+    return env ? std::max(1, std::atoi(env)) : 16;
+  }();
+  return m;
+}
+
+void run_qmm(const QmmProblem& p, bool exact) {
+  Pool& pool = Pool::get();
+  const int T = pool.threads();
+  if (p.M >= dense_min_rows()) {
+    // Prefill: float panels (float activations, so "exact" as well).
+    DenseKernel k = pick_dense();
+    // Few, wide chunks: each one reuses a K-slice of x across all its panels.
+    int chunk = (p.N + 2 * T - 1) / (2 * T);
+    chunk = std::max(32, (chunk + 15) & ~15);
+    const int n_chunks = (p.N + chunk - 1) / chunk;
+    pool.run(n_chunks, [&](int c) {
+      thread_local std::vector<float> scratch;
+      scratch.resize(size_t(2) * 16 * 256);
+      int n0 = c * chunk, n1 = std::min(p.N, n0 + chunk);
+      k(p, scratch.data(), n0, n1);
+    });
+    return;
+  }
+  thread_local PreparedX x;
+  prepare_x(p, !exact, x);
+  Kernel k = pick(exact);
+  const XView xv{x.q.data(), x.d.data(), x.gsum.data()};
+  // Chunks of output rows: enough of them that a core busy elsewhere just takes fewer, few
+  // enough that each one amortises the hand-off (even sizes keep the 2-row tiles whole).
+  int chunk = (p.N + T * 8 - 1) / (T * 8);
+  chunk = std::max(16, (chunk + 1) & ~1);
+  const int n_chunks = (p.N + chunk - 1) / chunk;
+  pool.run(n_chunks, [&](int c) {
+    int n0 = c * chunk, n1 = std::min(p.N, n0 + chunk);
+    k(p, xv, n0, n1);
+  });
+}
+
+}  // namespace
+
+void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& x = inputs[0];
+  auto& w = inputs[1];
+  auto& scales = inputs[2];
+  auto& biases = inputs[3];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_input_array(scales);
+  enc.set_input_array(biases);
+  enc.set_output_array(out);
+  QmmProblem p;
+  p.x = x.data<float>();
+  p.K = x.shape(-1);
+  p.M = int(x.size() / p.K);
+  p.N = w.shape(0);
+  p.w = w.data<uint8_t>();
+  p.scales = scales.data<float>();
+  p.biases = biases.data<float>();
+  p.group_size = group_size_;
+  p.bits = bits_;
+  p.out = out.data<float>();
+  bool exact = exact_;
+  enc.dispatch([p, exact]() { run_qmm(p, exact); });
+}
+
+void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
+}
+
+std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() = inputs[1].shape(0);
+  return {shape};
+}
+
+bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const QuantizedMatmul&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && exact_ == o.exact_;
+}
+
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    bool exact,
+    mx::StreamOrDevice s) {
+  if (bits != 4 && bits != 5 && bits != 8)
+    throw std::invalid_argument("[mlxterm.quantized_matmul] bits must be 4, 5 or 8.");
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    throw std::invalid_argument("[mlxterm.quantized_matmul] group_size must be 32, 64 or 128.");
+  if (x.ndim() < 1 || w.ndim() != 2 || scales.ndim() != 2 || biases.ndim() != 2)
+    throw std::invalid_argument("[mlxterm.quantized_matmul] x must be (..., K), w/scales/biases 2-D.");
+  const int K = x.shape(-1), N = w.shape(0);
+  if (w.dtype() != mx::uint32 || int64_t(w.shape(1)) * 32 != int64_t(K) * bits)
+    throw std::invalid_argument("[mlxterm.quantized_matmul] w must be uint32 (N, K * bits / 32).");
+  if (scales.shape(0) != N || scales.shape(1) * group_size != K || biases.shape() != scales.shape())
+    throw std::invalid_argument("[mlxterm.quantized_matmul] scales/biases must be (N, K / group_size).");
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu)
+    throw std::invalid_argument("[mlxterm.quantized_matmul] runs on the CPU stream only.");
+  auto f32 = [&](const mx::array& a) {
+    return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
+  };
+  std::vector<mx::array> inputs = {f32(x), mx::contiguous(w, false, st), f32(scales), f32(biases)};
+  auto shape = x.shape();
+  shape.back() = N;
+  return mx::array(
+      shape, mx::float32, std::make_shared<QuantizedMatmul>(st, group_size, bits, exact), inputs);
+}
+
+}  // namespace mlxterm

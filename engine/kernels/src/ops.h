@@ -1,0 +1,39 @@
+// MLX primitives backed by the engine's CPU kernels.
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mlxterm {
+
+namespace mx = mlx::core;
+
+// x (..., K) float32 @ dequantize(w, scales, biases).T -> (..., N) float32.
+// exact: float activations (for tests); else activations run as int8 per 32-block.
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    bool exact,
+    mx::StreamOrDevice s = {});
+
+class QuantizedMatmul : public mx::UnaryPrimitive {
+ public:
+  QuantizedMatmul(mx::Stream stream, int group_size, int bits, bool exact)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), exact_(exact) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MlxtermQuantizedMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  int group_size_, bits_;
+  bool exact_;
+};
+
+}  // namespace mlxterm

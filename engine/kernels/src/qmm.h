@@ -1,0 +1,57 @@
+// Quantized matmul on MLX affine-packed weights: out[m, n] = sum_k x[m, k] * w[n, k], with
+// w[n, k] = scales[n, g] * q[n, k] + biases[n, g] for g = k / group_size.
+// q is packed as mx.quantize packs it: a little-endian bit stream, value i of a row at bit
+// i * bits (bits 4, 5 or 8).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace mlxterm {
+
+struct QmmProblem {
+  const float* x;  // (M, K) row-major
+  int M, K, N;
+  const uint8_t* w;  // (N, K * bits / 8)
+  const float* scales;  // (N, K / group_size)
+  const float* biases;  // (N, K / group_size)
+  int group_size, bits;
+  float* out;  // (M, N)
+};
+
+// Activations prepared once per matmul: int8 per 32-block with a scale (fast mode) and the
+// exact float sum of every weight group (for the affine biases), shared by all ISAs.
+struct PreparedX {
+  std::vector<int8_t> q;  // (M, K)
+  std::vector<float> d;  // (M, K / 32)
+  std::vector<float> gsum;  // (M, K / group_size)
+};
+
+void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out);
+
+// Raw view of PreparedX for the per-ISA kernels (they use no library code, so nothing built
+// with wider instructions can be shared with the rest of the module).
+struct XView {
+  const int8_t* q;
+  const float* d;
+  const float* gsum;
+};
+
+// Output columns [n0, n1) for all M rows. One function per instruction set; each output
+// element is computed by the same instruction sequence whatever the split.
+#define MLXTERM_DECLARE_ISA(ns)                                                        \
+  namespace ns {                                                                       \
+  void qmm_int8(const QmmProblem& p, const XView& x, int n0, int n1);             \
+  void qmm_exact(const QmmProblem& p, const XView& x, int n0, int n1);            \
+  void qmm_dense(const QmmProblem& p, float* scratch, int n0, int n1);              \
+  }
+MLXTERM_DECLARE_ISA(avx2)
+MLXTERM_DECLARE_ISA(avxvnni)
+MLXTERM_DECLARE_ISA(avx512vnni)
+
+enum class Isa { avx2 = 0, avxvnni = 1, avx512vnni = 2 };
+Isa best_isa();
+const char* isa_name(Isa isa);
+
+}  // namespace mlxterm
