@@ -21,11 +21,12 @@ from engine.profiles import ProfileValidationError, load_profile
 from engine.runtime import Engine, GenerationRequest
 from engine.sampling import SamplingParams
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.utils import load_model
 
-from tests.tiny_models import LLAMA_CONFIG, make_model_dir, write_profile
+from tests.tiny_models import LLAMA_CONFIG, VOCAB, make_model_dir, write_profile
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = [5, 40, 77, 101, 200, 13, 64, 90, 91, 92, 150, 151, 152, 153, 20, 21, 22, 23, 24, 25]
@@ -53,7 +54,7 @@ class Oracle:
         i = self.n - self.start + 1  # index in ref of the token after ``pending``
         draft = list(self.ref[i : i + k])
         if self.wrong is not None and self.wrong < len(draft):
-            draft[self.wrong] = (draft[self.wrong] + 1) % 256
+            draft[self.wrong] = (draft[self.wrong] + 2) % 256  # same parity (see Alternating)
         return draft
 
     def commit(self, tokens):
@@ -272,7 +273,7 @@ def test_request_can_opt_out_and_constraints_turn_it_off(llama_pair):
                                          extra={"speculation": False}))
     assert list(done)[-1].speculation is None
 
-    class Anything:
+    class NoFork:
         def allowed(self):
             return None
 
@@ -280,10 +281,47 @@ def test_request_can_opt_out_and_constraints_turn_it_off(llama_pair):
             pass
 
     events = list(spec.submit(GenerationRequest(ids, spec.sampling(temperature=0.0, max_tokens=8),
-                                                constraint=Anything())))
+                                                constraint=NoFork())))
     s = events[-1].speculation
-    assert "grammar-constrained" in s["disabled"] and s["rounds"] == 0
+    assert "without fork" in s["disabled"] and s["rounds"] == 0
     assert events[-1].completion_token_ids == _run(plain, ids, temperature=0.0, max_tokens=8).completion_token_ids
+    done = spec.submit(GenerationRequest(ids, spec.sampling(temperature=0.0, max_tokens=24),
+                                         constraint=Alternating())).result()
+    ref = plain.submit(GenerationRequest(ids, plain.sampling(temperature=0.0, max_tokens=24),
+                                         constraint=Alternating())).result()
+    assert done.completion_token_ids == ref.completion_token_ids
+    assert done.speculation["disabled"] is None and done.speculation["accepted"] > 0
+
+
+class Alternating:
+    """A constraint whose mask changes every token: even ids, then odd ids, then even ..."""
+
+    def __init__(self):
+        self.n = 0
+
+    def fork(self):
+        other = Alternating()
+        other.n = self.n
+        return other
+
+    def allowed(self):
+        return (mx.arange(VOCAB) % 2) == (self.n % 2)
+
+    def advance(self, token):
+        assert token % 2 == self.n % 2, "a token outside the mask was committed"
+        self.n += 1
+
+
+@pytest.mark.parametrize("wrong", [None, 0, 2])
+def test_constrained_positions_are_each_masked(models, wrong):
+    model = models["llama"]
+    params = SamplingParams(temperature=0.0, max_tokens=30)
+    ref = [o.token for o in generate_step(model, PROMPT, make_cache(model), params, constraint=Alternating())]
+    assert all(t % 2 == i % 2 for i, t in enumerate(ref))
+    spec = _spec(Oracle(ref, len(PROMPT), wrong))
+    got = [o.token for o in generate_step(model, PROMPT, make_cache(model), params, constraint=Alternating(),
+                                          speculation=spec)]
+    assert got == ref and spec.stats.rounds > 0
 
 
 def test_profile_rules_and_mtp_refusal(tmp_path, tiny_llama_dir):

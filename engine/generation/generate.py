@@ -180,7 +180,8 @@ def generate_step(
         yield from speculative_decode(
             model, cache, sample, step, speculation.drafter, speculation.policy, speculation.stats,
             context=list(history or prompt), y=y, logprobs=logprobs, key=key, recent=recent,
-            max_tokens=params.max_tokens, should_stop=should_stop, output=StepOutput,
+            max_tokens=params.max_tokens, should_stop=should_stop, constraint=constraint, vocab=vocab,
+            output=StepOutput,
         )
         return
 
@@ -206,9 +207,10 @@ def _speculation_ok(spec: Speculation, cache: list, constraint: TokenConstraint 
     """Whether this request can decode speculatively; records why not in its stats."""
     from engine.generation.speculation.rollback import unsupported
 
-    if constraint is not None:
-        # A grammar constraint advances per token and cannot be rewound past rejected drafts.
-        spec.stats.disabled = "grammar-constrained request (tool-call constraint): plain decoding"
+    if constraint is not None and not callable(getattr(constraint, "fork", None)):
+        # Drafted positions need the constraint's state after each draft token, without
+        # advancing the real one past tokens that may be rejected.
+        spec.stats.disabled = "grammar constraint without fork(): plain decoding"
     else:
         spec.stats.disabled = unsupported(cache)
     return spec.stats.disabled is None
