@@ -369,3 +369,28 @@ def test_speculative_turn_checkpoint_resumes_in_a_fresh_process(tmp_path, tiny_l
     assert s2["cache"]["source"] == "ssd" and s2["usage"]["cached_tokens"] > s1["usage"]["prompt_tokens"]
     assert (s1["text"], s2["text"]) == (p1["text"], p2["text"])
     assert s2["usage"] == p2["usage"]
+
+
+async def test_tui_status_bar_shows_acceptance_while_a_speculative_preset_streams(tmp_path, tiny_llama_dir):
+    from app.tui.app import MlxtermApp
+    from app.tui.widgets.prompt import PromptInput
+
+    profile = write_profile(tmp_path / "tui-spec.yaml", tiny_llama_dir, sampling={"max_tokens": 120},
+                            speculation={"mode": "draft", "draft_model": str(tiny_llama_dir)})
+    app = MlxtermApp(str(profile), memory_probe=lambda: 300 << 20)
+    async with app.run_test(size=(120, 36)) as pilot:
+        while not app.controller.loaded:
+            await pilot.pause(0.02)
+        screen = app.screen_stack[0]
+        shown: list[str] = []
+        set_turn = screen.status.set_turn
+        screen.status.set_turn = lambda text: (shown.append(text), set_turn(text))[1]
+        app.query_one(PromptInput).focus()
+        await pilot.press(*"hi there", "enter")
+        await pilot.pause(0.1)
+        while screen.generating:
+            await pilot.pause(0.02)
+        await pilot.pause()
+        streaming = [t for t in shown if t.startswith("generating…")]
+        assert any("drafts" in t and "% accepted" in t for t in streaming), shown
+        assert "% accepted" in screen.status.query_one("#status-turn").render().plain
