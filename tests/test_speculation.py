@@ -77,7 +77,7 @@ def _plain(model, params, prompt=PROMPT):
     return [o.token for o in generate_step(model, prompt, make_cache(model), params)]
 
 
-def assert_cache_is_fresh_prefill(model, cache, tokens):
+def assert_cache_is_fresh_prefill(model, cache, tokens, tol: float = 1e-4):
     """The caches hold exactly ``tokens``: same offset and K/V as prefilling them from scratch."""
     fresh = make_cache(model)
     prefill(model, fresh, tokens)
@@ -89,7 +89,7 @@ def assert_cache_is_fresh_prefill(model, cache, tokens):
             got = [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
             want = [f.keys[..., : f.offset, :], f.values[..., : f.offset, :]]
         for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(np.array(g), np.array(w), rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(np.array(g), np.array(w), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("which", ["llama", "qwen2", "gemma3"])
