@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 STORY = "Write a short story (about 200 words) about a lighthouse keeper who finds a message in a bottle."
@@ -33,7 +34,7 @@ PASSAGE = (
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--profile", default="qwen2.5-coder-0.5b-lookup", help="lookup profile (copy-heavy, free-form)")
+    p.add_argument("--profile", default="qwen2.5-coder-0.5b-lookup", help="lookup profile (copy-heavy, free-form; '' to skip)")
     p.add_argument("--pair-profile", default="qwen2.5-coder-1.5b-draft", help="draft-model profile ('' to skip)")
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--pair-max-tokens", type=int, default=64)
@@ -180,7 +181,7 @@ def run(args) -> dict:
                     "load_average": os.getloadavg(), "rounds": args.rounds, "scenarios": {}, "curves": {}}
     table = ["| scenario | profile | tokens | plain tok/s | spec tok/s | speedup | acceptance | mean accepted | identical |",
              "|---|---|---|---|---|---|---|---|---|"]
-    jobs = [(args.profile, None, args.max_tokens)]
+    jobs = [(args.profile, None, args.max_tokens)] if args.profile else []
     if args.pair_profile:
         jobs.append((args.pair_profile, "code_generation_pair", args.pair_max_tokens))
     for profile, only, max_tokens in jobs:
@@ -194,6 +195,7 @@ def run(args) -> dict:
                 r = compare(eng, prompt, max_tokens, args.rounds)
                 r["profile"] = profile
                 result["scenarios"][name] = r
+                print(f"bench spec: {name}: {json.dumps(r)}", file=sys.stderr, flush=True)  # progress
                 table.append(f"| {name} | {profile} | {r['tokens']} | {r['plain_tps']} | {r['spec_tps']} | "
                              f"{r['speedup']}x | {r['acceptance_rate']:.0%} | {r['mean_accepted_length']} | "
                              f"{r['identical']} |")
