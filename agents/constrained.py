@@ -29,6 +29,7 @@ containing a quote, backslash or control byte are walked.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -379,6 +380,10 @@ class ToolCallConstraint:
             sid = masks.committed(0)
             if max_tokens is None or masks.need(sid) + 1 <= max_tokens:
                 self.phase, self.sid = "call", sid
+
+    def fork(self) -> ToolCallConstraint:
+        """An independent copy for speculative decoding (the state is scalars; masks are shared)."""
+        return copy.copy(self)
 
     def allowed(self) -> mx.array | None:
         t0 = time.perf_counter()

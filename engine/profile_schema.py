@@ -299,10 +299,14 @@ class KVCacheConfig:
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    mode: str = opt("none", Choice("none", "draft", "lookup"))
-    draft_model: str | None = opt(None, Text(nullable=True))
-    num_draft_tokens: int = opt(3, Number(integer=True, ge=1, le=16))
-    lookup_ngram: int = opt(3, Number(integer=True, ge=1, le=16))
+    mode: str = opt("none", Choice("none", "draft", "lookup", "mtp"))
+    draft_model: str | None = opt(None, Text(nullable=True))  # catalogue name, profile or path
+    num_draft_tokens: int = opt(3, Number(integer=True, ge=1, le=16))  # draft-length ceiling
+    lookup_ngram: int = opt(3, Number(integer=True, ge=1, le=16))  # shortest n-gram looked up
+    min_draft_tokens: int = opt(1, Number(integer=True, ge=1, le=16))  # adaptive floor
+    adaptive: bool = opt(True, Boolean())  # grow after full accepts, shrink after rejections
+    lookup_max_ngram: int = opt(4, Number(integer=True, ge=1, le=16))  # longest n-gram tried first
+    draft_min_prob: float = opt(0.0, Number(ge=0, lt=1))  # draft model stops below this top prob
 
 
 @dataclass(frozen=True)

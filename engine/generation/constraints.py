@@ -2,7 +2,9 @@
 
 The decode loop asks ``allowed()`` before each sampled token; ``None`` means unconstrained
 (decoding stays pipelined), otherwise a boolean ``(vocab,)`` mask of permitted ids. After a
-token is chosen the loop calls ``advance(token)``. While a constraint is active each step
+token is chosen the loop calls ``advance(token)``. Speculative decoding also calls ``fork()``
+(an independent copy of the state, when the constraint has it) to mask drafted positions
+without advancing the real state past tokens that may be rejected. While a constraint is active each step
 waits for the previous token (the mask depends on it), so keep ``allowed`` cheap.
 """
 

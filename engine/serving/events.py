@@ -34,6 +34,18 @@ class TokenLogprobs:
 
 
 @dataclass(frozen=True)
+class SpeculationProgress:
+    """Running acceptance of a speculative request (emitted every few verification rounds)."""
+
+    drafted: int
+    accepted: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True)
 class PrefillProgress:
     done: int
     total: int
@@ -69,6 +81,8 @@ class Done:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     cache_source: str = "none"  # "ram" | "ssd" | "none"
     error: str | None = None
+    # speculative decoding counters (SpecStats.as_dict()); None when the profile does not speculate
+    speculation: dict | None = None
 
 
-Event = TextDelta | ReasoningDelta | ToolCallDelta | TokenLogprobs | PrefillProgress | Done
+Event = TextDelta | ReasoningDelta | ToolCallDelta | TokenLogprobs | PrefillProgress | Done | SpeculationProgress

@@ -14,6 +14,7 @@ from typing import Any
 from engine.errors import ModelLoadError
 from engine.generation.generate import generate_step
 from engine.generation.sampling import SamplingParams, top_logprobs
+from engine.generation.speculation.methods import Speculator
 from engine.generation.textstream import ReasoningSplitter, StopMatcher
 from engine.model.catalog import resolve_source
 from engine.model.chat_template import CHATML_FALLBACK, ChatTemplate
@@ -24,6 +25,7 @@ from engine.serving.events import (
     Done,
     PrefillProgress,
     ReasoningDelta,
+    SpeculationProgress,
     TextDelta,
     Timings,
     TokenLogprobs,
@@ -51,6 +53,7 @@ class Runner:
         self.template = self._template(profile)
         self.default_params = _params_from_profile(profile)
         self.cache = PromptCache(self.model, profile)
+        self.speculator = Speculator(profile, bundle)
         note = blas_note()
         if note:
             log.warning(note)
@@ -149,6 +152,9 @@ class Runner:
 
         finish = "length"
         t_first = None
+        # A request may opt out (extra["speculation"] = False), e.g. a benchmark's baseline arm.
+        spec = self.speculator.new() if req.extra.get("speculation", True) else None
+        shown = 0
         steps = generate_step(
             self.model,
             new_tokens,
@@ -159,6 +165,7 @@ class Runner:
             should_stop=lambda: handle.cancelled,
             constraint=req.constraint,
             prefill_model=self.bundle.prefill_model,
+            speculation=spec,
         )
         for out in steps:
             if t_first is None:
@@ -168,6 +175,9 @@ class Runner:
                 finish = "cancelled"
                 break
             generated.append(tok)
+            if spec is not None and spec.stats.rounds >= shown + 4:
+                shown = spec.stats.rounds
+                handle.emit(SpeculationProgress(spec.stats.drafted, spec.stats.accepted))
             if params.logprobs and out.logprobs is not None:
                 lp = out.logprobs.reshape(-1)
                 logprobs_out.append(TokenLogprobs(tok, float(lp[tok].item()), top_logprobs(lp, params.logprobs)))
@@ -221,6 +231,7 @@ class Runner:
                 completion_token_ids=generated,
                 logprobs=logprobs_out,
                 cache_source=reuse.source,
+                speculation=spec.stats.as_dict() if spec is not None else None,
             )
         )
 

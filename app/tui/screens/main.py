@@ -14,7 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.errors import MlxtermError
-from engine.serving.events import Done, PrefillProgress, ReasoningDelta, TextDelta
+from engine.serving.events import (
+    Done,
+    PrefillProgress,
+    ReasoningDelta,
+    SpeculationProgress,
+    TextDelta,
+)
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -26,7 +32,7 @@ from textual.widgets import Footer
 from app.tui.agent_mode import AgentActions, AgentCommands, agent_command
 from app.tui.commands import ChatCommands
 from app.tui.dictation import DictationActions, DictationCommands, is_dictate_command
-from app.tui.format import done_meta, turn_summary
+from app.tui.format import done_meta, speculation_note, turn_summary
 from app.tui.screens.chat_actions import ChatActions
 from app.tui.screens.dialogs import PickScreen
 from app.tui.screens.error import ErrorScreen
@@ -384,15 +390,19 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             turn.cancel()
         done: Done | None = None
         count = 0
+        accept = ""
         try:
             async for ev in turn:
                 if isinstance(ev, TextDelta):
                     await reply.write(ev.text)
                     count += 1
                     if count % STATUS_EVERY == 1:
-                        self.status.set_turn(f"generating… {count} tokens")
+                        self.status.set_turn(f"generating… {count} tokens{accept}")
                 elif isinstance(ev, ReasoningDelta):
                     await reply.write_reasoning(ev.text)
+                elif isinstance(ev, SpeculationProgress):  # a speculative preset is streaming
+                    accept = f" · {speculation_note(ev.accepted, ev.drafted)}"
+                    self.status.set_turn(f"generating… {count} tokens{accept}")
                 elif isinstance(ev, PrefillProgress):
                     self.status.set_turn(f"reading the prompt… {ev.done:,}/{ev.total:,} tokens")
                 elif isinstance(ev, Done):

@@ -1,0 +1,62 @@
+"""From a profile's ``speculation`` section to a per-request ``Speculation``.
+
+``Speculator`` is built once per loaded model (it loads a draft model when one is named)
+and hands each request a fresh ``Speculation``: the drafter, the draft-length policy and
+new counters.
+"""
+
+from __future__ import annotations
+
+from engine.errors import ProfileError
+from engine.generation.speculation.base import DraftPolicy, SpecStats, Speculation
+from engine.generation.speculation.draft_model import DraftModelDrafter
+from engine.generation.speculation.lookup import LookupDrafter
+from engine.generation.speculation.mtp import make_mtp_drafter
+
+_VOCAB_PROBE = "def main():\n    print('hello, world')  # 123 ü → ok\n"
+
+
+class Speculator:
+    def __init__(self, profile, bundle):
+        spec = profile.speculation
+        self.mode = spec.mode
+        self.policy = DraftPolicy(spec.num_draft_tokens, spec.min_draft_tokens, spec.adaptive)
+        self._spec = spec
+        self._drafter = None
+        self.draft_name: str | None = None
+        if spec.mode == "draft":
+            self._drafter = self._load_draft(profile, bundle)
+        elif spec.mode == "mtp":
+            lm = bundle.loaded
+            self._drafter = make_mtp_drafter(profile.where("speculation.mode"), profile.model.source,
+                                             {**lm.config, "model_type": lm.model_type},
+                                             getattr(lm, "metadata", None))
+
+    def _load_draft(self, profile, bundle) -> DraftModelDrafter:
+        from engine.model.loader import load_bundle
+        from engine.model.weight_policy import choose_weights
+        from engine.profiles import resolve_draft_source
+
+        path, weights = resolve_draft_source(profile)
+        draft = load_bundle(path, choose_weights(weights))
+        where = profile.where("speculation.draft_model")
+        tw = int(bundle.loaded.config.get("vocab_size") or bundle.tokenizer.vocab_size)
+        dw = int(draft.loaded.config.get("vocab_size") or draft.tokenizer.vocab_size)
+        same_text = bundle.tokenizer.encode(_VOCAB_PROBE) == draft.tokenizer.encode(_VOCAB_PROBE)
+        if tw != dw or not same_text or bundle.tokenizer.eos_ids != draft.tokenizer.eos_ids:
+            raise ProfileError(
+                f"{where}: speculation.draft_model: {path.name} does not share the target's "
+                f"tokenizer (vocabulary {dw} vs {tw} tokens, same ids for sample text: {same_text}); "
+                "a draft model must use the same vocabulary")
+        self.draft_name = path.name
+        return DraftModelDrafter(draft.model, dw, self._spec.draft_min_prob)
+
+    def new(self) -> Speculation | None:
+        """Everything one request needs, or None when the profile does not speculate."""
+        if self.mode == "none":
+            return None
+        if self.mode == "lookup":
+            drafter = LookupDrafter(self._spec.lookup_ngram, self._spec.lookup_max_ngram)
+        else:
+            drafter = self._drafter
+        return Speculation(drafter, self.policy, SpecStats(self.mode))
