@@ -39,6 +39,14 @@ class PrefillProgress:
     total: int
 
 
+@dataclass(frozen=True)
+class Queued:
+    """The request waits for admission (batch full or KV budget spent); sent once."""
+
+    reason: str
+    ahead: int  # requests admitted before this one
+
+
 @dataclass
 class Usage:
     prompt_tokens: int = 0
@@ -69,6 +77,10 @@ class Done:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     cache_source: str = "none"  # "ram" | "ssd" | "none"
     error: str | None = None
+    lane: str = "serial"  # "batched" once any token came from a batched step
+    batch_min: int = 1  # rows decoding together while this request decoded
+    batch_mean: float = 1.0
+    batch_max: int = 1
 
 
-Event = TextDelta | ReasoningDelta | ToolCallDelta | TokenLogprobs | PrefillProgress | Done
+Event = TextDelta | ReasoningDelta | ToolCallDelta | TokenLogprobs | PrefillProgress | Queued | Done
