@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-BENCHES = ("engine", "resume", "speech")
+BENCHES = ("engine", "resume", "speech", "batch")
 
 
 def register(sub) -> None:

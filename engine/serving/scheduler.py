@@ -2,13 +2,13 @@
 
 Each ``tick`` of the engine loop does, in order:
 
-1. one decode step: the *serial lane* (a request alone, driven through ``generate_step`` so
-   speculation and the compiled step apply) or one *batched* step (every row advances one
-   token; see engine.generation.batch);
-2. admission: waiting requests by priority, while the batch is under ``batch.cap`` and the
+1. admission: waiting requests by priority, while the batch is under ``batch.cap`` and the
    KV the admitted rows may grow to stays within ``batch.kv_budget`` (else they wait and get
    a ``Queued`` event);
-3. one prefill chunk of the most urgent admitted request, so running rows keep streaming.
+2. one prefill chunk of the most urgent admitted request, so running rows keep streaming;
+3. one decode step: the *serial lane* (a request alone, driven through ``generate_step`` so
+   speculation and the compiled step apply) or one *batched* step (every row advances one
+   token; see engine.generation.batch).
 
 A request's first token is sampled exactly as ``generate_step`` samples it (same chunking,
 key schedule and repetition window), and a row carries its own sampler, PRNG key, window,
@@ -126,6 +126,17 @@ class Row:
         y, logprobs = self.sample(logits, sub, self.recent, mask)
         self.recent = mx.concatenate([self.recent[1:], y.astype(mx.int32)])
         return y, logprobs
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no penalty, constraint or logprobs: the token is the logits' argmax."""
+        p = self.params
+        return p.greedy and p.repetition_penalty == 1.0 and self.constraint is None and not p.logprobs
+
+    def skip(self, y: mx.array) -> None:
+        """Advance key and window as ``draw`` would, for a token picked outside it."""
+        self.key = mx.random.split(self.key)[0]
+        self.recent = mx.concatenate([self.recent[1:], y.astype(mx.int32)])
 
     # -- text stream -----------------------------------------------------------------------
     def accept(self, tok: int, logprobs: mx.array | None) -> str | None:
@@ -267,6 +278,20 @@ class Scheduler:
     # -- one tick ------------------------------------------------------------------------------
     def tick(self) -> None:
         self._drop_cancelled()
+        decoded = False
+        if any(r.leaving for r in self.rows):
+            # Checkpoint answered rows first: a follow-up turn being admitted may extend them.
+            self._decode()
+            decoded = True
+        # Newcomers go before the decode step, so a request's first token waits for at most
+        # one step of the running rows (and one prefill chunk of a more urgent request).
+        self._admit()
+        if self.prefilling:
+            self._prefill_chunk()
+        if not decoded:
+            self._decode()
+
+    def _decode(self) -> None:
         if self.solo is not None:
             if self.rows:
                 self._migrate_solo()
@@ -275,9 +300,6 @@ class Scheduler:
                 self._serial_step()
         elif self.rows:
             self._batched_step()
-        self._admit()
-        if self.prefilling:
-            self._prefill_chunk()
 
     def _drop_cancelled(self) -> None:
         keep = []
@@ -422,10 +444,18 @@ class Scheduler:
         live = [r for r in rows if not r.leaving and not r.handle.cancelled]
         logits = batched_logits(self.model, [r.pending for r in rows], self.kv)
         drawn = []
+        plain = [i for i, r in enumerate(rows) if r in live and r.plain_greedy]
+        if plain:  # one argmax for every row whose sampler is a bare argmax
+            picks = mx.argmax(logits[mx.array(plain)].astype(mx.float32), axis=-1)
         for i, r in enumerate(rows):
             if r in live:
-                drawn.append((r, *r.draw(logits[i : i + 1])))
-        mx.eval([y for _, y, _ in drawn])
+                if r.plain_greedy:
+                    y = picks[plain.index(i) : plain.index(i) + 1]
+                    drawn.append((r, y, r.skip(y)))
+                else:
+                    drawn.append((r, *r.draw(logits[i : i + 1])))
+        # Keys and windows too, so their lazy graphs do not grow step after step.
+        mx.eval([y for _, y, _ in drawn], [(r.key, r.recent) for r, _, _ in drawn])
         # Rows that answered before this step are now fully fed: checkpoint them and let go.
         keep = []
         for i, r in enumerate(rows):
