@@ -429,10 +429,16 @@ class Scheduler:
         if not row.generated:  # nothing yielded yet: only the prompt body is in the cache
             self._join_batch(row)
             return
-        # The generator already fed its last token (and drew one more we drop): un-feed it so
-        # the batch feeds it and draws that same next token under the same key schedule.
-        for c in row.cache:
-            c.trim(1)
+        # The generator has fed its last yielded token (and maybe more: a pipelined or drafted
+        # step we drop). Cut the cache back to prompt + reply minus that token, so the batch
+        # feeds it and draws the same next token under the same key schedule.
+        extra = row.cache[0].offset - (len(row.prompt) + len(row.generated) - 1)
+        if extra > 0:
+            for c in row.cache:
+                c.trim(extra)
+        elif extra < 0:  # a lane that committed tokens without feeding them: feed them now
+            context = row.prompt + row.generated
+            prefill(self.prefill_model, row.cache, context[row.cache[0].offset : -1])
         row.pending = row.generated[-1]
         row.resume_sampler()
         self.kv.add(row.cache)
