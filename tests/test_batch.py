@@ -279,3 +279,44 @@ def test_sliding_window_model_serves_concurrent_requests_serially(tmp_path, tiny
             done = h.result(60)
             assert done.completion_token_ids == ref.completion_token_ids and done.lane == "serial"
         assert time.perf_counter() - t0 < 60
+
+
+def test_generate_json_reports_lane_and_batch_size(tmp_path, tiny_llama_dir):
+    from tests.tiny_models import write_profile
+
+    profile = write_profile(tmp_path / "gen.yaml", tiny_llama_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "generate", "--profile", str(profile), "--prompt", "hi", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["batch"] == {"lane": "serial", "size_min": 1, "size_mean": 1.0, "size_max": 1}
+
+
+async def test_status_bar_counts_requests_sharing_the_engine(tiny_profile):
+    from app.tui.widgets.status import StatusBar
+    from tests.test_tui_app import SIZE, loaded, main_screen, make_app
+
+    app = make_app(tiny_profile)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        eng = app.controller.engine
+        bar = main_screen(app).query_one(StatusBar)
+        label = bar.query_one("#status-shared")
+        bar.refresh_shared()
+        assert str(label.render()) == ""
+        params = eng.sampling(max_tokens=400, temperature=1.0, seed=2)
+        handles = [eng.submit(GenerationRequest(_prompt(eng, f"bg {i}"), params)) for i in range(3)]
+        for h in handles:  # all three are decoding
+            it = iter(h)
+            while not isinstance(next(it), TextDelta):
+                pass
+        bar.refresh_shared()
+        assert str(label.render()).strip() == "3 requests share the engine"
+        for h in handles:
+            h.cancel()
+        for h in handles:
+            assert h.result(60).lane == "batched"
+        bar.refresh_shared()
+        assert str(label.render()) == ""

@@ -302,15 +302,12 @@ class Scheduler:
             self._batched_step()
 
     def _drop_cancelled(self) -> None:
-        keep = []
-        for item in self.waiting:
-            if item[2].handle.cancelled:
-                item[2].done("cancelled", self.runner.load_ms)
-            else:
-                keep.append(item)
-        if len(keep) != len(self.waiting):
-            self.waiting = keep
+        gone = [item[2] for item in self.waiting if item[2].handle.cancelled]
+        if gone:
+            self.waiting = [item for item in self.waiting if not item[2].handle.cancelled]
             heapq.heapify(self.waiting)
+        for r in gone:
+            r.done("cancelled", self.runner.load_ms)
         for r in [r for r in self.prefilling if r.handle.cancelled]:
             self.prefilling.remove(r)
             r.done("cancelled", self.runner.load_ms)
@@ -468,6 +465,7 @@ class Scheduler:
             if r.leaving:
                 self.runner.cache.release(r.prompt + r.generated, self.kv.take(i), r.req.session_id)
             elif r.handle.cancelled:
+                r.leaving = True  # not counted as active once its caller sees Done
                 r.done("cancelled", self.runner.load_ms)
                 self.runner.cache.release(r.prompt + r.generated, self.kv.take(i), r.req.session_id)
             else:
