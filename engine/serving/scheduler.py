@@ -226,7 +226,7 @@ class Scheduler:
         self.cap = cap or profile.batch.cap
         self.kv_budget = kv_budget or profile.batch.kv_budget
         probe = runner.cache.new_cache()
-        # Sliding-window and quantized live caches decode in the serial lane, one at a time.
+        # Quantized live caches (GPU backends) decode in the serial lane, one at a time.
         self.can_batch = batchable(probe)
         if not self.can_batch:
             self.cap = 1
@@ -427,18 +427,15 @@ class Scheduler:
             self._join_batch(row)
             return
         # The generator has fed its last yielded token (and maybe more: a pipelined or drafted
-        # step we drop). Cut the cache back to prompt + reply minus that token, so the batch
+        # step we drop). The row joins with prompt + reply minus that token, so the batch
         # feeds it and draws the same next token under the same key schedule.
-        extra = row.cache[0].offset - (len(row.prompt) + len(row.generated) - 1)
-        if extra > 0:
-            for c in row.cache:
-                c.trim(extra)
-        elif extra < 0:  # a lane that committed tokens without feeding them: feed them now
+        upto = len(row.prompt) + len(row.generated) - 1
+        if row.cache[0].offset < upto:  # a lane that committed tokens without feeding them
             context = row.prompt + row.generated
-            prefill(self.prefill_model, row.cache, context[row.cache[0].offset : -1])
+            prefill(self.prefill_model, row.cache, context[row.cache[0].offset : upto])
         row.pending = row.generated[-1]
         row.resume_sampler()
-        self.kv.add(row.cache)
+        self.kv.add(row.cache, upto)
         row.cache = None
         self.rows.append(row)
 
