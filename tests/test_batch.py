@@ -175,7 +175,8 @@ def test_solo_request_migrates_into_the_batch_and_keeps_its_tokens(engines):
 def test_burst_of_twenty_from_threads_and_asyncio_loses_nothing(engines):
     solo, eng = engines
     specs = [
-        dict(prompt=_prompt(eng, f"burst {i} " + "x" * (i * 7)), params=eng.sampling(max_tokens=8 + i % 5))
+        dict(prompt=_prompt(eng, f"burst {i} " + "x" * (i * 7)), params=eng.sampling(max_tokens=24 + i % 5),
+             no_eos=True)
         for i in range(20)
     ]
     refs = [_solo(solo, spec) for spec in specs]
@@ -215,7 +216,7 @@ def test_burst_of_twenty_from_threads_and_asyncio_loses_nothing(engines):
 def test_priorities_order_admission(tmp_path, tiny_llama_dir):
     with _engine(tmp_path, tiny_llama_dir, "cap1", batch={"cap": 1}) as eng:
         s = eng.sampling
-        blocker = eng.submit(GenerationRequest(_prompt(eng, "block"), s(max_tokens=400, temperature=1.0, seed=1)))
+        blocker = eng.submit(GenerationRequest(_prompt(eng, "block"), s(max_tokens=400), constraint=NoEos(eng)))
         it = iter(blocker)
         while not isinstance(next(it), TextDelta):
             pass
@@ -240,16 +241,21 @@ def test_priorities_order_admission(tmp_path, tiny_llama_dir):
 
 
 def test_kv_budget_makes_a_request_wait_not_fail(tmp_path, tiny_llama_dir):
-    # One tiny-llama token is 2 layers * 2 (K,V) * 2 heads * 16 dims * 4 bytes = 512 bytes.
-    with _engine(tmp_path, tiny_llama_dir, "budget", batch={"kv_budget": 60 * 1024}) as eng:
+    # One tiny-llama token is 2 layers * 2 (K,V) * 2 heads * 16 dims * 4 bytes = 512 bytes:
+    # the long row reserves ~210 KB, the short one ~46 KB; together they exceed 240 KB.
+    with _engine(tmp_path, tiny_llama_dir, "budget", batch={"kv_budget": 240 * 1024}) as eng:
         p = _prompt(eng, "budget")
-        a = eng.submit(GenerationRequest(p, eng.sampling(max_tokens=80)))
+        a = eng.submit(GenerationRequest(p, eng.sampling(max_tokens=400), constraint=NoEos(eng)))
+        it = iter(a)
+        while not isinstance(next(it), TextDelta):
+            pass
         b = eng.submit(GenerationRequest(p, eng.sampling(max_tokens=80)))
-        _, done_b, events = _stream(b)
-        queued = [e for e in events if isinstance(e, Queued)]
-        assert queued and "memory" in queued[0].reason
-        assert done_b.finish_reason in ("stop", "length") and done_b.lane == "serial"
-        assert a.result(60).completion_token_ids == done_b.completion_token_ids
+        first = next(iter(b))
+        assert isinstance(first, Queued) and "memory" in first.reason
+        a.cancel()
+        _, done_b, _ = _stream(b)
+        assert done_b.finish_reason in ("stop", "length") and done_b.completion_token_ids
+        assert done_b.lane == "serial" and a.result(60).finish_reason == "cancelled"
 
 
 def test_batched_checkpoints_resume_identically_in_a_fresh_process(tmp_path, tiny_llama_dir, engines):
