@@ -35,18 +35,28 @@ def agent_sandbox(network: bool = False, status: SandboxStatus | None = None) ->
     hide = [str(paths.data_dir()), str(paths.config_dir()), str(paths.cache_dir())]
     if os.environ.get("MLXTERM_HOME"):
         hide.append(os.environ["MLXTERM_HOME"])
-    read_only = sorted({sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))})
+    # mlxterm's own packages too (a check may import them), wherever the checkout lies (even
+    # under /tmp, which the sandbox replaces); the packages only, not what sits beside them
+    root = Path(__file__).resolve().parent.parent
+    packages = [str(root / name) for name in ("agents", "app", "engine", "tools")]
+    read_only = sorted({sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), *packages})
     return Sandbox(SandboxPolicy(network=network, hide=tuple(hide), read_only=tuple(read_only)), status)
 
 
 def run_check(check: Check, workspace: Path, sandbox: Sandbox, env: Mapping[str, str] | None = None,
-              writable: tuple[str, ...] = (), transcript: Transcript | None = None) -> dict[str, Any]:
-    """Run one acceptance check in ``workspace`` (``writable``: more directories it may write,
-    such as the run directory for its evidence); its record, also written to ``transcript``.
-    Every check runner (``mlxterm run``, the task board) goes through here."""
+              writable: tuple[str, ...] = (), readable: tuple[str, ...] = (),
+              transcript: Transcript | None = None) -> dict[str, Any]:
+    """Run one acceptance check in ``workspace``; its record, also written to ``transcript``.
+
+    ``writable``: more directories it may write (the run directory for its evidence);
+    ``readable``: more it may read (the task's own directory with its check scripts, which
+    may lie beside the workspace). Every check runner (``mlxterm run``, the task board) goes
+    through here."""
     t0 = time.monotonic()
-    if writable:
-        sandbox = Sandbox(replace(sandbox.policy, writable=(*sandbox.policy.writable, *writable)), sandbox.status)
+    if writable or readable:
+        policy = replace(sandbox.policy, writable=(*sandbox.policy.writable, *writable),
+                         read_only=(*sandbox.policy.read_only, *readable))
+        sandbox = Sandbox(policy, sandbox.status)
     data = execute(check.run, workspace, check.timeout_s, None, sandbox, extra_env=env)
     output = data["stdout"] + data["stderr"]
     if data["timed_out"]:

@@ -176,7 +176,8 @@ class HeadlessRun:
         # the run directory stays writable for their evidence (quality.json, screenshots)
         sandbox = self.agent.sandbox if self.agent is not None else agent_sandbox(network=self.task.network)
         return run_check(check, self.workspace, sandbox, env=self._check_env(),
-                         writable=(str(self.run_dir.resolve()),), transcript=transcript)
+                         writable=(str(self.run_dir.resolve()),), readable=(str(self.task.path.parent.resolve()),),
+                         transcript=transcript)
 
     def _result(self, engine, done: AgentDone, checks: list[dict[str, Any]], transcript: Transcript,
                 wall: float) -> dict[str, Any]:

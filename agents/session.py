@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import MlxtermError
-from engine.runtime import GenerationRequest
+from engine.runtime import GenerationRequest, Priority
 from engine.serving.events import Done
 from engine.serving.events import TextDelta as EngineTextDelta
 from engine.sessions import Message, SessionStore
@@ -380,7 +380,8 @@ class AgentSession:
         seed = None if self.options.seed is None else self.options.seed + step
         params = self.engine.sampling(max_tokens=max_new, temperature=self.options.temperature, seed=seed)
         request = GenerationRequest(prompt_ids, params, session_id=self.session_id,
-                                    split_reasoning=self.engine.profile.chat.reasoning, constraint=constraint)
+                                    split_reasoning=self.engine.profile.chat.reasoning, constraint=constraint,
+                                    priority=Priority.AGENT)
         self.transcript.write("request", step, prompt_tokens=len(prompt_ids), max_tokens=max_new,
                               constrained=constraint is not None,
                               sampling={"temperature": params.temperature, "top_p": params.top_p, "seed": seed})
@@ -428,7 +429,8 @@ class AgentSession:
                      "mask_build_ms": round(self.masks.mask_ms - mask_ms0, 2), "wound_up": constraint.wound_up}
         self.transcript.write("response", step, text=done.text, raw_text=raw, finish_reason=done.finish_reason,
                               usage=usage, timings=asdict(done.timings), cache_source=done.cache_source,
-                              error=done.error, constraint=cinfo)
+                              error=done.error, constraint=cinfo,
+                              lane=done.lane, batch_max=done.batch_max)
         calls = []
         for p in _pending(parser):
             if p.call is not None:

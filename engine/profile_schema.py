@@ -328,6 +328,14 @@ class ContextConfig:
 
 
 @dataclass(frozen=True)
+class BatchConfig:
+    """Continuous batching: concurrent requests decode together (engine.serving.scheduler)."""
+
+    cap: int = opt(8, Number(integer=True, ge=1, le=64))  # rows decoding together at most
+    kv_budget: int = opt(4 * 1024**3, Size())  # live KV bytes admitted rows may reserve
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     ram_bytes: int = opt(2 * 1024**3, Size())
     ssd_bytes: int = opt(8 * 1024**3, Size())
@@ -370,6 +378,7 @@ SECTIONS: dict[str, type] = {
     "chat": ChatConfig,
     "agent": AgentConfig,
     "speech": SpeechConfig,
+    "batch": BatchConfig,
 }
 TOP_LEVEL_TEXT = ("name", "description")
 
@@ -390,6 +399,7 @@ class Profile:
     chat: ChatConfig = field(default_factory=ChatConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     speech: SpeechConfig = field(default_factory=SpeechConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
     # YAML line of each key path ("sampling.top_p"), so later checks can point at the file.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 

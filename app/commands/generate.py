@@ -155,6 +155,8 @@ def _result_json(engine, done) -> dict:
         "weight_format": engine.weight_format,
     }
     out["cache"] = {"source": done.cache_source, "restore_ms": done.timings.restore_ms}
+    out["batch"] = {"lane": done.lane, "size_min": done.batch_min, "size_mean": done.batch_mean,
+                    "size_max": done.batch_max}
     if done.logprobs:
         out["logprobs"] = [
             {"token": lp.token, "logprob": lp.logprob, "top": lp.top} for lp in done.logprobs

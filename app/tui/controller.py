@@ -79,6 +79,10 @@ class ChatController:
         return ModelInfo(p.name, self.profile_spec, eng.model_name, eng.weight_format,
                          p.kv_cache.format, p.context.max_context, eng.load_ms)
 
+    def active_requests(self) -> int:
+        """Requests in flight on the engine (chat turns and agent steps share its batch)."""
+        return int(getattr(self.engine, "active_requests", 0) or 0) if self.engine is not None else 0
+
     def check(self, spec: str | None = None) -> None:
         """Raise a one-sentence ``ProfileError`` when ``spec`` cannot be loaded (fast: no weights)."""
         from engine.errors import ProfileError

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 from engine.errors import MlxtermError
@@ -20,6 +21,14 @@ from engine.serving.worker import EngineWorker, RequestHandle
 
 log = logging.getLogger(__name__)
 
+class Priority(IntEnum):
+    """Who waits for a request: a person at the prompt first, then agent steps, then the rest."""
+
+    BACKGROUND = 0
+    AGENT = 1
+    INTERACTIVE = 2
+
+
 @dataclass
 class GenerationRequest:
     prompt_ids: list[int]  # the whole context, already tokenized
@@ -28,6 +37,7 @@ class GenerationRequest:
     split_reasoning: bool = True
     start_in_reasoning: bool = False  # the prompt itself opened a reasoning block
     constraint: Any = None  # an engine.generation.constraints.TokenConstraint, used for this request only
+    priority: int = 2  # admission and prefill order: Priority.INTERACTIVE > AGENT > BACKGROUND
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -44,17 +54,23 @@ class Engine:
         """Load ``profile`` (a Profile, a name/path, or None for the default) on a new engine thread."""
         from engine.profiles import DEFAULT_PROFILE
         from engine.serving.runner import Runner
+        from engine.serving.scheduler import Scheduler
 
         if not isinstance(profile, Profile):
             profile = load_profile(profile or DEFAULT_PROFILE)
-        holder: dict[str, Runner] = {}
-        worker = EngineWorker(lambda req, h: holder["runner"].serve(req, h))
+        worker = EngineWorker()
+
+        def start() -> Runner:
+            runner = Runner(profile)
+            worker.attach(Scheduler(runner))
+            return runner
+
         try:
-            holder["runner"] = worker.call(lambda: Runner(profile)).result()
+            runner = worker.call(start).result()
         except BaseException:
             worker.close()
             raise
-        return cls(profile, worker, holder["runner"])
+        return cls(profile, worker, runner)
 
     # -- facts about the loaded model ----------------------------------------------------
     @property
@@ -119,6 +135,11 @@ class Engine:
             raise MlxtermError("empty prompt: nothing to generate from")
         return self._worker.submit(request)
 
+    @property
+    def active_requests(self) -> int:
+        """Requests submitted and not yet answered (they share the engine's batch)."""
+        return self._worker.active
+
     def generate(self, prompt_ids: list[int], **overrides) -> Done:
         """Blocking convenience: generate and return the final ``Done`` event."""
         req = GenerationRequest(prompt_ids, self.sampling(**overrides))
@@ -152,4 +173,4 @@ def collect_text(events: Sequence[Event]) -> str:
     return "".join(e.text for e in events if isinstance(e, TextDelta))
 
 
-__all__ = ["Engine", "GenerationRequest", "Done", "Usage", "Timings", "time"]
+__all__ = ["Engine", "GenerationRequest", "Priority", "Done", "Usage", "Timings", "time"]

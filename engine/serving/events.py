@@ -51,6 +51,14 @@ class PrefillProgress:
     total: int
 
 
+@dataclass(frozen=True)
+class Queued:
+    """The request waits for admission (batch full or KV budget spent); sent once."""
+
+    reason: str
+    ahead: int  # requests admitted before this one
+
+
 @dataclass
 class Usage:
     prompt_tokens: int = 0
@@ -83,6 +91,11 @@ class Done:
     error: str | None = None
     # speculative decoding counters (SpecStats.as_dict()); None when the profile does not speculate
     speculation: dict | None = None
+    lane: str = "serial"  # "batched" once any token came from a batched step
+    batch_min: int = 1  # rows decoding together while this request decoded
+    batch_mean: float = 1.0
+    batch_max: int = 1
 
 
-Event = TextDelta | ReasoningDelta | ToolCallDelta | TokenLogprobs | PrefillProgress | Done | SpeculationProgress
+Event = (TextDelta | ReasoningDelta | ToolCallDelta | TokenLogprobs | PrefillProgress | Queued | Done
+         | SpeculationProgress)

@@ -2,8 +2,9 @@
 
 Callers ``submit`` requests and consume a ``RequestHandle`` as a sync or async stream of
 events; ``call`` runs any other MLX work (model loading, checkpoint restore) on the same
-thread. Requests wait in a FIFO; the serving loop takes one at a time today, and a batched
-scheduler can replace ``_serve`` later without changing callers.
+thread. Between ticks of the attached scheduler (engine.serving.scheduler: continuous
+batching) the loop takes every queued job: requests join the scheduler, calls run at once
+(after rows that already answered are checkpointed). Idle, it sleeps on the job queue.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import atexit
 import logging
 import queue
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -41,6 +43,7 @@ class RequestHandle:
 
     def __init__(self, request: Any):
         self.request = request
+        self.t_submit = time.perf_counter()
         self._cancel = threading.Event()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._done: Done | None = None
@@ -112,14 +115,24 @@ class RequestHandle:
 
 
 class EngineWorker:
-    """Owns the engine thread. ``serve(request, handle)`` does the actual generation."""
+    """Owns the engine thread; requests go to the scheduler ``attach``ed on that thread."""
 
-    def __init__(self, serve: Callable[[Any, RequestHandle], None], name: str = "mlxterm-engine"):
-        self._serve_fn = serve
+    def __init__(self, name: str = "mlxterm-engine"):
+        self._scheduler = None
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         _live_workers.add(self)
+
+    def attach(self, scheduler) -> None:
+        """Serve requests with ``scheduler`` (call on the engine thread, e.g. via ``call``)."""
+        self._scheduler = scheduler
+
+    @property
+    def active(self) -> int:
+        """Requests submitted and not answered yet (approximate: read without a lock)."""
+        sched = self._scheduler
+        return self._jobs.qsize() + (sched.active if sched is not None else 0)
 
     def submit(self, request: Any) -> RequestHandle:
         handle = RequestHandle(request)
@@ -127,7 +140,7 @@ class EngineWorker:
         return handle
 
     def call(self, fn: Callable[[], Any]) -> Future:
-        """Run ``fn`` on the engine thread, after the requests queued before it."""
+        """Run ``fn`` on the engine thread at the next step boundary."""
         fut: Future = Future()
         self._jobs.put(("call", fn, fut))
         return fut
@@ -144,29 +157,54 @@ class EngineWorker:
 
     def _loop(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None:
-                # Streams this thread created must go before the thread does (MLX teardown).
-                mx.synchronize()
-                mx.clear_streams()
-                return
-            kind, payload, target = job
-            if kind == "call":
-                if not target.set_running_or_notify_cancel():
-                    continue
-                try:
-                    target.set_result(payload())
-                except BaseException as e:  # delivered to the caller
-                    target.set_exception(e)
-                continue
-            self._serve(payload, target)
+            sched = self._scheduler
+            busy = sched is not None and sched.busy
+            jobs = []
+            try:
+                jobs.append(self._jobs.get(block=not busy))
+                while True:
+                    jobs.append(self._jobs.get_nowait())
+            except queue.Empty:
+                pass
+            for job in jobs:
+                if job is None:
+                    if sched is not None:
+                        sched.abort("the engine was closed")
+                    # Streams this thread created must go before the thread does (MLX teardown).
+                    mx.synchronize()
+                    mx.clear_streams()
+                    return
+                kind, payload, target = job
+                if kind == "call":
+                    self._run_call(payload, target)
+                elif self._scheduler is None:
+                    target.emit(_error_done("no model is loaded on this engine"))
+                else:
+                    self._scheduler.add(payload, target)
+            sched = self._scheduler
+            if sched is not None and sched.busy:
+                self._tick(sched)
 
-    def _serve(self, request: Any, handle: RequestHandle) -> None:
+    def _run_call(self, fn: Callable[[], Any], fut: Future) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
         try:
-            self._serve_fn(request, handle)
-        except Exception as e:
-            log.error("generation failed: %s\n%s", e, traceback.format_exc())
-            if handle._done is None:
-                from engine.serving.events import Timings, Usage
+            if self._scheduler is not None:
+                self._scheduler.settle()
+            fut.set_result(fn())
+        except BaseException as e:  # delivered to the caller
+            fut.set_exception(e)
 
-                handle.emit(Done("", "", "error", Usage(), Timings(), error=str(e)))
+    def _tick(self, sched) -> None:
+        try:
+            sched.tick()
+        except Exception as e:
+            # A failed step fails the requests in flight, not the engine thread.
+            log.error("generation failed: %s\n%s", e, traceback.format_exc())
+            sched.abort(str(e))
+
+
+def _error_done(message: str) -> Done:
+    from engine.serving.events import Timings, Usage
+
+    return Done("", "", "error", Usage(), Timings(), error=message)

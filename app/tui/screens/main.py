@@ -113,6 +113,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self.close_dictation()
 
     def on_mount(self) -> None:
+        self.status.requests_probe = self.controller.active_requests
         # Nested containers may still be mounting their children: start after a refresh.
         self.call_after_refresh(self._startup)
 

@@ -1,4 +1,5 @@
-"""``StatusBar``: profile and KV format, context used, the last turn's cache and speed, memory."""
+"""``StatusBar``: profile and KV format, context used, the last turn's cache and speed, requests
+sharing the engine, memory."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ class StatusBar(Horizontal):
         super().__init__(**kwargs)
         self._memory_probe = memory_probe
         self.turn_text = ""  # what the last-turn segment shows (tests read it)
+        self.requests_probe: Callable[[], int] | None = None  # in-flight requests of the engine
 
     def compose(self) -> ComposeResult:
         yield LoadingIndicator(id="status-spinner")
         yield Label("no model", id="status-model")
         yield Label("", id="status-context")
         yield Label("", id="status-turn")
+        yield Label("", id="status-shared")
         yield Label("", id="status-memory")
 
     def on_mount(self) -> None:
@@ -35,6 +38,12 @@ class StatusBar(Horizontal):
 
     def refresh_memory(self) -> None:
         self.query_one("#status-memory", Label).update(f"RSS {size(self._memory_probe())}")
+        self.refresh_shared()
+
+    def refresh_shared(self) -> None:
+        """``N requests share the engine`` while more than one is in flight (batched decode)."""
+        n = self.requests_probe() if self.requests_probe else 0
+        self.query_one("#status-shared", Label).update(f"{n} requests share the engine " if n > 1 else "")
 
     def set_loading(self, text: str | None) -> None:
         """Show a spinner with ``text`` (e.g. "loading smollm2-135m…"); None hides it."""

@@ -1,0 +1,213 @@
+"""Continuous batching: N concurrent sessions vs the same requests served one after another.
+
+For each model and each N in --sessions, N requests with different prompt lengths (greedy,
+--max-tokens each) are served two ways in one run, arms alternated serial, batched,
+batched, serial per round (medians over runs):
+  serial   submit one, wait for its Done, submit the next (the old one-at-a-time engine)
+  batched  submit all N at once; they decode together (engine.serving.scheduler)
+Every prompt carries a fresh nonce so no arm reuses another's checkpoint. Reported per arm:
+aggregate tok/s = completion tokens of all N / wall time from first submit to last Done
+(prefill included); aggregate decode tok/s = tokens after each request's first / the time at
+least one request was past its first token (so prefill before any stream is left out);
+per-request TTFT and inter-token latency (client side: first streamed
+text to Done over the tokens in between). Then the interactive check: the TTFT of a short
+chat request submitted while cap-1 background rows decode, vs the same request on an idle
+engine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+
+from app.benches.engine import PASSAGE
+
+PROMPT_LENGTHS = (40, 200, 80, 280, 60, 160, 120, 240)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--profiles", default="smollm2-135m,qwen2.5-coder-0.5b", help="comma-separated profiles")
+    p.add_argument("--sessions", default="1,2,4,8", help="comma-separated concurrent session counts")
+    p.add_argument("--max-tokens", type=int, default=96, help="tokens each request generates (at most)")
+    p.add_argument("--rounds", type=int, default=1, help="each round runs serial, batched, batched, serial")
+
+
+def _prompt(engine, n_tokens: int) -> list[int]:
+    text = f"[{uuid.uuid4().hex[:12]}] Continue this text.\n"
+    while len(engine.tokenizer.encode(text)) < n_tokens:
+        text += PASSAGE
+    ids = engine.chat_prompt([{"role": "user", "content": text}])
+    return ids[: n_tokens - 8] + ids[-8:] if len(ids) > n_tokens else ids
+
+
+class _Timed:
+    """Client-side clock of one request: submit, first text, Done."""
+
+    def __init__(self, handle):
+        from engine.serving.events import Done, TextDelta
+
+        self.t_submit = time.perf_counter()
+        self.t_first = None
+        self.done = None
+        for ev in handle:
+            if isinstance(ev, TextDelta) and self.t_first is None:
+                self.t_first = time.perf_counter()
+            if isinstance(ev, Done):
+                self.done = ev
+        self.t_done = time.perf_counter()
+        self.t_first = self.t_first or self.t_done
+
+    @property
+    def ttft_ms(self) -> float:
+        return (self.t_first - self.t_submit) * 1000
+
+    @property
+    def itl_ms(self) -> float:
+        n = self.done.usage.completion_tokens
+        return (self.t_done - self.t_first) * 1000 / max(n - 1, 1)
+
+
+def _run_arm(engine, arm: str, n: int, max_tokens: int) -> dict:
+    from engine.runtime import GenerationRequest
+
+    prompts = [_prompt(engine, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)]) for i in range(n)]
+    params = engine.sampling(temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.0)
+    timed: list[_Timed | None] = [None] * n
+    t0 = time.perf_counter()
+    if arm == "serial":
+        for i, p in enumerate(prompts):
+            timed[i] = _Timed(engine.submit(GenerationRequest(p, params)))
+    else:
+        handles = [engine.submit(GenerationRequest(p, params)) for p in prompts]
+
+        def follow(i: int) -> None:
+            timed[i] = _Timed(handles[i])
+
+        threads = [threading.Thread(target=follow, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # each handle's clock starts at its own submit; they were all submitted at t0
+        for t in timed:
+            t.t_submit = t0
+    wall = time.perf_counter() - t0
+    tokens = sum(t.done.usage.completion_tokens for t in timed)
+    decode_tokens = sum(max(t.done.usage.completion_tokens - 1, 0) for t in timed)
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "tok_s": tokens / wall,
+        "decode_tok_s": decode_tokens / _union([(t.t_first, t.t_done) for t in timed]),
+        "ttft_ms": [round(t.ttft_ms, 1) for t in timed],
+        "itl_ms": [round(t.itl_ms, 2) for t in timed],
+        "lanes": sorted({t.done.lane for t in timed}),
+        "batch_max": max(t.done.batch_max for t in timed),
+    }
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one span: time some request was decoding."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return max(total, 1e-9)
+
+
+def _interactive(engine, cap: int, max_tokens: int) -> dict:
+    """TTFT of a short chat turn: idle engine vs while cap-1 background rows decode."""
+    from engine.runtime import GenerationRequest, Priority
+    from engine.serving.events import TextDelta
+
+    params = engine.sampling(temperature=0.0, max_tokens=16)
+
+    def chat_ttft() -> float:
+        p = engine.chat_prompt([{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] Hello, how are you?"}])
+        return _Timed(engine.submit(GenerationRequest(p, params, priority=Priority.INTERACTIVE))).ttft_ms
+
+    idle, busy, rows_seen = [], [], []
+    for arm in ("idle", "busy", "busy", "idle"):
+        if arm == "idle":
+            idle.append(chat_ttft())
+            continue
+        bg_params = engine.sampling(temperature=0.0, max_tokens=max_tokens * 4, repetition_penalty=1.0)
+        handles = [
+            engine.submit(GenerationRequest(_prompt(engine, PROMPT_LENGTHS[i % 8]), bg_params, priority=Priority.BACKGROUND))
+            for i in range(cap - 1)
+        ]
+        for h in handles:  # wait until every background row streams
+            for ev in h:
+                if isinstance(ev, TextDelta):
+                    break
+        busy.append(chat_ttft())
+        rows_seen.append(engine.active_requests)
+        for h in handles:
+            h.cancel()
+        for h in handles:
+            h.result()
+    return {
+        "idle_ttft_ms": round(statistics.median(idle), 1),
+        "busy_ttft_ms": round(statistics.median(busy), 1),
+        "ratio": round(statistics.median(busy) / statistics.median(idle), 2),
+        "background_rows": cap - 1,
+        "target_ratio_max": 2.0,
+    }
+
+
+def run(args) -> dict:
+    import os
+
+    from engine.profiles import load_profile, profile_to_dict
+    from engine.runtime import Engine
+
+    import yaml
+
+    out: dict = {"load_avg_start": os.getloadavg()[0], "max_tokens": args.max_tokens, "models": []}
+    sessions = [int(x) for x in args.sessions.split(",")]
+    for name in args.profiles.split(","):
+        base = load_profile(name)
+        tmp = tempfile.mkdtemp(prefix="mlxterm-bench-batch-")
+        data = profile_to_dict(base)
+        data["cache"]["ssd_dir"] = f"{tmp}/ssd"
+        data["name"] = base.name + "-bench"
+        prof_path = f"{tmp}/bench.yaml"
+        with open(prof_path, "w") as f:
+            yaml.safe_dump(data, f)
+        engine = Engine.load(prof_path)
+        cap = engine.profile.batch.cap
+        rows = []
+        try:
+            _run_arm(engine, "batched", 2, 8)  # warm-up: compile the solo step, touch weights
+            for n in sessions:
+                arms: dict[str, list[dict]] = {"serial": [], "batched": []}
+                for _ in range(args.rounds):
+                    for arm in ("serial", "batched", "batched", "serial"):
+                        arms[arm].append(_run_arm(engine, arm, n, args.max_tokens))
+                row = {"sessions": n}
+                for arm, runs in arms.items():
+                    row[arm] = {
+                        "tok_s": round(statistics.median(r["tok_s"] for r in runs), 1),
+                        "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 1),
+                        "tokens": runs[-1]["tokens"],
+                        "ttft_ms_median": round(statistics.median(x for r in runs for x in r["ttft_ms"]), 1),
+                        "ttft_ms_max": round(max(x for r in runs for x in r["ttft_ms"]), 1),
+                        "itl_ms_median": round(statistics.median(x for r in runs for x in r["itl_ms"]), 2),
+                        "lanes": runs[-1]["lanes"],
+                        "batch_max": runs[-1]["batch_max"],
+                    }
+                row["speedup"] = round(row["batched"]["tok_s"] / row["serial"]["tok_s"], 2)
+                row["decode_speedup"] = round(row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2)
+                rows.append(row)
+            interactive = _interactive(engine, cap, args.max_tokens)
+        finally:
+            engine.close()
+        out["models"].append({"profile": name, "model": engine.model_name, "cap": cap, "rows": rows,
+                              "interactive": interactive})
+    out["load_avg_end"] = os.getloadavg()[0]
+    out["targets"] = {"speedup_at_4": 1.8, "speedup_at_8": 3.0, "interactive_ttft_ratio": 2.0}
+    return out

@@ -1,0 +1,516 @@
+"""Continuous batching on the engine thread: concurrent requests decode together.
+
+Each ``tick`` of the engine loop does, in order:
+
+1. admission: waiting requests by priority, while the batch is under ``batch.cap`` and the
+   KV the admitted rows may grow to stays within ``batch.kv_budget`` (else they wait and get
+   a ``Queued`` event);
+2. one prefill chunk of the most urgent admitted request, so running rows keep streaming;
+3. one decode step: the *serial lane* (a request alone, driven through ``generate_step`` so
+   speculation and the compiled step apply) or one *batched* step (every row advances one
+   token; see engine.generation.batch).
+
+A request's first token is sampled exactly as ``generate_step`` samples it (same chunking,
+key schedule and repetition window), and a row carries its own sampler, PRNG key, window,
+constraint, stop strings and limits, so its tokens match a solo run. When a second request
+is ready the solo request migrates into the batch at a token boundary. A finished row is
+answered at once and rides one more step so its cache covers the whole reply (as the
+serial lane's does), then it is checkpointed and leaves.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import time
+
+from engine.generation.batch import BatchKV, batchable, batched_logits
+from engine.generation.constraints import additive_mask
+from engine.generation.generate import PREFILL_CHUNK, generate_step, prefill
+from engine.generation.sampling import SamplingParams, make_sampler, top_logprobs
+from engine.generation.textstream import ReasoningSplitter, StopMatcher
+from engine.serving.events import (
+    Done,
+    PrefillProgress,
+    Queued,
+    ReasoningDelta,
+    SpeculationProgress,
+    TextDelta,
+    Timings,
+    TokenLogprobs,
+    Usage,
+)
+
+import mlx.core as mx
+
+log = logging.getLogger(__name__)
+
+
+class Row:
+    """One request from admission to checkpoint: its caches, sampler state and text stream."""
+
+    def __init__(self, req, handle, seq: int, params: SamplingParams, tokenizer):
+        self.req, self.handle, self.seq = req, handle, seq
+        self.priority = int(getattr(req, "priority", 1))
+        self.params = params
+        self.prompt: list[int] = list(req.prompt_ids)
+        self.t_submit = getattr(handle, "t_submit", time.perf_counter())
+        self.t_admit = self.t_first = 0.0
+        self.cache: list | None = None
+        self.cached = 0
+        self.source = "none"
+        self.restore_ms = 0.0
+        self.filled = 0  # prompt tokens in the cache
+        # ids generated so far: the handle's list, so a streaming reply can be saved before Done
+        self.generated: list[int] = handle.token_ids
+        self.spec = None  # serial lane: the request's speculative decoder, if its profile has one
+        self.spec_shown = 0  # verification rounds already reported
+        self.pending: int | None = None  # batched lane: sampled, not yet fed
+        self.steps = None  # serial lane: the generate_step generator
+        self.leaving = False
+        self.queued_said = False
+        self.batched = False
+        self.sizes = [0, 0, 0, 10**9]  # steps, sum, max, min of rows sharing each step
+        # sampler state (mirrors generate_step so lanes agree token for token)
+        self.sample = make_sampler(params)
+        self.key: mx.array | None = None
+        self.recent: mx.array | None = None
+        # text
+        self.eos = tokenizer.eos_ids | set(params.stop_token_ids)
+        self.detok = tokenizer.new_detokenizer()
+        self.stops = StopMatcher(params.stop)
+        markers = tokenizer.reasoning_markers or ("<think>", "</think>")
+        self.splitter = (
+            ReasoningSplitter(*markers, in_reasoning=req.start_in_reasoning) if req.split_reasoning else None
+        )
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.logprobs: list[TokenLogprobs] = []
+
+    @property
+    def constraint(self):
+        return self.req.constraint
+
+    def kv_need(self) -> int:
+        """Tokens this request may hold in KV: its prompt plus every token it may generate."""
+        return len(self.prompt) + self.params.max_tokens
+
+    def shared(self, rows: int) -> None:
+        s = self.sizes
+        s[0] += 1
+        s[1] += rows
+        s[2] = max(s[2], rows)
+        s[3] = min(s[3], rows)
+
+    # -- sampler state ---------------------------------------------------------------------
+    def start_sampler(self) -> None:
+        """PRNG key and repetition window as generate_step sets them up for this prompt."""
+        window = max(1, self.params.repetition_context)
+        past = self.prompt[-window:]
+        self.recent = mx.array([-1] * (window - len(past)) + past, dtype=mx.int32)
+        self.key = mx.random.key(self.params.seed)
+
+    def resume_sampler(self) -> None:
+        """State after ``len(generated)`` tokens: one key split per token, window of the context."""
+        window = max(1, self.params.repetition_context)
+        past = (self.prompt + self.generated)[-window:]
+        self.recent = mx.array([-1] * (window - len(past)) + past, dtype=mx.int32)
+        key = mx.random.key(self.params.seed)
+        for _ in range(len(self.generated)):
+            key = mx.random.split(key)[0]
+        self.key = key
+
+    def draw(self, logits: mx.array) -> tuple[mx.array, mx.array]:
+        """Sample the next token from (1, vocab) logits under this row's mask."""
+        allowed = self.constraint.allowed() if self.constraint is not None else None
+        mask = None if allowed is None else additive_mask(allowed, logits.shape[-1])
+        self.key, sub = mx.random.split(self.key)
+        y, logprobs = self.sample(logits, sub, self.recent, mask)
+        self.recent = mx.concatenate([self.recent[1:], y.astype(mx.int32)])
+        return y, logprobs
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no penalty, constraint or logprobs: the token is the logits' argmax."""
+        p = self.params
+        return p.greedy and p.repetition_penalty == 1.0 and self.constraint is None and not p.logprobs
+
+    def skip(self, y: mx.array) -> None:
+        """Advance key and window as ``draw`` would, for a token picked outside it."""
+        self.key = mx.random.split(self.key)[0]
+        self.recent = mx.concatenate([self.recent[1:], y.astype(mx.int32)])
+
+    # -- text stream -----------------------------------------------------------------------
+    def accept(self, tok: int, logprobs: mx.array | None) -> str | None:
+        """Record and stream one token; the finish reason when it ends the request."""
+        if self.t_first == 0.0:
+            self.t_first = time.perf_counter()
+        self.generated.append(tok)
+        if self.params.logprobs and logprobs is not None:
+            lp = logprobs.reshape(-1)
+            self.logprobs.append(TokenLogprobs(tok, float(lp[tok].item()), top_logprobs(lp, self.params.logprobs)))
+        if tok in self.eos:
+            return "stop"
+        piece = self.stops.feed(self.detok.add(tok))
+        if piece:
+            self._emit_text(piece)
+        if self.stops.stopped is not None:
+            return "stop"
+        if len(self.generated) >= self.params.max_tokens:
+            return "length"
+        return None
+
+    def _emit_text(self, piece: str) -> None:
+        for kind, chunk in self.splitter.feed(piece) if self.splitter else [("content", piece)]:
+            self._emit_piece(kind, chunk)
+
+    def _emit_piece(self, kind: str, chunk: str) -> None:
+        if not chunk:
+            return
+        if kind == "reasoning":
+            self.reasoning.append(chunk)
+            self.handle.emit(ReasoningDelta(chunk))
+        else:
+            self.text.append(chunk)
+            self.handle.emit(TextDelta(chunk))
+
+    def done(self, finish: str, load_ms: float) -> None:
+        """Flush the text stream and send ``Done``."""
+        if finish != "stop" or self.stops.stopped is None:
+            tail = self.stops.feed(self.detok.flush()) + self.stops.flush()
+            if tail:
+                self._emit_text(tail)
+        if self.splitter:
+            for kind, chunk in self.splitter.flush():
+                self._emit_piece(kind, chunk)
+        t_end = time.perf_counter()
+        t_first = self.t_first or t_end
+        t_admit = self.t_admit or self.t_submit
+        prefill_s = max(t_first - t_admit, 1e-9)
+        decode_s = max(t_end - t_first, 1e-9)
+        n = len(self.generated)
+        steps, total, biggest, smallest = self.sizes
+        self.handle.emit(
+            Done(
+                text="".join(self.text),
+                reasoning="".join(self.reasoning),
+                finish_reason=finish,
+                usage=Usage(len(self.prompt), self.cached, n),
+                timings=Timings(
+                    load_ms=round(load_ms, 1),
+                    restore_ms=round(self.restore_ms, 2),
+                    ttft_ms=round((t_first - self.t_submit) * 1000, 1),
+                    prefill_tps=round((len(self.prompt) - self.cached) / prefill_s, 1),
+                    decode_tps=round(max(n - 1, 0) / decode_s, 1),
+                    total_ms=round((t_end - self.t_submit) * 1000, 1),
+                ),
+                peak_memory_bytes=int(mx.get_peak_memory()),
+                prompt_token_ids=list(self.prompt),
+                completion_token_ids=list(self.generated),
+                logprobs=self.logprobs,
+                cache_source=self.source,
+                speculation=self.spec.stats.as_dict() if self.spec is not None else None,
+                lane="batched" if self.batched else "serial",
+                batch_min=smallest if steps else 1,
+                batch_mean=round(total / steps, 2) if steps else 1.0,
+                batch_max=biggest if steps else 1,
+            )
+        )
+
+
+class Scheduler:
+    """Admission, chunked prefill and batched decode for one loaded ``Runner``."""
+
+    def __init__(self, runner, cap: int | None = None, kv_budget: int | None = None):
+        self.runner = runner
+        self.model = runner.model
+        self.prefill_model = runner.bundle.prefill_model or runner.model
+        profile = runner.profile
+        self.cap = cap or profile.batch.cap
+        self.kv_budget = kv_budget or profile.batch.kv_budget
+        probe = runner.cache.new_cache()
+        # Quantized live caches (GPU backends) decode in the serial lane, one at a time.
+        self.can_batch = batchable(probe)
+        if not self.can_batch:
+            self.cap = 1
+        self._token_bytes: int | None = None
+        self._seq = itertools.count()
+        self.waiting: list[tuple[int, int, Row]] = []  # heap of (-priority, seq, row)
+        self.prefilling: list[Row] = []
+        self.solo: Row | None = None  # the serial lane
+        self.rows: list[Row] = []  # batched lane, in BatchKV row order
+        self.kv = BatchKV()
+
+    # -- queue -------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.solo or self.rows)
+
+    @property
+    def active(self) -> int:
+        """Requests in the engine that have not been answered yet."""
+        live = sum(1 for r in self.rows if not r.leaving)
+        return len(self.waiting) + len(self.prefilling) + (self.solo is not None) + live
+
+    def add(self, req, handle) -> None:
+        limit = self.runner.profile.context.max_context
+        if len(req.prompt_ids) >= limit:
+            handle.emit(_error_done(f"prompt is {len(req.prompt_ids)} tokens; the context limit is {limit}", "context"))
+            return
+        params: SamplingParams = req.params
+        # A concrete seed lets a row that migrates from the serial lane continue its key schedule.
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+        params = params.with_overrides(max_tokens=min(params.max_tokens, limit - len(req.prompt_ids)), seed=seed)
+        row = Row(req, handle, next(self._seq), params, self.runner.tokenizer)
+        heapq.heappush(self.waiting, (-row.priority, row.seq, row))
+
+    def settle(self) -> None:
+        """Checkpoint rows that already answered (before a ``call`` that may read checkpoints)."""
+        while any(r.leaving for r in self.rows):
+            self._batched_step()
+
+    def abort(self, message: str) -> None:
+        """Answer every request still in the engine (engine shutting down)."""
+        rows = [r for _, _, r in self.waiting] + self.prefilling + self.rows + ([self.solo] if self.solo else [])
+        for r in rows:
+            if r.handle._done is None:
+                r.handle.emit(_error_done(message))
+        self.waiting, self.prefilling, self.rows, self.solo = [], [], [], None
+        self.kv = BatchKV()
+
+    # -- one tick ------------------------------------------------------------------------------
+    def tick(self) -> None:
+        self._drop_cancelled()
+        decoded = False
+        if any(r.leaving for r in self.rows):
+            # Checkpoint answered rows first: a follow-up turn being admitted may extend them.
+            self._decode()
+            decoded = True
+        # Newcomers go before the decode step, so a request's first token waits for at most
+        # one step of the running rows (and one prefill chunk of a more urgent request).
+        self._admit()
+        if self.prefilling:
+            self._prefill_chunk()
+        if not decoded:
+            self._decode()
+
+    def _decode(self) -> None:
+        if self.solo is not None:
+            if self.rows:
+                self._migrate_solo()
+                self._batched_step()
+            else:
+                self._serial_step()
+        elif self.rows:
+            self._batched_step()
+
+    def _drop_cancelled(self) -> None:
+        gone = [item[2] for item in self.waiting if item[2].handle.cancelled]
+        if gone:
+            self.waiting = [item for item in self.waiting if not item[2].handle.cancelled]
+            heapq.heapify(self.waiting)
+        for r in gone:
+            r.done("cancelled", self.runner.load_ms)
+        for r in [r for r in self.prefilling if r.handle.cancelled]:
+            self.prefilling.remove(r)
+            r.done("cancelled", self.runner.load_ms)
+            self.runner.cache.release(r.prompt[: r.filled], r.cache, r.req.session_id)
+
+    # -- admission -------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self.waiting:
+            row = self.waiting[0][2]
+            running = self.prefilling + self.rows + ([self.solo] if self.solo else [])
+            live = [r for r in running if not r.leaving]
+            reason = None
+            if len(live) >= self.cap:
+                reason = f"batch full ({self.cap} requests decoding)"
+            elif running and self._kv_bytes(running) + self._kv_bytes([row]) > self.kv_budget:
+                reason = "waiting for KV memory"
+            if reason is not None:
+                for i, (_, _, r) in enumerate(sorted(self.waiting)):
+                    if not r.queued_said:
+                        r.queued_said = True
+                        r.handle.emit(Queued(reason, len(live) + i))
+                return
+            heapq.heappop(self.waiting)
+            row.t_admit = time.perf_counter()
+            if not running:
+                mx.reset_peak_memory()  # peak memory of this busy period
+            reuse = self.runner.cache.acquire(row.prompt, row.req.session_id)
+            row.cache, row.cached, row.source, row.restore_ms = (
+                reuse.cache, reuse.cached_tokens, reuse.source, reuse.restore_ms,
+            )
+            row.filled = row.cached
+            self.prefilling.append(row)
+
+    def _kv_bytes(self, rows: list[Row]) -> int:
+        if self._token_bytes is None:
+            self._token_bytes = _kv_bytes_per_token(self.prefill_model, self.runner.cache.new_cache())
+        limit = self.runner.profile.context.max_context
+        return sum(min(r.kv_need(), limit) for r in rows) * self._token_bytes
+
+    # -- prefill -----------------------------------------------------------------------------------
+    def _prefill_chunk(self) -> None:
+        row = min(self.prefilling, key=lambda r: (-r.priority, r.seq))
+        body = len(row.prompt) - 1  # the last prompt token is fed by the decode lanes
+        total = len(row.prompt) - row.cached
+        if row.filled < body:
+            n = min(PREFILL_CHUNK, body - row.filled)
+            prefill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n])
+            row.filled += n
+            if total > 512:
+                row.handle.emit(PrefillProgress(row.filled - row.cached, total))
+            if row.filled < body:
+                return
+        self.prefilling.remove(row)
+        alone = not self.prefilling and not self.waiting
+        if self.solo is None and not self.rows and (alone or not self.can_batch):
+            self._start_solo(row)
+        else:
+            self._join_batch(row)
+
+    def _start_solo(self, row: Row) -> None:
+        # Speculation runs in the serial lane only; a request may opt out (extra["speculation"]
+        # = False, e.g. a benchmark's baseline arm). Its decoder stays with the row if it later
+        # joins a batch, so Done still reports the rounds it ran.
+        if row.spec is None and row.req.extra.get("speculation", True):
+            row.spec = self.runner.speculator.new()
+        row.steps = generate_step(
+            self.model,
+            row.prompt[-1:],
+            row.cache,
+            row.params,
+            history=row.prompt,
+            should_stop=lambda: row.handle.cancelled,
+            constraint=row.constraint,
+            prefill_model=self.runner.bundle.prefill_model,
+            speculation=row.spec,
+        )
+        self.solo = row
+
+    def _join_batch(self, row: Row) -> None:
+        """Feed the last prompt token, sample the first reply token, add the row to the batch."""
+        logits = prefill(self.prefill_model, row.cache, row.prompt[-1:])
+        row.filled += 1
+        row.start_sampler()
+        y, logprobs = row.draw(logits)
+        tok = int(y.item())
+        if row.constraint is not None:
+            row.constraint.advance(tok)
+        row.pending = tok
+        self.kv.add(row.cache)
+        row.cache = None
+        self.rows.append(row)
+        self._after_token(row, tok, logprobs)
+
+    # -- decode lanes --------------------------------------------------------------------------------
+    def _serial_step(self) -> None:
+        row = self.solo
+        finish = None
+        if row.handle.cancelled:
+            finish = "cancelled"
+        else:
+            try:
+                out = next(row.steps)
+            except StopIteration:
+                finish = "cancelled" if row.handle.cancelled else "length"
+            else:
+                row.shared(1)
+                finish = "cancelled" if row.handle.cancelled else row.accept(out.token, out.logprobs)
+                if row.spec is not None and row.spec.stats.rounds >= row.spec_shown + 4:
+                    row.spec_shown = row.spec.stats.rounds
+                    row.handle.emit(SpeculationProgress(row.spec.stats.drafted, row.spec.stats.accepted))
+        if finish is None:
+            return
+        row.steps.close()
+        mx.synchronize()  # the pipelined step queued after the last token must finish first
+        self.solo = None
+        row.done(finish, self.runner.load_ms)
+        # The cache covers prompt + reply (the last token was fed); checkpoint it.
+        self.runner.cache.release(row.prompt + row.generated, row.cache, row.req.session_id)
+        row.cache = None
+
+    def _migrate_solo(self) -> None:
+        """Move the serial request into the batch at a token boundary."""
+        row, self.solo = self.solo, None
+        row.steps.close()
+        if not row.generated:  # nothing yielded yet: only the prompt body is in the cache
+            self._join_batch(row)
+            return
+        # The generator has fed its last yielded token (and maybe more: a pipelined or drafted
+        # step we drop). The row joins with prompt + reply minus that token, so the batch
+        # feeds it and draws the same next token under the same key schedule.
+        upto = len(row.prompt) + len(row.generated) - 1
+        if row.cache[0].offset < upto:  # a lane that committed tokens without feeding them
+            context = row.prompt + row.generated
+            prefill(self.prefill_model, row.cache, context[row.cache[0].offset : upto])
+        row.pending = row.generated[-1]
+        row.resume_sampler()
+        self.kv.add(row.cache, upto)
+        row.cache = None
+        self.rows.append(row)
+
+    def _batched_step(self) -> None:
+        rows = self.rows
+        live = [r for r in rows if not r.leaving and not r.handle.cancelled]
+        logits = batched_logits(self.model, [r.pending for r in rows], self.kv)
+        drawn = []
+        plain = [i for i, r in enumerate(rows) if r in live and r.plain_greedy]
+        if plain:  # one argmax for every row whose sampler is a bare argmax
+            picks = mx.argmax(logits[mx.array(plain)].astype(mx.float32), axis=-1)
+        for i, r in enumerate(rows):
+            if r in live:
+                if r.plain_greedy:
+                    y = picks[plain.index(i) : plain.index(i) + 1]
+                    drawn.append((r, y, r.skip(y)))
+                else:
+                    drawn.append((r, *r.draw(logits[i : i + 1])))
+        # Keys and windows too, so their lazy graphs do not grow step after step.
+        mx.eval([y for _, y, _ in drawn], [(r.key, r.recent) for r, _, _ in drawn])
+        # Rows that answered before this step are now fully fed: checkpoint them and let go.
+        keep = []
+        for i, r in enumerate(rows):
+            if r.leaving:
+                self.runner.cache.release(r.prompt + r.generated, self.kv.take(i), r.req.session_id)
+            elif r.handle.cancelled:
+                r.leaving = True  # not counted as active once its caller sees Done
+                r.done("cancelled", self.runner.load_ms)
+                self.runner.cache.release(r.prompt + r.generated, self.kv.take(i), r.req.session_id)
+            else:
+                keep.append(i)
+        if len(keep) != len(rows):
+            self.kv.keep(keep)
+            self.rows = [rows[i] for i in keep]
+        for r, y, logprobs in drawn:
+            r.shared(len(live))
+            tok = int(y.item())
+            if r.constraint is not None:
+                r.constraint.advance(tok)
+            r.pending = tok
+            self._after_token(r, tok, logprobs)
+
+    def _after_token(self, row: Row, tok: int, logprobs: mx.array) -> None:
+        row.batched = True
+        finish = row.accept(tok, logprobs)
+        if finish is not None:
+            row.leaving = True  # answered now; fed and checkpointed by the next step
+            row.done(finish, self.runner.load_ms)
+
+
+def _kv_bytes_per_token(model, cache: list) -> int:
+    """Live KV bytes one token takes in ``model``'s caches (measured on a one-token forward)."""
+    prefill(model, cache, [0])
+    total = 0
+    for c in cache:
+        for a in (c.keys, c.values):
+            if isinstance(a, mx.array):
+                total += a.nbytes // max(1, a.shape[2])
+    return max(total, 1)
+
+
+def _error_done(message: str, reason: str = "error") -> Done:
+    return Done("", "", reason, Usage(), Timings(), error=message)
+

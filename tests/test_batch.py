@@ -1,0 +1,368 @@
+"""Continuous batching on tiny random models: every row of a mixed batch yields its solo tokens.
+
+Solo references are the same requests served alone by a second engine (its own checkpoint
+store, so neither run reuses the other's KV). Concurrency tests compare every request's
+tokens and streamed text with its reference, so a lost or duplicated token fails them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+
+from engine.runtime import Engine, GenerationRequest, Priority
+from engine.serving.events import Done, Queued, TextDelta
+
+import mlx.core as mx
+import pytest
+
+
+def _engine(tmp_path, model_dir, name: str, **sections) -> Engine:
+    from tests.tiny_models import write_profile
+
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    sections.setdefault("cache", {})["ssd_dir"] = str(d / "ckpt")
+    return Engine.load(str(write_profile(d / f"{name}.yaml", model_dir, **sections)))
+
+
+class EveryThird:
+    """A constraint: token ids in one residue class mod 3, rotating each token."""
+
+    def __init__(self, vocab: int):
+        self.vocab, self.n, self.seen = vocab, 0, []
+
+    def allowed(self):
+        return (mx.arange(self.vocab) % 3) == (self.n % 3)
+
+    def advance(self, token: int) -> None:
+        self.seen.append(token)
+        self.n += 1
+
+
+class NoEos:
+    """A constraint that only rules out end-of-sequence ids (rows run to max_tokens)."""
+
+    def __init__(self, eng):
+        eos = mx.array(sorted(eng.tokenizer.eos_ids))
+        self.mask = (mx.arange(eng.logits_width)[:, None] != eos[None]).all(axis=1)
+        mx.eval(self.mask)  # built here, used on the engine thread
+
+    def allowed(self):
+        return self.mask
+
+    def advance(self, token: int) -> None:
+        pass
+
+
+def _prompt(eng, text: str) -> list[int]:
+    return eng.chat_prompt([{"role": "user", "content": text}])
+
+
+def _mixed(eng) -> list[dict]:
+    """Requests with different prompt lengths and samplers (one constrained)."""
+    s = eng.sampling
+    return [
+        dict(prompt=_prompt(eng, "hi"), params=s(max_tokens=24)),
+        dict(prompt=_prompt(eng, "a much longer prompt " * 12), params=s(max_tokens=20)),
+        dict(prompt=_prompt(eng, "sampled row"), params=s(temperature=0.9, top_k=40, seed=11, max_tokens=22)),
+        dict(prompt=_prompt(eng, "penalised"), params=s(repetition_penalty=1.5, repetition_context=8, max_tokens=18)),
+        dict(prompt=_prompt(eng, "nucleus"), params=s(temperature=0.7, top_p=0.8, seed=3, max_tokens=16, logprobs=2)),
+        dict(prompt=_prompt(eng, "constrained"), params=s(max_tokens=16), constrained=True),
+    ]
+
+
+def _request(eng, spec: dict, **kw) -> GenerationRequest:
+    constraint = EveryThird(eng.logits_width) if spec.get("constrained") else None
+    constraint = NoEos(eng) if spec.get("no_eos") else constraint
+    return GenerationRequest(list(spec["prompt"]), spec["params"], constraint=constraint, split_reasoning=False, **kw)
+
+
+def _solo(eng, spec: dict) -> Done:
+    done = eng.submit(_request(eng, spec)).result(60)
+    assert done.lane == "serial" and done.batch_max == 1
+    return done
+
+
+def _stream(handle) -> tuple[str, Done, list]:
+    text, done, events = [], None, []
+    for ev in handle:
+        events.append(ev)
+        if isinstance(ev, TextDelta):
+            text.append(ev.text)
+        if isinstance(ev, Done):
+            done = ev
+    return "".join(text), done, events
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory, tiny_llama_dir):
+    tmp = tmp_path_factory.mktemp("batch")
+    solo = _engine(tmp, tiny_llama_dir, "solo")
+    batch = _engine(tmp, tiny_llama_dir, "batch")
+    yield solo, batch
+    solo.close()
+    batch.close()
+
+
+def test_mixed_batch_rows_match_their_solo_runs(engines):
+    solo, eng = engines
+    specs = _mixed(eng)
+    refs = [_solo(solo, spec) for spec in specs]
+    # A follow-up turn that restores its session checkpoint and joins mid-stream.
+    first = eng.submit(GenerationRequest(_prompt(eng, "first turn"), eng.sampling(max_tokens=12), session_id="s1")).result(60)
+    follow = dict(
+        prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "and again")[1:],
+        params=eng.sampling(max_tokens=20),
+    )
+    follow_ref = _solo(solo, follow)
+    long_spec = dict(prompt=_prompt(eng, "cancel me"), params=eng.sampling(max_tokens=400, temperature=1.0, seed=9))
+    long_ref = _solo(solo, long_spec)
+
+    handles = [eng.submit(_request(eng, spec)) for spec in specs]
+    doomed = eng.submit(_request(eng, long_spec))
+    # Wait until the batch streams, then a restored row joins and a row is cancelled.
+    it = iter(handles[0])
+    while not isinstance(next(it), TextDelta):
+        pass
+    joiner = eng.submit(_request(eng, follow, session_id="s1"))
+    seen = 0
+    for ev in doomed:
+        if isinstance(ev, TextDelta):
+            seen += 1
+            if seen == 4:
+                doomed.cancel()
+    cancelled = doomed.result(60)
+    for h, ref in zip(handles, refs, strict=True):
+        done = h.result(60)
+        assert done.completion_token_ids == ref.completion_token_ids
+        assert done.text == ref.text and done.finish_reason == ref.finish_reason
+        assert done.lane == "batched" and done.batch_max >= 2
+    lp = handles[4].result().logprobs
+    assert [x.token for x in lp] == [x.token for x in refs[4].logprobs]
+    assert [x.logprob for x in lp] == pytest.approx([x.logprob for x in refs[4].logprobs], abs=1e-4)
+    assert all(t % 3 == i % 3 for i, t in enumerate(handles[5].result().completion_token_ids))
+    joined = joiner.result(60)
+    assert joined.cache_source == "ram" and joined.usage.cached_tokens > 0
+    assert joined.completion_token_ids == follow_ref.completion_token_ids
+    assert cancelled.finish_reason == "cancelled"
+    n = len(cancelled.completion_token_ids)
+    assert 4 <= n < 400 and cancelled.completion_token_ids == long_ref.completion_token_ids[:n]
+
+
+def test_solo_request_migrates_into_the_batch_and_keeps_its_tokens(engines):
+    solo, eng = engines
+    a = dict(prompt=_prompt(eng, "migrating sampled"), params=eng.sampling(temperature=1.0, seed=5, max_tokens=40))
+    b = dict(prompt=_prompt(eng, "late"), params=eng.sampling(max_tokens=10))
+    ref_a, ref_b = _solo(solo, a), _solo(solo, b)
+    ha = eng.submit(_request(eng, a))
+    seen = 0
+    for ev in ha:
+        if isinstance(ev, TextDelta):
+            seen += 1
+            if seen == 5:
+                hb = eng.submit(_request(eng, b))
+                break
+    da, db = ha.result(60), hb.result(60)
+    assert da.completion_token_ids == ref_a.completion_token_ids
+    assert db.completion_token_ids == ref_b.completion_token_ids
+    assert da.lane == "batched" and da.batch_min == 1 and da.batch_max == 2
+
+
+def test_burst_of_twenty_from_threads_and_asyncio_loses_nothing(engines):
+    solo, eng = engines
+    specs = [
+        dict(prompt=_prompt(eng, f"burst {i} " + "x" * (i * 7)), params=eng.sampling(max_tokens=24 + i % 5),
+             no_eos=True)
+        for i in range(20)
+    ]
+    refs = [_solo(solo, spec) for spec in specs]
+    results: dict[int, tuple] = {}
+
+    def worker(i):
+        results[i] = _stream(eng.submit(_request(eng, specs[i])))
+
+    async def one(i):
+        text, events = [], []
+        async for ev in eng.submit(_request(eng, specs[i])):
+            events.append(ev)
+            if isinstance(ev, TextDelta):
+                text.append(ev.text)
+        results[i] = ("".join(text), events[-1], events)
+
+    async def many():
+        await asyncio.gather(*(one(i) for i in range(10, 20)))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    asyncio.run(many())
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == list(range(20))
+    for i, ref in enumerate(refs):
+        text, done, events = results[i]
+        assert done.completion_token_ids == ref.completion_token_ids, i
+        assert text == done.text == ref.text, i
+        assert sum(isinstance(e, Done) for e in events) == 1
+    dones = [results[i][1] for i in range(20)]
+    assert max(d.batch_max for d in dones) == 8  # the cap
+    assert sum(any(isinstance(e, Queued) for e in results[i][2]) for i in range(20)) >= 12 - 8
+
+
+def test_priorities_order_admission(tmp_path, tiny_llama_dir):
+    with _engine(tmp_path, tiny_llama_dir, "cap1", batch={"cap": 1}) as eng:
+        s = eng.sampling
+        blocker = eng.submit(GenerationRequest(_prompt(eng, "block"), s(max_tokens=400), constraint=NoEos(eng)))
+        it = iter(blocker)
+        while not isinstance(next(it), TextDelta):
+            pass
+        order = []
+        handles = {}
+        for name, prio in (("bg", Priority.BACKGROUND), ("agent", Priority.AGENT), ("chat", Priority.INTERACTIVE)):
+            handles[name] = eng.submit(GenerationRequest(_prompt(eng, name), s(max_tokens=4), priority=prio))
+        for h in handles.values():  # all three wait (cap 1) and say so
+            assert isinstance(next(iter(h)), Queued)
+
+        def watch(name):
+            handles[name].result(60)
+            order.append(name)
+
+        threads = [threading.Thread(target=watch, args=(n,)) for n in handles]
+        for t in threads:
+            t.start()
+        blocker.cancel()
+        for t in threads:
+            t.join(60)
+        assert order == ["chat", "agent", "bg"]
+
+
+def test_kv_budget_makes_a_request_wait_not_fail(tmp_path, tiny_llama_dir):
+    # One tiny-llama token is 2 layers * 2 (K,V) * 2 heads * 16 dims * 4 bytes = 512 bytes:
+    # the long row reserves ~210 KB, the short one ~46 KB; together they exceed 240 KB.
+    with _engine(tmp_path, tiny_llama_dir, "budget", batch={"kv_budget": 240 * 1024}) as eng:
+        p = _prompt(eng, "budget")
+        a = eng.submit(GenerationRequest(p, eng.sampling(max_tokens=400), constraint=NoEos(eng)))
+        it = iter(a)
+        while not isinstance(next(it), TextDelta):
+            pass
+        b = eng.submit(GenerationRequest(p, eng.sampling(max_tokens=80)))
+        first = next(iter(b))
+        assert isinstance(first, Queued) and "memory" in first.reason
+        a.cancel()
+        _, done_b, _ = _stream(b)
+        assert done_b.finish_reason in ("stop", "length") and done_b.completion_token_ids
+        assert done_b.lane == "serial" and a.result(60).finish_reason == "cancelled"
+
+
+def test_batched_checkpoints_resume_identically_in_a_fresh_process(tmp_path, tiny_llama_dir, engines):
+    solo, _ = engines
+    eng = _engine(tmp_path, tiny_llama_dir, "ckpt")
+    turns = [_prompt(eng, "checkpoint one"), _prompt(eng, "checkpoint two is longer " * 3)]
+    handles = [eng.submit(GenerationRequest(p, eng.sampling(max_tokens=14), session_id=f"c{i}")) for i, p in enumerate(turns)]
+    dones = [h.result(60) for h in handles]
+    assert all(d.lane == "batched" for d in dones)
+    eng.close()
+    follow = [d.prompt_token_ids + d.completion_token_ids + _prompt(solo, "next")[1:] for d in dones]
+    refs = [_solo(solo, dict(prompt=f, params=solo.sampling(max_tokens=12))) for f in follow]
+    script = (
+        "import json,sys\n"
+        "from engine.runtime import Engine, GenerationRequest\n"
+        "eng = Engine.load(sys.argv[1])\n"
+        "out = []\n"
+        "for i, f in enumerate(json.loads(sys.argv[2])):\n"
+        "    d = eng.submit(GenerationRequest(f, eng.sampling(max_tokens=12), session_id=f'c{i}')).result(60)\n"
+        "    out.append([d.cache_source, d.usage.cached_tokens, d.completion_token_ids])\n"
+        "eng.close()\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "ckpt" / "ckpt.yaml"), json.dumps(follow)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for (source, cached, ids), d, ref in zip(got, dones, refs, strict=True):
+        assert source == "ssd" and cached >= len(d.prompt_token_ids)
+        assert ids == ref.completion_token_ids
+
+
+def test_sliding_window_rows_batch_and_match_solo_runs(tmp_path, tiny_gemma_dir):
+    # Prompts and replies run past the tiny Gemma's 8-token window, so rings wrap before
+    # the rows join (and one migrates from the serial lane mid-reply).
+    solo = _engine(tmp_path, tiny_gemma_dir, "gemma-solo")
+    eng = _engine(tmp_path, tiny_gemma_dir, "gemma-batch")
+    try:
+        specs = [
+            dict(prompt=_prompt(eng, f"gemma {i} " * (3 * i + 1)), params=eng.sampling(max_tokens=60 - 10 * i),
+                 no_eos=True)
+            for i in range(3)
+        ]
+        specs[1]["params"] = eng.sampling(temperature=0.9, seed=8, max_tokens=34)
+        refs = [_solo(solo, s) for s in specs]
+        assert len(refs[0].completion_token_ids) == 60
+        first = eng.submit(_request(eng, specs[0]))
+        it = iter(first)
+        for _ in range(3):  # the first row streams in the serial lane
+            while not isinstance(next(it), TextDelta):
+                pass
+        handles = [first] + [eng.submit(_request(eng, s)) for s in specs[1:]]
+        for h, ref in zip(handles, refs, strict=True):
+            done = h.result(60)
+            assert done.completion_token_ids == ref.completion_token_ids and done.lane == "batched"
+        assert first.result().batch_min == 1  # it migrated from the serial lane
+        follow = [d.prompt_token_ids + d.completion_token_ids for d in (h.result() for h in handles)]
+        again = [eng.submit(_request(eng, dict(prompt=f + _prompt(eng, "more")[1:], params=eng.sampling(max_tokens=8))))
+                 for f in follow]
+        ref_again = [_solo(solo, dict(prompt=f + _prompt(eng, "more")[1:], params=eng.sampling(max_tokens=8)))
+                     for f in follow]
+        for h, ref in zip(again, ref_again, strict=True):  # rings checkpointed by the batch resume
+            done = h.result(60)
+            assert done.cache_source == "ram" and done.completion_token_ids == ref.completion_token_ids
+    finally:
+        solo.close()
+        eng.close()
+
+
+def test_generate_json_reports_lane_and_batch_size(tmp_path, tiny_llama_dir):
+    from tests.tiny_models import write_profile
+
+    profile = write_profile(tmp_path / "gen.yaml", tiny_llama_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "generate", "--profile", str(profile), "--prompt", "hi", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["batch"] == {"lane": "serial", "size_min": 1, "size_mean": 1.0, "size_max": 1}
+
+
+async def test_status_bar_counts_requests_sharing_the_engine(tiny_profile):
+    from app.tui.widgets.status import StatusBar
+    from tests.test_tui_app import SIZE, loaded, main_screen, make_app
+
+    app = make_app(tiny_profile)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        eng = app.controller.engine
+        bar = main_screen(app).query_one(StatusBar)
+        label = bar.query_one("#status-shared")
+        bar.refresh_shared()
+        assert str(label.render()) == ""
+        params = eng.sampling(max_tokens=400, temperature=1.0, seed=2)
+        handles = [eng.submit(GenerationRequest(_prompt(eng, f"bg {i}"), params)) for i in range(3)]
+        for h in handles:  # all three are decoding
+            it = iter(h)
+            while not isinstance(next(it), TextDelta):
+                pass
+        bar.refresh_shared()
+        assert str(label.render()).strip() == "3 requests share the engine"
+        for h in handles:
+            h.cancel()
+        for h in handles:
+            assert h.result(60).lane == "batched"
+        bar.refresh_shared()
+        assert str(label.render()) == ""

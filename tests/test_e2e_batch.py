@@ -1,0 +1,110 @@
+"""Continuous batching on real weights (SmolLM2-135M, fp32 on CPU): batched rows = solo runs.
+
+Solo references come from a second engine with its own checkpoint directory, so neither
+engine reuses the other's KV.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from engine.runtime import Engine, GenerationRequest
+from engine.serving.events import TextDelta
+
+import pytest
+
+from tests.test_batch import _prompt, _request
+
+TASKS = Path(__file__).resolve().parent.parent / "assets" / "tasks"
+
+
+def _smol(tmp_path: Path, name: str) -> Engine:
+    from engine.profiles import load_profile, profile_to_dict
+
+    import yaml
+
+    data = profile_to_dict(load_profile("smollm2-135m"))
+    data["name"] = name
+    data["cache"]["ssd_dir"] = str(tmp_path / name / "ckpt")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return Engine.load(str(path))
+
+
+@pytest.fixture(scope="module")
+def smol_pair(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e-batch")
+    solo, batch = _smol(tmp, "solo"), _smol(tmp, "batch")
+    yield solo, batch
+    solo.close()
+    batch.close()
+
+
+@pytest.mark.e2e
+def test_smollm2_mixed_batch_matches_solo_runs(smol_pair):
+    solo, eng = smol_pair
+    s = eng.sampling
+    specs = [
+        dict(prompt=_prompt(eng, "What is the capital of France?"), params=s(temperature=0.0, max_tokens=16)),
+        dict(prompt=_prompt(eng, "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 25),
+             params=s(temperature=0.0, max_tokens=16)),
+        dict(prompt=_prompt(eng, "Write a haiku about rain."), params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=16)),
+        dict(prompt=_prompt(eng, "List three colours."), params=s(temperature=0.0, max_tokens=12), constrained=True),
+    ]
+    first = eng.submit(GenerationRequest(_prompt(eng, "Name a fruit."), s(temperature=0.0, max_tokens=10),
+                                         session_id="e2e")).result(600)
+    follow = dict(prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "And a vegetable?")[1:],
+                  params=s(temperature=0.0, max_tokens=12))
+    doomed_spec = dict(prompt=_prompt(eng, "Tell me a long story."), params=s(temperature=0.0, max_tokens=40))
+    refs = [solo.submit(_request(solo, spec)).result(600) for spec in [*specs, follow, doomed_spec]]
+
+    handles = [eng.submit(_request(eng, spec)) for spec in specs]
+    doomed = eng.submit(_request(eng, doomed_spec))
+    it = iter(handles[0])
+    while not isinstance(next(it), TextDelta):
+        pass
+    joiner = eng.submit(_request(eng, follow, session_id="e2e"))
+    seen = 0
+    for ev in doomed:
+        if isinstance(ev, TextDelta):
+            seen += 1
+            if seen == 3:
+                doomed.cancel()
+    for h, ref in zip([*handles, joiner], refs, strict=False):
+        done = h.result(600)
+        assert done.completion_token_ids == ref.completion_token_ids
+        assert done.text == ref.text and done.lane == "batched"
+    assert joiner.result().cache_source == "ram"
+    cut = doomed.result(600)
+    n = len(cut.completion_token_ids)
+    assert cut.finish_reason == "cancelled" and n < 40
+    assert cut.completion_token_ids == refs[-1].completion_token_ids[:n]
+    assert all(t % 3 == i % 3 for i, t in enumerate(handles[3].result().completion_token_ids))
+
+
+@pytest.mark.e2e
+def test_two_agent_runs_share_the_batch(smol_pair, tmp_path):
+    from agents.headless import HeadlessRun
+    from agents.tasks import load_task
+    from agents.transcript import read_transcript
+
+    _, eng = smol_pair
+    results = {}
+
+    def run(i: int) -> None:
+        results[i] = HeadlessRun(load_task(TASKS / "hello.yaml"), engine=eng, run_dir=tmp_path / f"run{i}").run()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert [results[i]["status"] for i in range(2)] == ["passed", "passed"]
+    lanes = [
+        r["lane"]
+        for i in range(2)
+        for r in read_transcript(tmp_path / f"run{i}" / "transcript.jsonl")
+        if r["type"] == "response"
+    ]
+    assert "batched" in lanes
