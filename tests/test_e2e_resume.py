@@ -85,9 +85,13 @@ def _checkpoint_files(home: Path) -> list[Path]:
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_corrupt_checkpoint_is_discarded_and_answer_is_unchanged(tmp_path, damage):
+    # fp32 weights: a cold re-prefill then computes the same KV as the warm turns did (the CPU
+    # kernels' decode path quantizes activations to int8, their prefill path does not)
+    profile = tmp_path / "fp32.yaml"
+    profile.write_text("model:\n  source: smollm2-135m\n  weights: fp32\n")
     good, bad = tmp_path / "good", tmp_path / "bad"
     for q in QUESTIONS[:2]:
-        _turn(good, "s", q)
+        _turn(good, "s", q, "--profile", str(profile))
     shutil.copytree(good, bad)
     files = _checkpoint_files(bad)
     assert files
@@ -98,8 +102,8 @@ def test_corrupt_checkpoint_is_discarded_and_answer_is_unchanged(tmp_path, damag
         else:
             data[-100] ^= 0xFF  # inside the KV payload
         f.write_bytes(bytes(data))
-    expected, _ = _turn(good, "s", QUESTIONS[2])
-    got, stderr = _turn(bad, "s", QUESTIONS[2])
+    expected, _ = _turn(good, "s", QUESTIONS[2], "--profile", str(profile))
+    got, stderr = _turn(bad, "s", QUESTIONS[2], "--profile", str(profile))
     assert expected["cache"]["source"] == "ssd"
     assert got["cache"]["source"] == "none"
     assert got["text"] == expected["text"]

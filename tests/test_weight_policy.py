@@ -5,6 +5,7 @@ from __future__ import annotations
 import engine  # noqa: F401  (loads OpenBLAS before mlx)
 
 # isort: split
+import os
 from types import SimpleNamespace
 
 from engine import blas
@@ -23,9 +24,13 @@ def on(monkeypatch):
     return set_backend
 
 
-@pytest.mark.parametrize("name,auto", [("cpu", "fp32"), ("metal", "quantized"), ("cuda", "quantized")])
-def test_auto_weights_per_backend(on, name, auto):
+@pytest.mark.parametrize("name,kernels,auto", [("cpu", False, "fp32"), ("cpu", True, "quantized"),
+                                                ("metal", False, "quantized"), ("cuda", False, "quantized")])
+def test_auto_weights_per_backend(on, monkeypatch, name, kernels, auto):
+    """CPU: quantized through the engine's kernels when they are available, else fp32 + OpenBLAS;
+    Metal/CUDA: MLX's own quantized kernels (the CPU kernels are never asked there)."""
     on(name)
+    monkeypatch.setattr(wp.kernels, "available", lambda: kernels if name == "cpu" else pytest.fail("asked"))
     assert wp.backend() == name
     assert wp.choose_weights("auto") == auto
     for explicit in ("quantized", "fp32", "fp16", "bf16"):  # a profile's choice always wins
@@ -45,5 +50,11 @@ def test_blas_note_only_on_cpu_without_openblas(on, monkeypatch):
 
 
 def test_this_machine_runs_what_the_policy_says():
-    expected = "fp32" if mx.default_device() == mx.cpu else "quantized"
+    from engine import kernels
+
+    on_cpu = mx.default_device() == mx.cpu
+    if os.environ.get("CI") == "true" and on_cpu and {"avx2", "fma"} <= kernels._cpu_flags():
+        # setup.sh builds the kernels on such a machine: a missing build step fails here
+        assert kernels.available(), kernels.status()
+    expected = "fp32" if on_cpu and not kernels.available() else "quantized"
     assert wp.choose_weights() == expected
