@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import paths
+from engine.pids import pid_alive
 from engine.sessions.schema import connect
 
 from agents.board.model import STATES, Attempt, BoardError, Card, CheckSpec, check_move
@@ -63,16 +64,6 @@ def _attempt(row) -> Attempt:
     return Attempt(**{k: v for k, v in json.loads(row[0]).items() if k in _ATTEMPT_FIELDS})
 
 
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class BoardStore:

@@ -29,7 +29,7 @@ from agents.events import (
 from app.tui.agent_view import AgentRunView
 from app.tui.commands import SingleCommand
 from app.tui.format import agent_done_summary, agent_step_summary
-from app.tui.screens.approval import ApprovalScreen
+from app.tui.screens.approval import ApprovalScreen, ask_approval
 from app.tui.slash import Command
 from app.tui.widgets.message import MessageView
 from app.tui.widgets.prompt import PLACEHOLDER
@@ -198,20 +198,11 @@ class AgentActions:
         if card is not None:
             card.set_state("approval")
         self.status.set_turn(f"agent · step {ev.step} · waiting for approval of {ev.call.name}")
-        screen = ApprovalScreen(ev.call.name, ev.call.arguments, self.agent_workspace)
-
-        def answered(decision: str | None) -> None:
+        def closed(screen: ApprovalScreen) -> None:
             if self._approval is screen:
                 self._approval = None
-            if decision == "once":
-                ev.approve()
-            elif decision == "always":
-                ev.approve_always()
-            else:
-                ev.deny()
 
-        self._approval = screen
-        self.app.push_screen(screen, answered)
+        self._approval = ask_approval(self.app, ev, self.agent_workspace, closed)
 
     def _close_approval(self) -> None:
         screen, self._approval = self._approval, None

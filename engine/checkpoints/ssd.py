@@ -20,6 +20,7 @@ from pathlib import Path
 from engine.atomic import atomic_write
 from engine.checkpoints import format as fmt
 from engine.checkpoints.fingerprint import Fingerprint
+from engine.pids import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class SsdTier:
                 if pid == os.getpid():
                     stale = p.stat().st_mtime < _STARTED - 1
                 else:
-                    stale = not _alive(pid) or age > STALE_TEMP_S
+                    stale = not pid_alive(pid) or age > STALE_TEMP_S
                 if stale:
                     p.unlink()
                     removed += 1
@@ -224,11 +225,3 @@ def _subdirs(d: Path) -> list[Path]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

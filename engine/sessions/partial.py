@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from engine.pids import pid_alive
 from engine.sessions.model import Message
 from engine.sessions.store import SessionStore
 
@@ -98,20 +99,10 @@ def recover_interrupted(store: SessionStore, session_id: str) -> Message | None:
     writer = last.meta["streaming"].get("pid") if isinstance(last.meta["streaming"], dict) else None
     with _live_lock:
         live_here = (str(store.path), last.session_id) in _live
-    if live_here or (writer != os.getpid() and _alive(writer)):
+    if live_here or (writer != os.getpid() and pid_alive(writer)):
         return None  # still streaming, here or in another process
     meta = {k: v for k, v in last.meta.items() if k != "streaming"}
     meta.update(interrupted=True, finish_reason=INTERRUPTED)
     return store.update_message(last.session_id, meta=meta)
 
 
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -61,3 +62,21 @@ class ApprovalScreen(ModalScreen[str]):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
         self.action_answer((event.button.id or "").removeprefix("approve-"))
+
+
+def ask_approval(app, ev, workspace: str | None, on_close: Callable[[ApprovalScreen], None]) -> ApprovalScreen:
+    """Show the dialog for ``ev`` (an agent's ``ApprovalNeeded``) and pass the user's answer to
+    the waiting agent; ``on_close(screen)`` runs first, whatever the answer."""
+    screen = ApprovalScreen(ev.call.name, ev.call.arguments, workspace)
+
+    def answered(decision: str | None) -> None:
+        on_close(screen)
+        if decision == "once":
+            ev.approve()
+        elif decision == "always":
+            ev.approve_always()
+        else:
+            ev.deny()
+
+    app.push_screen(screen, answered)
+    return screen

@@ -29,7 +29,7 @@ from agents.board.model import Card, CheckSpec
 from agents.events import ApprovalNeeded, ToolFinished
 from app.tui.agent_view import AgentRunView
 from app.tui.format import clean
-from app.tui.screens.approval import ApprovalScreen
+from app.tui.screens.approval import ApprovalScreen, ask_approval
 from app.tui.screens.dialogs import TextScreen
 from app.tui.widgets.board_card import BoardCard
 from app.tui.widgets.conversation import Conversation
@@ -394,19 +394,10 @@ class CardScreen(Screen):
         if self._approval is not None or ev.request.answered:
             return
         card = self.service.board.get(self.card_id)
-        screen = ApprovalScreen(ev.call.name, ev.call.arguments, card.workspace_dir)
-
-        def answered(decision: str | None) -> None:
+        def closed(screen: ApprovalScreen) -> None:
             self._approval = None
-            if decision == "once":
-                ev.approve()
-            elif decision == "always":
-                ev.approve_always()
-            else:
-                ev.deny()
 
-        self._approval = screen
-        self.app.push_screen(screen, answered)
+        self._approval = ask_approval(self.app, ev, card.workspace_dir, closed)
 
     def _close_approval(self) -> None:
         screen, self._approval = self._approval, None
