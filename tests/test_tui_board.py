@@ -104,6 +104,8 @@ async def test_create_card_with_the_form_runs_it_to_review():
         assert card.title == "make new" and card.checks[0].run == "test -f new.txt"
         await wait_for(pilot, lambda: state(app, cid) == "review", what="review")
         await wait_for(pilot, lambda: column_of(screen, cid) == "review", what="the review column")
+        # the board re-renders its columns on every change: wait until the card widget is mounted
+        await wait_for(pilot, lambda: screen.query(BoardCard), what="the card widget")
         text = str(screen.query_one(BoardCard).render())
         assert "#1 make new" in text and "attempt 1 passed ✓ 1/1" in text
 
