@@ -15,13 +15,11 @@ kept inside the grammar. Prompt reuse per session is reported like the real KV c
 
 from __future__ import annotations
 
-import asyncio
 import codecs
-import queue
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +32,9 @@ from engine.profile_schema import (
     Profile,
     SamplingConfig,
 )
+from engine.runtime import RequestHandle
 from engine.sampling import SamplingParams
-from engine.serving.events import Done, Event, TextDelta, Timings, Usage
+from engine.serving.events import Done, TextDelta, Timings, Usage
 
 import numpy as np
 
@@ -132,57 +131,6 @@ class Reply:
     error: str | None = None
 
 
-_END = object()
-
-
-class ScriptedHandle:
-    """Mirrors engine.serving.worker.RequestHandle: iterate (sync/async), ``cancel``, ``result``."""
-
-    def __init__(self, request):
-        self.request = request
-        self._cancel = threading.Event()
-        self._events: queue.SimpleQueue = queue.SimpleQueue()
-        self._done: Done | None = None
-        self._finished = threading.Event()
-        self.token_ids: list[int] = []
-
-    def emit(self, event: Event) -> None:
-        self._events.put(event)
-        if isinstance(event, Done):
-            self._done = event
-            self._events.put(_END)
-            self._finished.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def __iter__(self) -> Iterator[Event]:
-        while True:
-            ev = self._events.get()
-            if ev is _END:
-                self._events.put(_END)
-                return
-            yield ev
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        while True:
-            ev = await asyncio.to_thread(self._events.get)
-            if ev is _END:
-                self._events.put(_END)
-                return
-            yield ev
-
-    def result(self, timeout: float | None = None) -> Done:
-        if not self._finished.wait(timeout):
-            raise TimeoutError("generation did not finish in time")
-        assert self._done is not None
-        return self._done
-
-
 def scripted_profile(max_context: int = 8192, max_tokens: int = 512, **agent: Any) -> Profile:
     agent.setdefault("capable", True)  # it stands in for a model that can do agent tasks
     return Profile(
@@ -230,8 +178,8 @@ class ScriptedEngine:
         base = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=s.seed)
         return base.with_overrides(**overrides)
 
-    def submit(self, request) -> ScriptedHandle:
-        handle = ScriptedHandle(request)
+    def submit(self, request) -> RequestHandle:
+        handle = RequestHandle(request)
         self.requests.append(request)
         reply = self.replies.pop(0) if self.replies else Reply("(script exhausted)")
         reply = reply if isinstance(reply, Reply) else Reply(reply)
@@ -242,14 +190,14 @@ class ScriptedEngine:
         pass
 
     # -- the fake decode loop ---------------------------------------------------------------------
-    def _serve_safely(self, req, handle: ScriptedHandle, reply: Reply) -> None:
+    def _serve_safely(self, req, handle: RequestHandle, reply: Reply) -> None:
         try:
             self._serve(req, handle, reply)
         except Exception as e:  # like the engine thread: a failure still ends the stream
             if handle._done is None:
                 handle.emit(Done("", "", "error", Usage(), Timings(), error=f"{type(e).__name__}: {e}"))
 
-    def _serve(self, req, handle: ScriptedHandle, reply: Reply) -> None:
+    def _serve(self, req, handle: RequestHandle, reply: Reply) -> None:
         with self._lock:  # one request at a time, like the engine thread
             t0 = time.perf_counter()
             prompt = list(req.prompt_ids)
