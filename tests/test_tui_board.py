@@ -104,10 +104,14 @@ async def test_create_card_with_the_form_runs_it_to_review():
         assert card.title == "make new" and card.checks[0].run == "test -f new.txt"
         await wait_for(pilot, lambda: state(app, cid) == "review", what="review")
         await wait_for(pilot, lambda: column_of(screen, cid) == "review", what="the review column")
-        # the board re-renders its columns on every change: wait until the card widget is mounted
-        await wait_for(pilot, lambda: screen.query(BoardCard), what="the card widget")
-        text = str(screen.query_one(BoardCard).render())
-        assert "#1 make new" in text and "attempt 1 passed ✓ 1/1" in text
+        # the board re-renders its columns on every change (a card widget is mounted, then
+        # filled): wait until the widget shows the finished attempt
+        def card_text() -> str:
+            cards = screen.query(BoardCard)
+            return str(cards.first().render()) if cards else ""
+
+        await wait_for(pilot, lambda: "attempt 1 passed" in card_text(), what="the card's status")
+        assert "#1 make new" in card_text() and "attempt 1 passed ✓ 1/1" in card_text()
 
 
 async def test_move_start_cancel_archive_with_keys():
@@ -201,6 +205,24 @@ async def test_board_keeps_running_while_chatting():
         await open_board(pilot)
         await pilot.press("escape")  # back to the chat while the card runs
         await wait_for(pilot, lambda: state(app, a.id) == "review", what="review while chatting")
+
+
+async def test_cards_queued_before_launch_run_without_opening_the_board():
+    from agents.board.store import BoardStore, default_path
+
+    assert not default_path().exists()
+    app, _ = make_app({})
+    async with app.run_test(size=SIZE) as pilot:  # no board yet: none is created
+        await wait_for(pilot, lambda: app.controller.loaded, what="the model")
+        assert app.board.dispatcher is None and not default_path().exists()
+    board = BoardStore()  # e.g. `mlxterm tasks add --queue` while the app was closed
+    cid = board.add(key_card("q", state="queued")).id
+    board.close()
+    app, _ = make_app({"q": [write("q.txt", "x"), answer("Made q.txt.")]})
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: state(app, cid) == "review", what="the card in review")
+        assert not isinstance(app.screen, BoardScreen)
+        assert any("1 board card waiting to run" in n.message for n in app._notifications)
 
 
 async def test_profile_switch_waits_for_cards_on_the_chat_model():

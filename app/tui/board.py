@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agents.board.dispatcher import Dispatcher
-from agents.board.store import BoardStore
+from agents.board.model import ACTIVE
+from agents.board.store import BoardStore, default_path
 
 log = logging.getLogger(__name__)
 DEFAULT_CONCURRENCY = 2
@@ -69,6 +70,20 @@ class BoardService:
                                          interactive=True, on_event=self._event, on_change=self._changed)
             self.dispatcher.start(poll_s=0.5)
         return self.dispatcher
+
+    def resume_pending(self) -> int:
+        """Start the dispatcher when cards wait to run (queued, or left running by a crash).
+
+        Called once the chat model is loaded, so cards on that profile share its engine
+        instead of loading a second one. Returns how many cards were waiting; 0 (and no
+        board file created) when there is no board yet.
+        """
+        if self.dispatcher is not None or (self._board is None and not default_path().exists()):
+            return 0
+        waiting = len(self.board.cards(ACTIVE))
+        if waiting:
+            self.start()
+        return waiting
 
     def wake(self) -> None:
         if self.dispatcher is not None:

@@ -282,6 +282,10 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
                 await self.action_new_chat()
                 self.notify(f"Started a new chat for profile {info.profile}; the previous chat "
                             "stays in the sidebar.")
+        waiting = self.app.board.resume_pending()
+        if waiting:
+            self.notify(f"{waiting} board card{'s' if waiting > 1 else ''} waiting to run: running in the "
+                        "background (Ctrl+B shows the board).")
         pending, self._agent_after_load = self._agent_after_load, None
         if pending is not None and info.profile == self.controller.engine.profile.name:
             await self.action_agent(pending)
