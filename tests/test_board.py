@@ -353,3 +353,40 @@ def test_template_and_git_workspaces_and_their_diffs(board, sessions, tmp_path):
     assert (repo / "b.txt").read_text() == "old\n"
     with pytest.raises(BoardError, match="is not a git repository"):
         actions.workspace_spec(None, str(template))
+
+
+def test_git_cards_keep_their_work_as_commits_when_approved_or_archived(board, sessions, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "b.txt").write_text("old\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+
+    def show(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+    engine = RoutedEngine({"a": ok_script("a"), "b": [write("b.txt", "new\n"), answer()],
+                           "b2": [write("more.txt", "m"), answer()]})
+    a = board.add(card("a", workspace=actions.workspace_spec(None, str(repo))))
+    b = board.add(card("b", workspace=actions.workspace_spec(None, str(repo))))
+    dispatcher(board, sessions, engine).drain()
+    # approve: the work becomes a commit on the card's branch
+    actions.approve(board, a.id)
+    assert show("show", f"board/card-{a.id}:a.txt") == "a"
+    assert "approved" in [e["event"] for e in board.events(a.id)]
+    # archive with uncommitted work: committed, worktree removed, branch kept
+    wb = Path(board.get(b.id).workspace_dir)
+    actions.archive(board, b.id)
+    assert not wb.exists() and str(wb) not in show("worktree", "list")
+    assert show("show", f"board/card-{b.id}:b.txt") == "new\n"
+    assert (repo / "b.txt").read_text() == "old\n"  # the repository's own checkout is untouched
+    # queued again: its branch is checked out anew, earlier work included, diff against the start
+    board.move(b.id, "backlog")
+    board.move(b.id, "queued", prompt="[card-b2] add more.txt")
+    dispatcher(board, sessions, engine).drain()
+    card_b = board.get(b.id)
+    assert Path(card_b.workspace_dir, "b.txt").read_text() == "new\n"
+    d = board.attempts(b.id)[-1].diff
+    assert "-old\n+new\n" in d and "+++ b/more.txt" in d

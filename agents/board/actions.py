@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agents.board import workspace
 from agents.board.model import BoardError, Card, CheckSpec
 from agents.board.runner import check_feedback
 from agents.board.store import BoardStore
@@ -75,7 +76,8 @@ def approve(board: BoardStore, card_id: int) -> Card:
     card = board.get(card_id)
     if card.state != "review":
         raise BoardError(f"card {card.id} is {card.state}; only cards in review can be approved")
-    board.log(card.id, "approved")
+    sha = workspace.commit(card, f"card {card.id}: {card.title}")  # git cards: the work on its branch
+    board.log(card.id, "approved", **({"commit": sha} if sha else {}))
     return board.move(card.id, "done", reason="approved")
 
 
@@ -108,6 +110,9 @@ def archive(board: BoardStore, card_id: int) -> Card:
     card = board.get(card_id)
     if card.state == "running":
         raise BoardError(f"card {card.id} is running; cancel it first")
+    sha = workspace.release(card)  # git cards: leftovers committed, worktree removed
+    if sha:
+        board.log(card.id, "workspace_saved", commit=sha)
     return board.move(card.id, "archived", reason="archived")
 
 

@@ -3,6 +3,11 @@
 Kinds: ``empty`` (a new directory), ``template`` (a copy of a directory; the pristine copy is
 kept beside it as the diff base) and ``git`` (a worktree of a repository on a new branch
 ``board/card-<id>``; the diff is against the commit it started from, untracked files included).
+
+A git card's work ends up as commits on its branch: approving commits the workspace
+(``commit``), archiving commits whatever is left and removes the worktree (``release``), so
+nothing is lost and the repository's worktree list stays clean; queueing the card again checks
+its branch out anew.
 """
 
 from __future__ import annotations
@@ -31,12 +36,18 @@ def prepare(board, card: Card) -> tuple[str, str | None]:
     base: str | None = None
     if kind == "git":
         repo = Path(source or "").expanduser()
-        head = _git(repo, "rev-parse", "HEAD").strip()
+        branch = f"board/card-{card.id}"
         if ws.exists():
             shutil.rmtree(ws)
+        _git(repo, "worktree", "prune")  # forget a worktree whose directory is gone
         ws.parent.mkdir(parents=True, exist_ok=True)
-        _git(repo, "worktree", "add", "-q", "-B", f"board/card-{card.id}", str(ws), head)
-        base = head
+        if card.base and _has_branch(repo, branch):  # archived and queued again: keep its commits
+            _git(repo, "worktree", "add", "-q", str(ws), branch)
+            base = card.base
+        else:
+            head = _git(repo, "rev-parse", "HEAD").strip()
+            _git(repo, "worktree", "add", "-q", "-B", branch, str(ws), head)
+            base = head
     else:
         pristine = board_dir(board) / "base" / str(card.id)
         for d in (ws, pristine):
@@ -53,6 +64,31 @@ def prepare(board, card: Card) -> tuple[str, str | None]:
             pristine.mkdir(parents=True)
         base = str(pristine)
     return str(ws), base
+
+
+def commit(card: Card, message: str) -> str | None:
+    """Commit everything in a git card's workspace on its branch; the new commit's id, or None
+    (not a git card, no workspace, or nothing to commit)."""
+    ws = Path(card.workspace_dir) if card.workspace_dir else None
+    if card.workspace.get("kind") != "git" or ws is None or not ws.is_dir():
+        return None
+    _git(ws, "add", "-A")
+    if not _git(ws, "status", "--porcelain").strip():
+        return None
+    _git(ws, "-c", "user.name=mlxterm board", "-c", "user.email=board@mlxterm.invalid",
+         "commit", "-q", "--no-verify", "-m", message)
+    return _git(ws, "rev-parse", "HEAD").strip()
+
+
+def release(card: Card) -> str | None:
+    """Archive a git card's workspace: commit what is left on its branch, remove the worktree
+    (the branch stays). Returns the commit made, if any. Other kinds keep their directory."""
+    ws = Path(card.workspace_dir) if card.workspace_dir else None
+    if card.workspace.get("kind") != "git" or ws is None or not ws.is_dir():
+        return None
+    sha = commit(card, f"card {card.id}: {card.title} (uncommitted work, saved when archived)")
+    _git(Path(card.workspace["source"]).expanduser(), "worktree", "remove", "--force", str(ws))
+    return sha
 
 
 def diff(card: Card) -> str | None:
@@ -97,6 +133,14 @@ def _files(root: Path):
         rel = p.relative_to(root)
         if p.is_file() and not (set(rel.parts) & _SKIP_DIRS):
             yield rel.as_posix()
+
+
+def _has_branch(repo: Path, branch: str) -> bool:
+    try:
+        _git(repo, "rev-parse", "--verify", "-q", f"refs/heads/{branch}")
+    except BoardError:
+        return False
+    return True
 
 
 def _git(repo: Path, *args: str) -> str:
