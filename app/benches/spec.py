@@ -65,23 +65,43 @@ def source_file(lines: int = 300) -> str:
     return "\n".join(out[:lines]) + "\n"
 
 
-def scenarios(engine, max_tokens: int) -> dict[str, list[int]]:
-    code = source_file()
+def edit_step_messages(code: str) -> tuple[list[dict], list[dict]]:
+    """An agent's ``edit_file`` step as the agent sends it: the real tool schemas, and the real
+    ``read_file`` result of the file's first 60 lines (run in a scratch workspace)."""
+    import tempfile
+
+    from tools import default_registry
+
     small = "\n".join(code.splitlines()[:60]) + "\n"
+    with tempfile.TemporaryDirectory() as ws:
+        with open(os.path.join(ws, "inventory.py"), "w") as f:
+            f.write(small)
+        registry = default_registry(ws)
+        result = registry.run("read_file", {"path": "inventory.py"})
+        schemas = [t for t in registry.schemas() if t["function"]["name"] in ("read_file", "edit_file")]
     call = {"name": "read_file", "arguments": {"path": "inventory.py"}}
-    edit_msgs = [
+    messages = [
         {"role": "user", "content": "In inventory.py, make compute_total_3 apply the discount before the "
                                     "multiplier loop. Use the edit_file tool: old_text must be copied "
                                     "verbatim from the file, new_text is the replacement."},
         {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
-        {"role": "tool", "content": small},
+        {"role": "tool", "content": result.content, "name": "read_file"},
     ]
+    return messages, schemas
+
+
+def scenarios(engine, max_tokens: int) -> dict[str, list[int]]:
+    code = source_file()
+    edit_msgs, edit_tools = edit_step_messages(code)
     return {
         "copy_rewrite_300_lines": engine.chat_prompt([{
             "role": "user",
             "content": "Here is inventory.py:\n```python\n" + code + "```\nRename TAX_RATE to VAT_RATE. "
                        "Reply with the complete updated file and nothing else."}]),
-        "copy_edit_file_step": engine.chat_prompt(edit_msgs),
+        # the reply opens the edit_file call up to old_text (a 0.5B does not choose the tool on
+        # its own); what is measured is the copy: old_text and new_text as JSON strings
+        "copy_edit_file_step": engine.chat_prompt(edit_msgs, tools=edit_tools) + engine.tokenizer.encode(
+            '<tool_call>\n{"name": "edit_file", "arguments": {"path": "inventory.py", "old_text": "def compute_total_3('),
         "copy_quote_passage": engine.chat_prompt([{
             "role": "user", "content": f"Repeat this passage word for word:\n\n{PASSAGE}\n\n{PASSAGE}"}]),
         "free_form_story": engine.chat_prompt([{"role": "user", "content": STORY}]),
