@@ -15,6 +15,7 @@ from engine.model.loader import load_bundle
 from engine.runtime import Engine, GenerationRequest
 from engine.sampling import SamplingParams
 
+import mlx.core as mx
 import pytest
 
 from tests.test_speculation import assert_cache_is_fresh_prefill
@@ -112,3 +113,25 @@ def test_qwen_coder_05b_drafts_for_15b():
     assert spec.completion_token_ids == plain.completion_token_ids
     s = spec.speculation
     assert s["mode"] == "draft" and s["acceptance_rate"] > 0.3, s
+
+
+@pytest.mark.parametrize("wrong", [None, 2])
+def test_smollm2_on_the_kernels_speculation_gives_the_step_bits(wrong):
+    """Default weights (quantized, int8-activation kernels): tokens AND logprobs of every
+    position equal plain decoding's exactly, through full and partial accepts."""
+    from engine.model.weight_policy import choose_weights
+
+    from tests.test_speculation import Oracle
+
+    bundle = load_bundle(model_path("smollm2-135m"), choose_weights("auto"))
+    model, tok = bundle.model, bundle.tokenizer
+    prompt = tok.encode(f"{PASSAGE}\n{PASSAGE}\n{PASSAGE[:40]}", add_special_tokens=True)
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    ref = list(generate_step(model, prompt, make_cache(model), params))
+    spec = Speculation(Oracle([o.token for o in ref], len(prompt), wrong), DraftPolicy(8, 1, False),
+                       SpecStats("oracle"))
+    got = list(generate_step(model, prompt, make_cache(model), params, speculation=spec))
+    assert [o.token for o in got] == [o.token for o in ref]
+    for g, r in zip(got, ref, strict=True):
+        assert mx.array_equal(g.logprobs, r.logprobs)
+    assert spec.stats.rounds > 3

@@ -6,8 +6,9 @@ weights serve both; the plain arm opts out per request), greedy so tokens must b
     ``edit_file`` step after ``read_file``, repeat a quoted passage
   free-form (the lookup profile): a short story -- lookup finds little, a miss must cost ~nothing
   code (the draft-pair profile, e.g. Qwen2.5-Coder 0.5B drafting for 1.5B): write a function
-Also the verify-cost curve of each target: one forward over 1, 2, 4, 8, 16 new rows after a
-256-token context, and the draft length that maximises expected tokens per unit of cost.
+Also the verify-cost curve of each target: one forward over 1, 2, 4, 8, 12, 15, 16 new rows
+after a 256-token context (attending as a verify does), and the draft length that maximises
+expected tokens per unit of cost (at most ``max_verify_rows() - 1`` drafts).
 Weights are whatever the profiles' ``model.weights`` choose, so the bench reruns as is on
 faster kernels.
 """
@@ -39,7 +40,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--pair-max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=1, help="each round runs plain, spec, spec, plain")
-    p.add_argument("--curve-rows", default="1,2,4,8,16")
+    p.add_argument("--curve-rows", default="1,2,4,8,12,15,16",
+                   help="verify forward sizes to time (15 is the most a verify uses on the kernels)")
 
 
 def source_file(lines: int = 300) -> str:
@@ -63,23 +65,43 @@ def source_file(lines: int = 300) -> str:
     return "\n".join(out[:lines]) + "\n"
 
 
-def scenarios(engine, max_tokens: int) -> dict[str, list[int]]:
-    code = source_file()
+def edit_step_messages(code: str) -> tuple[list[dict], list[dict]]:
+    """An agent's ``edit_file`` step as the agent sends it: the real tool schemas, and the real
+    ``read_file`` result of the file's first 60 lines (run in a scratch workspace)."""
+    import tempfile
+
+    from tools import default_registry
+
     small = "\n".join(code.splitlines()[:60]) + "\n"
+    with tempfile.TemporaryDirectory() as ws:
+        with open(os.path.join(ws, "inventory.py"), "w") as f:
+            f.write(small)
+        registry = default_registry(ws)
+        result = registry.run("read_file", {"path": "inventory.py"})
+        schemas = [t for t in registry.schemas() if t["function"]["name"] in ("read_file", "edit_file")]
     call = {"name": "read_file", "arguments": {"path": "inventory.py"}}
-    edit_msgs = [
+    messages = [
         {"role": "user", "content": "In inventory.py, make compute_total_3 apply the discount before the "
                                     "multiplier loop. Use the edit_file tool: old_text must be copied "
                                     "verbatim from the file, new_text is the replacement."},
         {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"},
-        {"role": "tool", "content": small},
+        {"role": "tool", "content": result.content, "name": "read_file"},
     ]
+    return messages, schemas
+
+
+def scenarios(engine, max_tokens: int) -> dict[str, list[int]]:
+    code = source_file()
+    edit_msgs, edit_tools = edit_step_messages(code)
     return {
         "copy_rewrite_300_lines": engine.chat_prompt([{
             "role": "user",
             "content": "Here is inventory.py:\n```python\n" + code + "```\nRename TAX_RATE to VAT_RATE. "
                        "Reply with the complete updated file and nothing else."}]),
-        "copy_edit_file_step": engine.chat_prompt(edit_msgs),
+        # the reply opens the edit_file call up to old_text (a 0.5B does not choose the tool on
+        # its own); what is measured is the copy: old_text and new_text as JSON strings
+        "copy_edit_file_step": engine.chat_prompt(edit_msgs, tools=edit_tools) + engine.tokenizer.encode(
+            '<tool_call>\n{"name": "edit_file", "arguments": {"path": "inventory.py", "old_text": "def compute_total_3('),
         "copy_quote_passage": engine.chat_prompt([{
             "role": "user", "content": f"Repeat this passage word for word:\n\n{PASSAGE}\n\n{PASSAGE}"}]),
         "free_form_story": engine.chat_prompt([{"role": "user", "content": STORY}]),
@@ -89,6 +111,7 @@ def scenarios(engine, max_tokens: int) -> dict[str, list[int]]:
 def verify_curve(engine, rows: list[int], context: int = 256, reps: int = 7) -> dict:
     """Milliseconds of one target forward over ``n`` new rows (fastest of ``reps``), and ratios."""
     from engine.generation.generate import prefill
+    from engine.generation.speculation.exact_rows import max_verify_rows, step_shaped
 
     import mlx.core as mx
 
@@ -101,8 +124,11 @@ def verify_curve(engine, rows: list[int], context: int = 256, reps: int = 7) -> 
             x = mx.array([[(31 * j + 7) % 5000 + 100 for j in range(n)]])
             times = []
             for _ in range(reps + 1):
+                for c in cache:
+                    c.reserve(n)
                 t = time.perf_counter()
-                mx.eval(model(x, cache=cache))
+                with step_shaped():  # as speculation runs it: rows attend as the decode step does
+                    mx.eval(model(x, cache=cache))
                 times.append(time.perf_counter() - t)
                 for c in cache:
                     c.offset -= n
@@ -118,7 +144,7 @@ def verify_curve(engine, rows: list[int], context: int = 256, reps: int = 7) -> 
         def gain(k, alpha=alpha):
             cost = _interp(ms, k + 1) / one
             return (1 - alpha ** (k + 1)) / (1 - alpha) / cost
-        k = max(range(1, max(rows)), key=gain)
+        k = max(range(1, min(max(rows), max_verify_rows())), key=gain)
         best[str(alpha)] = {"draft_tokens": k, "expected_speedup": round(gain(k), 2)}
     return {"context_tokens": context, "rows": curve, "best_draft_length_by_acceptance": best}
 

@@ -5,9 +5,19 @@ context; the tokens that followed the same n-gram last time are a free draft. ``
 maps every n-gram (n from ``max_n`` down to ``min_n``) to the position just after its
 latest occurrence, updated as tokens are committed, so a lookup is a few dict probes and
 costs nothing measurable when there is no match.
+
+An agent copies file text into a tool call as a JSON string (``"old_text": "def f():\\n
+return \\"x\\""``): escaped newlines and quotes tokenize differently from the raw file the
+model read, so the raw context rarely matches. ``LookupDrafter`` therefore keeps a second,
+read-only index over the tokens of the context's JSON-escaped text (built once per request,
+at the first miss of the main index, so replies that never miss never pay for it) and drafts
+from whichever index matches the longer n-gram.
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -27,39 +37,71 @@ class NgramIndex:
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 self._last[tuple(self.tokens[end - n : end])] = end
 
+    def lookup(self, recent: list[int], k: int, tail: list[int] = ()) -> tuple[int, list[int]]:
+        """(n, up to ``k`` tokens) that followed the longest n-gram ending ``recent`` here.
+
+        ``tail`` (the uncommitted end of ``recent``) continues a match that runs into it.
+        """
+        recent = recent[-self.max_n :]
+        for n in range(min(self.max_n, len(recent)), self.min_n - 1, -1):
+            end = self._last.get(tuple(recent[-n:]))
+            if end is None:
+                continue
+            out = self.tokens[end : end + k]
+            if len(out) < k:
+                out = out + list(tail[: k - len(out)])  # the match ran into the uncommitted tail
+            if out:
+                return n, out
+        return 0, []
+
     def continuation(self, tail: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the longest n-gram ending ``tokens + tail`` before.
 
         Only occurrences ending inside the indexed tokens count, so the current suffix
         never matches itself.
         """
-        full_tail = (self.tokens[-self.max_n :] + tail)[-self.max_n :]
-        for n in range(min(self.max_n, len(full_tail)), self.min_n - 1, -1):
-            end = self._last.get(tuple(full_tail[-n:]))
-            if end is None:
-                continue
-            out = self.tokens[end : end + k]
-            if len(out) < k:
-                out = out + tail[: k - len(out)]  # the match ran into the uncommitted tail
-            if out:
-                return out
-        return []
+        return self.lookup(self.tokens[-self.max_n :] + tail, k, tail)[1]
+
+
+def json_escaper(tokenizer) -> Callable[[list[int]], list[int]]:
+    """Tokens of the JSON-string form of ``tokens``' text ([] when escaping changes nothing)."""
+
+    def escaped(tokens: list[int]) -> list[int]:
+        text = tokenizer.decode(tokens)
+        esc = json.dumps(text, ensure_ascii=False)[1:-1]
+        return tokenizer.encode(esc) if esc != text else []
+
+    return escaped
 
 
 class LookupDrafter:
     name = "lookup"
     needs_hidden = False
 
-    def __init__(self, min_n: int, max_n: int):
+    def __init__(self, min_n: int, max_n: int, escaped: Callable[[list[int]], list[int]] | None = None):
         self.min_n, self.max_n = min_n, max_n
+        self.escaped = escaped
         self.index = NgramIndex(min_n, max_n)
+        self._context: list[int] = []
+        self._escaped_index: NgramIndex | None = None
 
     def reset(self, context: list[int]) -> None:
         self.index = NgramIndex(self.min_n, self.max_n)
         self.index.extend(context)
+        self._context = context
+        self._escaped_index = None
 
     def propose(self, pending: int, k: int, hidden: mx.array | None = None) -> list[int]:
-        return self.index.continuation([pending], k)
+        recent = self.index.tokens[-self.max_n :] + [pending]
+        n, draft = self.index.lookup(recent, k, [pending])
+        if self.escaped is None or (n == self.max_n and len(draft) == k):
+            return draft
+        if self._escaped_index is None:  # once per request, at the first imperfect match
+            self._escaped_index = NgramIndex(self.min_n, self.max_n)
+            self._escaped_index.extend(self.escaped(self._context))
+        en, esc = self._escaped_index.lookup(recent, k)
+        # the longer n-gram is the likelier copy; on a tie the longer draft
+        return esc if (en, len(esc)) > (n, len(draft)) else draft
 
     def commit(self, tokens: list[int]) -> None:
         self.index.extend(tokens)

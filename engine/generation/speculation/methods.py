@@ -10,7 +10,7 @@ from __future__ import annotations
 from engine.errors import ProfileError
 from engine.generation.speculation.base import DraftPolicy, SpecStats, Speculation
 from engine.generation.speculation.draft_model import DraftModelDrafter
-from engine.generation.speculation.lookup import LookupDrafter
+from engine.generation.speculation.lookup import LookupDrafter, json_escaper
 from engine.generation.speculation.mtp import make_mtp_drafter
 
 _VOCAB_PROBE = "def main():\n    print('hello, world')  # 123 ü → ok\n"
@@ -24,6 +24,8 @@ class Speculator:
         self._spec = spec
         self._drafter = None
         self.draft_name: str | None = None
+        # lookup also drafts from the context's JSON-escaped tokens (an agent's tool-call strings)
+        self._escaper = json_escaper(bundle.tokenizer) if spec.mode == "lookup" else None
         if spec.mode == "draft":
             self._drafter = self._load_draft(profile, bundle)
         elif spec.mode == "mtp":
@@ -56,7 +58,7 @@ class Speculator:
         if self.mode == "none":
             return None
         if self.mode == "lookup":
-            drafter = LookupDrafter(self._spec.lookup_ngram, self._spec.lookup_max_ngram)
+            drafter = LookupDrafter(self._spec.lookup_ngram, self._spec.lookup_max_ngram, self._escaper)
         else:
             drafter = self._drafter
         return Speculation(drafter, self.policy, SpecStats(self.mode))

@@ -14,7 +14,8 @@ constraint advances over what was kept. Constraints without ``fork`` turn specul
 
 Before each yielded token the caches are set to hold exactly the tokens yielded so far
 (``Round.keep``), so a consumer may stop, checkpoint or migrate the request between yields.
-Positions without a draft take the ordinary compiled single-token step.
+Positions without a draft take the ordinary compiled single-token step. Each verified row
+computes the step's exact logits (``exact_rows``), so identity does not rest on near-ties.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterator
 
 from engine.generation.constraints import TokenConstraint, additive_mask
 from engine.generation.speculation.base import Drafter, DraftPolicy, SpecStats
+from engine.generation.speculation.exact_rows import max_verify_rows, step_shaped
 from engine.generation.speculation.rollback import Round, max_rows
 
 import mlx.core as mx
@@ -55,8 +57,9 @@ def speculative_decode(
     step (``engine.generation.generate.DecodeStep``) used where there is no draft.
     """
     drafter.reset(list(context))
-    limit = max_rows(cache)
-    k_cap = policy.max_tokens if limit is None else min(policy.max_tokens, limit - 1)
+    # rows per forward: below the window (rollback) and on the kernels' per-row matmul path
+    limit = min(max_verify_rows(), max_rows(cache) or max_verify_rows())
+    k_cap = min(policy.max_tokens, limit - 1)
     k = min(policy.first(), k_cap)
     n = 0
     pending = int(y.item())
@@ -96,7 +99,11 @@ def speculative_decode(
             continue
 
         rnd = Round(cache)
-        logits = model(mx.array([pending, *draft])[None], cache=cache)
+        for c in cache:  # grow static buffers as the step would, so rows see its layout
+            if hasattr(c, "reserve"):
+                c.reserve(len(draft) + 1)
+        with step_shaped():
+            logits = model(mx.array([pending, *draft])[None], cache=cache)
         rnd.written()
         samples, lps, keys, recents = [], [], [], []
         window = recent

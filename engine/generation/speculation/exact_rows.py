@@ -1,0 +1,83 @@
+"""Make each row of a verify forward compute exactly what a one-token decode step computes.
+
+Greedy speculation is only identical to plain decoding if the target's logits for a drafted
+position are the ones plain decoding would have produced there. On the CPU kernels that takes
+two things (checked bit for bit in tests/test_speculation_kernels.py):
+
+* Linears: the int8-activation matmul quantizes and accumulates each row on its own for
+  M < ``kernel_rows()`` rows; at more rows it switches to a float GEMM with other rounding.
+  So a verify forward stays below that many rows (``max_verify_rows``).
+* Attention: one query attending over L keys and L queries attending causally take different
+  paths in MLX (and in engine.kernels.attention), and the int8 quantization of the next layer's
+  input turns their last-bit differences into logit differences of ~0.5. Inside
+  ``step_shaped()`` a verify forward's full-attention layers instead attend the way the
+  compiled decode step does -- each query alone (as a batch of L single-query problems),
+  over the cache's whole buffer with a key-validity mask -- which gives the step's bits.
+  Reading the keys once per row costs little next to the weights at the context lengths a
+  verify runs at (the bench's verify-cost curve includes it).
+
+Sliding-window layers (Gemma) and quantized KV caches keep the multi-row attention: their
+rows match the step to float rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from engine.generation.kv_cache import StaticKVCache
+
+import mlx.core as mx
+
+_MODULES = ("llama", "qwen2", "gemma3_text")  # mlx_lm model modules that import the attention by name
+_local = threading.local()
+_lock = threading.Lock()
+
+
+def kernel_rows() -> int:
+    """Rows at which the CPU kernels' quantized matmul leaves the per-row int8 path."""
+    return max(2, int(os.environ.get("MLXTERM_QMM_DENSE_M", "16")))
+
+
+def max_verify_rows() -> int:
+    """Most rows (pending token + drafts) one verify forward may have."""
+    return kernel_rows() - 1
+
+
+def _step_attention(inner):
+    def attention(queries, keys, values, cache, scale, mask, sinks=None):
+        if not (getattr(_local, "on", False) and type(cache) is StaticKVCache and cache.keys is not None
+                and sinks is None and queries.ndim == 4 and queries.shape[0] == 1):
+            return inner(queries, keys, values, cache, scale, mask, sinks)
+        L = queries.shape[2]
+        K, V = cache.keys, cache.values  # the whole buffer, as the compiled step sees it
+        C = K.shape[2]
+        first = cache.offset - L  # position of row 0 (the cache already holds all L rows)
+        rows = queries.transpose(2, 1, 0, 3)  # (L, H, 1, D): L single-query problems
+        valid = (mx.arange(C)[None, :] <= (first + mx.arange(L))[:, None]).reshape(L, 1, 1, C)
+        out = inner(rows, mx.broadcast_to(K, (L, *K.shape[1:])), mx.broadcast_to(V, (L, *V.shape[1:])),
+                    cache, scale, valid, sinks)
+        return out.transpose(2, 1, 0, 3)
+
+    attention._step_inner = inner
+    return attention
+
+
+@contextmanager
+def step_shaped() -> Iterator[None]:
+    """Within this block, forwards on this thread attend row by row as the decode step does."""
+    mods = [importlib.import_module(f"mlx_lm.models.{name}") for name in _MODULES]
+    with _lock:
+        for mod in mods:
+            # wrap whatever is installed now (engine.kernels.attention re-installs on load)
+            if not hasattr(mod.scaled_dot_product_attention, "_step_inner"):
+                mod.scaled_dot_product_attention = _step_attention(mod.scaled_dot_product_attention)
+    prev = getattr(_local, "on", False)
+    _local.on = True
+    try:
+        yield
+    finally:
+        _local.on = prev
