@@ -10,7 +10,8 @@ see the same), restoring the flushed checkpoint file.
 speed at that context vs at ~100 tokens, alternated (A/B/C/C/B/A) over three arms: ``flash``
 (the CPU kernels with the fused attention, engine/kernels/src/attention.cpp), ``softmax`` (the
 kernels with the previous round's attention: MLX matmuls + fused softmax, MLX at decode) and
-``today`` (fp32 weights + OpenBLAS + MLX's attention, no kernels). ``--arms`` picks a subset.
+``today`` (fp32 weights + OpenBLAS + MLX's attention, no kernels); ``flash-kv16`` is ``flash``
+with float16 K/V caches (``make_cache(kv_dtype=float16)``). ``--arms`` picks a subset.
 It first times the attention op alone at N keys (a prefill chunk and a decode step, the
 model's head shapes) for each implementation, so the attention share is visible.
 """
@@ -31,7 +32,7 @@ def add_arguments(p) -> None:
     p.add_argument("--long-context", type=int, default=0, metavar="N",
                    help="run the long-context arm at N tokens instead (kernels vs fp32 path)")
     p.add_argument("--decode-tokens", type=int, default=32, help="long-context arm: tokens decoded")
-    p.add_argument("--arms", default="flash,softmax,today", help="long-context arm: arms to run")
+    p.add_argument("--arms", default="flash,flash-kv16,softmax,today", help="long-context arm: arms to run")
 
 
 def _attention_op(model, n_keys: int, kv_dtype) -> dict:
@@ -102,8 +103,8 @@ def _long_context(args) -> dict:
     short_ids = long_ids[:100]
     params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens)
 
-    def run_arm(bundle, ids):
-        cache = make_cache(bundle.model)
+    def run_arm(bundle, ids, kv_dtype=None):
+        cache = make_cache(bundle.model, kv_dtype=kv_dtype)
         t0 = time.perf_counter()
         stamps = [time.perf_counter() for _ in generate_step(bundle.model, ids, cache, params)]
         return stamps[0] - t0, (len(stamps) - 1) / (stamps[-1] - stamps[0])
@@ -116,9 +117,10 @@ def _long_context(args) -> dict:
             finally:
                 attention.install()
         attention.install()
-        prev, attention.impl = attention.impl, name
+        kv = mx.float16 if name == "flash-kv16" else None
+        prev, attention.impl = attention.impl, name.removesuffix("-kv16")
         try:
-            return run_arm(fast, long_ids), run_arm(fast, short_ids)
+            return run_arm(fast, long_ids, kv), run_arm(fast, short_ids, kv)
         finally:
             attention.impl = prev
 
@@ -126,7 +128,8 @@ def _long_context(args) -> dict:
         return {"bench": "resume-long", "skipped": f"CPU kernels unavailable: {kernels.status()['reason']}"}
     hook.install(fast.model)
     arms = [a for a in args.arms.split(",") if a]
-    op = _attention_op(fast.model, len(long_ids), mx.float32)
+    op = {"kv_float32": _attention_op(fast.model, len(long_ids), mx.float32),
+          "kv_float16": _attention_op(fast.model, len(long_ids), mx.float16)}
     order = arms + arms[::-1]
     res: dict[str, list] = {name: [] for name in arms}
     for _ in range(args.repeats):
