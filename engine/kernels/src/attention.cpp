@@ -13,7 +13,8 @@
 // are fewer than kMinTasks (decode) the keys are also split, each split keeps its own
 // (m, l, O), and a merge combines them -- how the work is split depends on shapes and the
 // mask only, never on the thread count, so results are identical for any number of threads.
-// float16 K/V (half the bytes to stream) are widened per block with F16C.
+// float16 K/V (half the bytes to stream) are widened with F16C: in registers at decode, once
+// per block into scratch for prefill tiles.
 #include "attention.h"
 
 #include <algorithm>
@@ -67,21 +68,27 @@ inline void widen(const uint16_t* src, float* dst, int n) {
   for (; t < n; ++t) dst[t] = _cvtsh_ss(src[t]);
 }
 
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // s[r][c] = Q[r] . K[c] for rows [0, R) and keys [0, n): 2 rows x 4 keys per tile.
-void scores(const float* Q, int R, const float* K, int n, int D, float* s) {
+template <typename T>
+void scores(const float* Q, int R, const T* K, int n, int D, float* s) {
   for (int r = 0; r < R; r += 2) {
     const int r1 = std::min(r + 1, R - 1);
     const float* q0 = Q + size_t(r) * D;
     const float* q1 = Q + size_t(r1) * D;
     for (int c = 0; c < n; c += 4) {
-      const float* k[4];
+      const T* k[4];
       for (int t = 0; t < 4; ++t) k[t] = K + size_t(std::min(c + t, n - 1)) * D;
       __m256 acc[8];
       for (auto& a : acc) a = _mm256_setzero_ps();
       for (int d = 0; d < D; d += 8) {
         const __m256 a0 = _mm256_loadu_ps(q0 + d), a1 = _mm256_loadu_ps(q1 + d);
         for (int t = 0; t < 4; ++t) {
-          const __m256 kv = _mm256_loadu_ps(k[t] + d);
+          const __m256 kv = load8(k[t] + d);
           acc[t] = _mm256_fmadd_ps(a0, kv, acc[t]);
           acc[4 + t] = _mm256_fmadd_ps(a1, kv, acc[4 + t]);
         }
@@ -95,8 +102,8 @@ void scores(const float* Q, int R, const float* K, int n, int D, float* s) {
 }
 
 // O[r] += sum_c P[r][c] V[c] for R rows (R <= 4), keys [0, n), Dv % 16 == 0.
-template <int R>
-void accumulate(const float* P, const float* V, size_t vstride, int n, int Dv, float* O) {
+template <int R, typename T>
+void accumulate(const float* P, const T* V, size_t vstride, int n, int Dv, float* O) {
   for (int c0 = 0; c0 < Dv; c0 += 16) {
     __m256 acc[R][2];
     for (int t = 0; t < R; ++t) {
@@ -104,8 +111,8 @@ void accumulate(const float* P, const float* V, size_t vstride, int n, int Dv, f
       acc[t][1] = _mm256_loadu_ps(O + size_t(t) * Dv + c0 + 8);
     }
     for (int c = 0; c < n; ++c) {
-      const float* vr = V + size_t(c) * vstride + c0;
-      const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
+      const T* vr = V + size_t(c) * vstride + c0;
+      const __m256 v0 = load8(vr), v1 = load8(vr + 8);
       for (int t = 0; t < R; ++t) {
         const __m256 p = _mm256_broadcast_ss(P + size_t(t) * kBlock + c);
         acc[t][0] = _mm256_fmadd_ps(p, v0, acc[t][0]);
@@ -123,6 +130,81 @@ void accumulate(const float* P, const float* V, size_t vstride, int n, int Dv, f
 inline void causal_range(const Problem& p, int i, int& lo, int& hi) {
   hi = std::min(p.S, i + p.offset + 1);
   lo = p.window > 0 ? std::max(0, i + p.offset - p.window + 1) : 0;
+}
+
+// Mask the block's scores, update each row's running max / sum, rescale its output, and leave
+// exp(score - max) in the scores. False when no row sees any key of the block.
+bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n) {
+  const int Dv = p.Dv;
+  const int bm = p.Bm == 1 ? 0 : t.b;
+  bool any = false;
+  for (int r = 0; r < R; ++r) {
+    float* s = sc.s.data() + size_t(r) * kBlock;
+    const int i = t.i0 + r % t.nt;
+    if (p.mode == 1) {
+      int a, b;
+      causal_range(p, i, a, b);
+      const int lo = std::clamp(a - kb, 0, n), hi = std::clamp(b - kb, 0, n);
+      std::fill(s, s + lo, kNegInf);
+      std::fill(s + std::max(lo, hi), s + n, kNegInf);
+    } else if (p.mode == 2) {
+      const float* mr = p.mask + (size_t(bm) * p.Lm + (p.Lm == 1 ? 0 : i)) * p.S + kb;
+      int c = 0;
+      for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(s + c, _mm256_add_ps(_mm256_loadu_ps(s + c), _mm256_loadu_ps(mr + c)));
+      for (; c < n; ++c) s[c] += mr[c];
+    }
+    __m256 vmax = _mm256_set1_ps(kNegInf);
+    int c = 0;
+    for (; c + 8 <= n; c += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + c));
+    float mb = hmax(vmax);
+    for (; c < n; ++c) mb = std::max(mb, s[c]);
+    const float m_old = sc.m[r], m_new = std::max(m_old, mb);
+    if (m_new == kNegInf) {  // nothing visible yet for this row
+      std::fill(s, s + n, 0.0f);
+      continue;
+    }
+    any = true;
+    if (m_new != m_old) {
+      const float alpha = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
+      sc.l[r] *= alpha;
+      float* o = sc.o.data() + size_t(r) * Dv;
+      const __m256 va = _mm256_set1_ps(alpha);
+      for (int d = 0; d < Dv; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), va));
+      sc.m[r] = m_new;
+    }
+    const __m256 vm = _mm256_set1_ps(m_new);
+    __m256 vs = _mm256_setzero_ps();
+    c = 0;
+    for (; c + 8 <= n; c += 8) {
+      const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
+      _mm256_storeu_ps(s + c, e);
+      vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hadd(vs);
+    for (; c < n; ++c) {
+      s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
+      sum += s[c];
+    }
+    sc.l[r] += sum;
+  }
+  return any;
+}
+
+// O[r] += P[r] @ V for every row, in groups of 4 rows.
+template <typename T>
+void pv(Scratch& sc, int R, const T* V, int n, int Dv) {
+  int r = 0;
+  for (; r + 4 <= R; r += 4)
+    accumulate<4>(sc.s.data() + size_t(r) * kBlock, V, size_t(Dv), n, Dv, sc.o.data() + size_t(r) * Dv);
+  const float* P = sc.s.data() + size_t(r) * kBlock;
+  float* O = sc.o.data() + size_t(r) * Dv;
+  switch (R - r) {
+    case 3: accumulate<3>(P, V, size_t(Dv), n, Dv, O); break;
+    case 2: accumulate<2>(P, V, size_t(Dv), n, Dv, O); break;
+    case 1: accumulate<1>(P, V, size_t(Dv), n, Dv, O); break;
+    default: break;
+  }
 }
 
 // One task: rows of (b, kvh, i0..i0+nt) against keys [s0, s1); leaves the unnormalised O and
@@ -159,87 +241,24 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     sc.kf.resize(size_t(kBlock) * D);
     sc.vf.resize(size_t(kBlock) * Dv);
   }
-  const int bm = p.Bm == 1 ? 0 : t.b;
+  // float16 K/V: widened in registers when few rows read each block (decode), else widened
+  // once per block into scratch (prefill tiles re-read it for every row pair / row group).
+  const bool direct16 = p.half && R <= 8;
   for (int kb = klo; kb < khi; kb += kBlock) {
     const int n = std::min(kBlock, khi - kb);
-    const float* K;
-    const float* V;
-    if (p.half) {
+    if (direct16) {
+      scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data());
+    } else if (p.half) {
       widen(k16 + size_t(kb) * D, sc.kf.data(), n * D);
       widen(v16 + size_t(kb) * Dv, sc.vf.data(), n * Dv);
-      K = sc.kf.data();
-      V = sc.vf.data();
+      scores(sc.q.data(), R, sc.kf.data(), n, D, sc.s.data());
     } else {
-      K = kf32 + size_t(kb) * D;
-      V = vf32 + size_t(kb) * Dv;
+      scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data());
     }
-    scores(sc.q.data(), R, K, n, D, sc.s.data());
-    bool any = false;
-    for (int r = 0; r < R; ++r) {
-      float* s = sc.s.data() + size_t(r) * kBlock;
-      const int i = t.i0 + r % t.nt;
-      int lo = 0, hi = n;
-      if (p.mode == 1) {
-        int a, b;
-        causal_range(p, i, a, b);
-        lo = std::clamp(a - kb, 0, n);
-        hi = std::clamp(b - kb, 0, n);
-        std::fill(s, s + lo, kNegInf);
-        std::fill(s + std::max(lo, hi), s + n, kNegInf);
-      } else if (p.mode == 2) {
-        const float* mr = p.mask + (size_t(bm) * p.Lm + (p.Lm == 1 ? 0 : i)) * p.S + kb;
-        int c = 0;
-        for (; c + 8 <= n; c += 8)
-          _mm256_storeu_ps(s + c, _mm256_add_ps(_mm256_loadu_ps(s + c), _mm256_loadu_ps(mr + c)));
-        for (; c < n; ++c) s[c] += mr[c];
-      }
-      __m256 vmax = _mm256_set1_ps(kNegInf);
-      int c = 0;
-      for (; c + 8 <= n; c += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + c));
-      float mb = hmax(vmax);
-      for (; c < n; ++c) mb = std::max(mb, s[c]);
-      const float m_old = sc.m[r], m_new = std::max(m_old, mb);
-      if (m_new == kNegInf) {  // nothing visible yet for this row
-        std::fill(s, s + n, 0.0f);
-        continue;
-      }
-      any = true;
-      if (m_new != m_old) {
-        const float alpha = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
-        sc.l[r] *= alpha;
-        float* o = sc.o.data() + size_t(r) * Dv;
-        const __m256 va = _mm256_set1_ps(alpha);
-        for (int d = 0; d < Dv; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), va));
-        sc.m[r] = m_new;
-      }
-      const __m256 vm = _mm256_set1_ps(m_new);
-      __m256 vs = _mm256_setzero_ps();
-      c = 0;
-      for (; c + 8 <= n; c += 8) {
-        const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
-        _mm256_storeu_ps(s + c, e);
-        vs = _mm256_add_ps(vs, e);
-      }
-      float sum = hadd(vs);
-      for (; c < n; ++c) {
-        s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
-        sum += s[c];
-      }
-      sc.l[r] += sum;
-    }
-    if (!any) continue;
-    const size_t vstride = size_t(Dv);
-    int r = 0;
-    for (; r + 4 <= R; r += 4)
-      accumulate<4>(sc.s.data() + size_t(r) * kBlock, V, vstride, n, Dv, sc.o.data() + size_t(r) * Dv);
-    const float* P = sc.s.data() + size_t(r) * kBlock;
-    float* O = sc.o.data() + size_t(r) * Dv;
-    switch (R - r) {
-      case 3: accumulate<3>(P, V, vstride, n, Dv, O); break;
-      case 2: accumulate<2>(P, V, vstride, n, Dv, O); break;
-      case 1: accumulate<1>(P, V, vstride, n, Dv, O); break;
-      default: break;
-    }
+    if (!softmax_block(p, t, sc, R, kb, n)) continue;
+    if (direct16) pv(sc, R, v16 + size_t(kb) * Dv, n, Dv);
+    else if (p.half) pv(sc, R, static_cast<const float*>(sc.vf.data()), n, Dv);
+    else pv(sc, R, vf32 + size_t(kb) * Dv, n, Dv);
   }
 }
 
