@@ -7,8 +7,13 @@ ssd = the same follow-up from a second engine whose RAM tier is empty (a new pro
 see the same), restoring the flushed checkpoint file.
 
 ``--long-context N`` runs the long-context arm instead: a cold prefill of N tokens and decode
-speed at that context vs at ~100 tokens, with the engine's CPU kernels (engine/kernels) and
-without them (fp32 weights + OpenBLAS + MLX's attention, today's CPU path), alternated.
+speed at that context vs at ~100 tokens, alternated (A/B/C/C/B/A) over three arms: ``flash``
+(the CPU kernels with the fused attention, engine/kernels/src/attention.cpp), ``softmax`` (the
+kernels with the previous round's attention: MLX matmuls + fused softmax, MLX at decode) and
+``today`` (fp32 weights + OpenBLAS + MLX's attention, no kernels); ``flash-kv16`` is ``flash``
+with float16 K/V caches (``make_cache(kv_dtype=float16)``). ``--arms`` picks a subset.
+It first times the attention op alone at N keys (a prefill chunk and a decode step, the
+model's head shapes) for each implementation, so the attention share is visible.
 """
 
 from __future__ import annotations
@@ -27,6 +32,48 @@ def add_arguments(p) -> None:
     p.add_argument("--long-context", type=int, default=0, metavar="N",
                    help="run the long-context arm at N tokens instead (kernels vs fp32 path)")
     p.add_argument("--decode-tokens", type=int, default=32, help="long-context arm: tokens decoded")
+    p.add_argument("--arms", default="flash,flash-kv16,softmax,today", help="long-context arm: arms to run")
+
+
+def _attention_op(model, n_keys: int, kv_dtype) -> dict:
+    """Median ms of one attention call at ``n_keys`` keys per implementation: a causal prefill
+    chunk (the last PREFILL_CHUNK queries) and a decode step over a static cache buffer."""
+    import statistics
+    import time
+
+    from engine.generation.generate import PREFILL_CHUNK
+    from engine.kernels import attention
+
+    import mlx.core as mx
+
+    args = model.args
+    H, Hk = args.num_attention_heads, args.num_key_value_heads
+    D = getattr(args, "head_dim", None) or args.hidden_size // H
+    cap = ((n_keys + 511) // 512) * 512
+    k = mx.random.normal((1, Hk, cap, D)).astype(kv_dtype)
+    v = mx.random.normal((1, Hk, cap, D)).astype(kv_dtype)
+    L = min(PREFILL_CHUNK, n_keys)
+    cases = {
+        "prefill_chunk": (mx.random.normal((1, H, L, D)), k[:, :, :n_keys], v[:, :, :n_keys], "causal"),
+        "decode_step": (mx.random.normal((1, H, 1, D)), k, v, mx.arange(cap) <= n_keys - 1),
+    }
+    out: dict = {}
+    prev, attention._active.on = attention.impl, True
+    try:
+        for case, (q, kk, vv, mask) in cases.items():
+            mx.eval(q, kk, vv)
+            times: dict[str, list[float]] = {}
+            for impl in ("flash", "softmax", "mlx", "mlx", "softmax", "flash") * 2:
+                attention.impl = impl
+                f = attention.scaled_dot_product_attention
+                mx.eval(f(q, kk, vv, None, D**-0.5, mask))  # warm
+                t0 = time.perf_counter()
+                mx.eval(f(q, kk, vv, None, D**-0.5, mask))
+                times.setdefault(impl, []).append((time.perf_counter() - t0) * 1e3)
+            out[case] = {impl: round(statistics.median(t), 2) for impl, t in times.items()}
+    finally:
+        attention.impl, attention._active.on = prev, False
+    return out
 
 
 def _long_context(args) -> dict:
@@ -56,28 +103,37 @@ def _long_context(args) -> dict:
     short_ids = long_ids[:100]
     params = SamplingParams(temperature=0.0, max_tokens=args.decode_tokens)
 
-    def run_arm(bundle, ids):
-        cache = make_cache(bundle.model)
+    def run_arm(bundle, ids, kv_dtype=None):
+        cache = make_cache(bundle.model, kv_dtype=kv_dtype)
         t0 = time.perf_counter()
         stamps = [time.perf_counter() for _ in generate_step(bundle.model, ids, cache, params)]
         return stamps[0] - t0, (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
     def arm(name):
-        if name == "kernels":
-            attention.install()
-            return run_arm(fast, long_ids), run_arm(fast, short_ids)
-        attention.uninstall()  # today's path: MLX attention, fp32 weights
+        if name == "today":
+            attention.uninstall()  # today's path: MLX attention, fp32 weights
+            try:
+                return run_arm(today, long_ids), run_arm(today, short_ids)
+            finally:
+                attention.install()
+        attention.install()
+        kv = mx.float16 if name == "flash-kv16" else None
+        prev, attention.impl = attention.impl, name.removesuffix("-kv16")
         try:
-            return run_arm(today, long_ids), run_arm(today, short_ids)
+            return run_arm(fast, long_ids, kv), run_arm(fast, short_ids, kv)
         finally:
-            attention.install()
+            attention.impl = prev
 
     if not kernels.available():
         return {"bench": "resume-long", "skipped": f"CPU kernels unavailable: {kernels.status()['reason']}"}
     hook.install(fast.model)
-    res: dict[str, list] = {"kernels": [], "today": []}
+    arms = [a for a in args.arms.split(",") if a]
+    op = {"kv_float32": _attention_op(fast.model, len(long_ids), mx.float32),
+          "kv_float16": _attention_op(fast.model, len(long_ids), mx.float16)}
+    order = arms + arms[::-1]
+    res: dict[str, list] = {name: [] for name in arms}
     for _ in range(args.repeats):
-        for name in ("kernels", "today", "today", "kernels")[: 2 if args.repeats == 1 else 4]:
+        for name in order[: len(arms) if args.repeats == 1 else len(order)]:
             res[name].append(arm(name))
             mx.clear_cache()
     out = {}
@@ -90,17 +146,21 @@ def _long_context(args) -> dict:
         }
         out[name]["decode_ratio_context_vs_100"] = round(
             out[name]["decode_tps_at_context"] / out[name]["decode_tps_at_100"], 2)
-    speedup = round(out["today"]["cold_prefill_s"] / out["kernels"]["cold_prefill_s"], 2)
     table = ["| arm | cold prefill s | decode tok/s at context | decode tok/s at 100 | ratio |",
              "|---|---|---|---|---|"]
     for name, r in out.items():
         table.append(f"| {name} | {r['cold_prefill_s']} | {r['decode_tps_at_context']} | "
                      f"{r['decode_tps_at_100']} | {r['decode_ratio_context_vs_100']} |")
-    table.append(f"\ncold prefill speed-up (today / kernels): {speedup}x")
+    speedups = {}
+    if "today" in out:
+        for name in out:
+            if name != "today":
+                speedups[name] = round(out["today"]["cold_prefill_s"] / out[name]["cold_prefill_s"], 2)
+                table.append(f"cold prefill speed-up today / {name}: {speedups[name]}x")
+    table.append(f"attention op ms at {len(long_ids)} keys: {op}")
     return {"bench": "resume-long", "profile": profile.name, "context_tokens": len(long_ids),
-            "arms": out, "prefill_speedup": speedup, "load_avg": list(os.getloadavg()),
-            "summary": "\n".join(table)}
-
+            "arms": out, "prefill_speedup": speedups, "attention_op_ms": op,
+            "load_avg": list(os.getloadavg()), "summary": "\n".join(table)}
 
 def _conversation(engine, n_tokens: int, nonce: str) -> list[int]:
     text = f"[{nonce}] Summarise this text.\n"

@@ -4,6 +4,11 @@ Both classes behave like mlx_lm's caches during prefill (Python-int offsets, gro
 buffers). For decode, ``bind`` swaps in a position *array*, so the same traced graph serves
 every step until the buffer must grow: keys are written with ``mx.slice_update`` at that
 position and attention runs over the whole buffer under a validity mask.
+
+``dtype`` (``make_cache(kv_dtype=...)``) stores K/V in another float type than the model
+computes them in: float16 on the CPU halves the bytes the fused attention kernel
+(engine/kernels/src/attention.cpp) streams per decode step at long context. Only the kernel's
+routed attention reads mixed float32 queries / float16 K/V; it is the caller's choice.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ class StaticKVCache(KVCache):
 
     step = 512
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: mx.Dtype | None = None) -> None:
         super().__init__()
         self._pos: mx.array | None = None
+        self.dtype = dtype
 
     @property
     def capacity(self) -> int:
@@ -47,6 +53,7 @@ class StaticKVCache(KVCache):
         self.keys, self.values, self.offset, self._pos = keys, values, offset, None
 
     def update_and_fetch(self, keys, values):
+        keys, values = _stored(self.dtype, keys, values)
         if self._pos is None:
             return super().update_and_fetch(keys, values)
         self.keys = mx.slice_update(self.keys, keys, self._pos, axes=(2,))
@@ -67,10 +74,11 @@ class WindowKVCache(KVCache):
     ring into time order once per call. Not trimmable: checkpoints go at turn boundaries.
     """
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, dtype: mx.Dtype | None = None) -> None:
         super().__init__()
         self.window = window
         self._pos: mx.array | None = None
+        self.dtype = dtype
 
     @property
     def capacity(self) -> int:
@@ -91,6 +99,7 @@ class WindowKVCache(KVCache):
         return mx.roll(self.keys, shift, axis=2), mx.roll(self.values, shift, axis=2)
 
     def update_and_fetch(self, keys, values):
+        keys, values = _stored(self.dtype, keys, values)
         if self._pos is not None:
             slot = self._pos % self.window
             self.keys = mx.slice_update(self.keys, keys, slot, axes=(2,))
@@ -160,8 +169,16 @@ class WindowKVCache(KVCache):
         self.window, self.offset = int(v[0]), int(v[1])
 
 
-def make_cache(model, kv_bits: int | None = None, kv_group_size: int = 64) -> list:
-    """Per-layer caches for ``model``: static full/window caches, or quantized KV when asked."""
+def _stored(dtype: mx.Dtype | None, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    if dtype is None or keys.dtype == dtype:
+        return keys, values
+    return keys.astype(dtype), values.astype(dtype)
+
+
+def make_cache(model, kv_bits: int | None = None, kv_group_size: int = 64,
+               kv_dtype: mx.Dtype | None = None) -> list:
+    """Per-layer caches for ``model``: static full/window caches (K/V stored as ``kv_dtype``,
+    default: as computed), or quantized KV when asked."""
     n_layers = len(model.layers)
     if kv_bits:
         return [QuantizedKVCache(group_size=kv_group_size, bits=kv_bits) for _ in range(n_layers)]
@@ -169,9 +186,9 @@ def make_cache(model, kv_bits: int | None = None, kv_group_size: int = 64) -> li
     caches: list = []
     for i in range(n_layers):
         if window and pattern and (i % pattern != pattern - 1):
-            caches.append(WindowKVCache(window))
+            caches.append(WindowKVCache(window, kv_dtype))
         else:
-            caches.append(StaticKVCache())
+            caches.append(StaticKVCache(kv_dtype))
     return caches
 
 

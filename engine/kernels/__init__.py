@@ -130,3 +130,28 @@ def masked_softmax(scores: mx.array, causal_offset: int | None = None, mask: mx.
     if causal_offset is not None:
         return ext.masked_softmax(scores, 1, causal_offset, None)
     return ext.masked_softmax(scores, 0, 0, None)
+
+
+def flash_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    causal_offset: int | None = None,
+    window: int = 0,
+    mask: mx.array | None = None,
+    reference: bool = False,
+) -> mx.array:
+    """Fused ``softmax(scale * q @ k^T + mask) @ v``: q float32 (B, H, L, D), k/v float32 or
+    float16 (B, Hk, S, D|Dv), H % Hk == 0, D % 8 == 0, Dv % 16 == 0; float32 (B, H, L, Dv) out.
+    ``causal_offset``: query i sees keys j <= i + offset (``window`` > 0: and j > i + offset -
+    window); ``mask``: additive float (B or 1, 1, 1 or L, S). ``reference`` runs the scalar
+    reference (tests). Fully masked rows give zeros."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    if mask is not None:
+        return ext.flash_attention(q, k, v, float(scale), 2, 0, 0, mask, reference)
+    if causal_offset is not None:
+        return ext.flash_attention(q, k, v, float(scale), 1, int(causal_offset), int(window), None, reference)
+    return ext.flash_attention(q, k, v, float(scale), 0, 0, 0, None, reference)

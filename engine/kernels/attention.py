@@ -1,20 +1,26 @@
 """Attention for mlx_lm's llama / qwen2 / gemma3 models on the CPU kernels.
 
-MLX's CPU ``fast.scaled_dot_product_attention`` falls back to matmul -> softmax -> matmul with
-a scalar, single-threaded exp (~85 M/s), which dominates long-context prefill and decode. Here
-the two matmuls stay MLX's (OpenBLAS sgemm, GQA heads grouped so K/V are read once per KV
-head) and the softmax is the extension's fused mask + exp + normalise over the pool.
+MLX's CPU ``fast.scaled_dot_product_attention`` falls back to matmul -> softmax -> matmul: its
+matmul against a transposed K runs far below sgemm speed, the softmax is a scalar,
+single-threaded exp over a materialised L x S score matrix, and at decode the K/V stream
+dominates. The default here is the extension's fused attention (``flash``, src/attention.cpp):
+query tiles against K/V blocks read once per KV head, online softmax, float32 or float16 K/V,
+for prefill, verify and decode alike. ``MLXTERM_ATTENTION=softmax`` keeps the previous round's
+path (MLX's matmuls with GQA heads grouped + the fused masked softmax, prefill-sized calls
+only) and ``=mlx`` mlx_lm's own function -- for A/B benchmarks (``IMPLS``; set ``impl``).
 
 ``scaled_dot_product_attention`` takes exactly what mlx_lm's does and hands anything it does
-not handle to the original: quantized KV caches, attention sinks, non-float32 tensors, masks
-that differ per head, other devices. Masks handled: None, "causal" (queries at the end of the
-keys, as during prefill/verify at an offset), and arrays broadcastable to (B or 1, 1, L, S),
-boolean (True = attend) or additive -- which covers the static caches' key-validity masks in
-the compiled decode step, sliding windows, and per-row masks of a batch.
+not handle to the original: quantized KV caches, attention sinks, non-float32 queries, masks
+that differ per head, head sizes the kernel does not tile, other devices. Masks handled: None,
+"causal" (queries at the end of the keys, as during prefill/verify at an offset), and arrays
+broadcastable to (B or 1, 1, L, S), boolean (True = attend) or additive -- which covers the
+static caches' key-validity masks in the compiled decode step, sliding windows, and per-row
+masks of a batch. float16 K/V (``kv_cache`` on CPU) go to the original widened to float32.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 from engine import kernels
@@ -27,6 +33,10 @@ _MODULES = ("llama", "qwen2", "gemma3_text")
 # Set while a model routed by engine.kernels.hook runs its forward pass (or is traced by
 # mx.compile): other models in the process keep mlx_lm's attention bit for bit.
 _active = threading.local()
+IMPLS = ("flash", "softmax", "mlx")
+impl = os.environ.get("MLXTERM_ATTENTION", "flash")
+if impl not in IMPLS:
+    impl = "flash"
 
 
 def routed(cls: type) -> type:
@@ -55,25 +65,71 @@ def _mask_array(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
     return m.astype(mx.float32)
 
 
+def _key_mask(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
+    """``mask`` as an additive float32 (B or 1, 1, 1 or L, S) array, or None if it differs per
+    head; a mask shared by every query stays one row (the fused kernel reads it per key)."""
+    if mask.ndim > 4:
+        return None
+    m = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    if m.shape[1] != 1 or m.shape[0] not in (1, B) or m.shape[2] not in (1, L) or m.shape[3] not in (1, S):
+        return None
+    m = mx.broadcast_to(m, (m.shape[0], 1, m.shape[2], S))
+    if m.dtype == mx.bool_:
+        return mx.where(m, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))
+    return m.astype(mx.float32)
+
+
+def _widened(queries, keys, values):
+    if keys.dtype != queries.dtype:
+        keys, values = keys.astype(queries.dtype), values.astype(queries.dtype)
+    return keys, values
+
+
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """Drop-in for ``mlx_lm.models.base.scaled_dot_product_attention``."""
     if (
-        not getattr(_active, "on", False)
+        impl == "mlx"
+        or not getattr(_active, "on", False)
         or sinks is not None
         or hasattr(cache, "bits")
         or not kernels.available()
         or queries.ndim != 4
-        or not (queries.dtype == keys.dtype == values.dtype == mx.float32)
+        or queries.dtype != mx.float32
+        or keys.dtype != values.dtype
+        or keys.dtype not in (mx.float32, mx.float16)
     ):
-        return _original(queries, keys, values, cache, scale, mask, sinks)
+        return _fallback(queries, keys, values, cache, scale, mask, sinks)
     B, H, L, D = queries.shape
     Hk, S = keys.shape[1], keys.shape[2]
     if H % Hk:
-        return _original(queries, keys, values, cache, scale, mask, sinks)
+        return _fallback(queries, keys, values, cache, scale, mask, sinks)
+    if impl == "flash" and D % 8 == 0 and values.shape[-1] % 16 == 0:
+        if mask is None:
+            return kernels.flash_attention(queries, keys, values, scale)
+        if isinstance(mask, str):
+            if mask == "causal":
+                return kernels.flash_attention(queries, keys, values, scale, causal_offset=S - L)
+        else:
+            m = _key_mask(mask, B, L, S)
+            if m is not None:
+                return kernels.flash_attention(queries, keys, values, scale, mask=m)
+        return _fallback(queries, keys, values, cache, scale, mask, sinks)
+    return _softmax_path(queries, keys, values, cache, scale, mask, sinks)
+
+
+def _fallback(queries, keys, values, cache, scale, mask, sinks):
+    if not hasattr(cache, "bits"):
+        keys, values = _widened(queries, keys, values)
+    return _original(queries, keys, values, cache, scale, mask, sinks)
+
+
+def _softmax_path(queries, keys, values, cache, scale, mask, sinks):
+    """The previous round's path: MLX's matmuls (GQA heads grouped) + the fused softmax."""
+    keys, values = _widened(queries, keys, values)
+    B, H, L, D = queries.shape
+    Hk, S = keys.shape[1], keys.shape[2]
     if (H // Hk) * L <= 8:
-        # Decode-sized query counts stay on MLX's path: its matmul is slow against a transposed
-        # K, and the K @ q^T rewrite that fixes that changed decode perplexity by 1.5% for a
-        # reason not yet found (docs/kernels.md), while the path below is exact in-model.
+        # Decode-sized query counts stay on MLX's path here (see docs/kernels.md).
         return _original(queries, keys, values, cache, scale, mask, sinks)
     mode, offset, marr = 0, 0, None
     if isinstance(mask, str):

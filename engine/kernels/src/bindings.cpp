@@ -6,6 +6,7 @@
 #include "pool.h"
 #include "qmm.h"
 #include "softmax.h"
+#include "attention.h"
 #include <nanobind/stl/optional.h>
 
 namespace nb = nanobind;
@@ -29,6 +30,17 @@ NB_MODULE(_ext, m) {
       },
       "scores"_a, "mode"_a, "offset"_a = 0, "mask"_a = nb::none(),
       "softmax over the last axis of (B, H, L, S) float32 scores under a mask.");
+  m.def(
+      "flash_attention",
+      [](const mlx::core::array& q, const mlx::core::array& k, const mlx::core::array& v,
+         float scale, int mode, int offset, int window, std::optional<mlx::core::array> mask,
+         bool reference) {
+        return mlxterm::flash_attention(
+            q, k, v, scale, mode, offset, window, mask ? &*mask : nullptr, reference);
+      },
+      "q"_a, "k"_a, "v"_a, "scale"_a, "mode"_a = 0, "offset"_a = 0, "window"_a = 0,
+      "mask"_a = nb::none(), "reference"_a = false,
+      "fused softmax(scale * q @ k^T + mask) @ v on the CPU (src/attention.h).");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });

@@ -83,6 +83,12 @@ void Pool::run(int n_chunks, const std::function<void(int)>& fn) {
   }
   done_.fetch_add(mine, std::memory_order_acq_rel);
   while (done_.load(std::memory_order_acquire) < n_chunks) _mm_pause();
+  // Close this generation before the next run rewrites job_ and n_chunks_: a worker that
+  // loaded the exhausted ticket (gen, i) and then reads the *next* job's larger n_chunks_
+  // would otherwise claim chunk i of the next job under the old generation (its CAS still
+  // matching) and count it in the next run's done_ -- that run could then return while the
+  // chunk still runs. With the index parked past any chunk count the stale CAS fails.
+  ticket_.store((gen << 32) | 0x7fffffffu, std::memory_order_release);
   job_ = nullptr;
 }
 

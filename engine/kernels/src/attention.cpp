@@ -1,0 +1,468 @@
+// Fused attention over the kernel pool (see attention.h for the contract).
+//
+// Why: MLX's CPU attention is matmul -> softmax -> matmul; its matmul against a transposed K
+// runs far below sgemm speed, the softmax materialises L x S scores, and at decode the K/V
+// stream dominates. Here a task owns the query rows of one (batch, KV head, query tile) --
+// every query head of that KV head, so a K/V block read from memory serves them all (GQA) --
+// and walks the keys in blocks of kBlock with an online softmax (running max m, sum l,
+// unnormalised output O rescaled when the max grows). Scores are 2-row x 4-key dot-product
+// tiles (eight FMA chains reduced by one horizontal-add tree), so K is read in its natural
+// (S, D) layout with no transpose. Causal tiles skip the key blocks no row can see; a key
+// mask shared by every query (the static caches' validity vector) ends the key range at the
+// last valid key, so a half-empty cache buffer costs nothing. When (batch, head, tile) tasks
+// are fewer than kMinTasks (decode) the keys are also split, each split keeps its own
+// (m, l, O), and a merge combines them -- how the work is split depends on shapes and the
+// mask only, never on the thread count, so results are identical for any number of threads.
+// float16 K/V (half the bytes to stream) are widened with F16C: in registers at decode, once
+// per block into scratch for prefill tiles.
+#include "attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include <immintrin.h>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/utils.h"
+#include "pool.h"
+#include "vmath.h"
+
+namespace mlxterm {
+
+namespace {
+
+constexpr int kBlock = 128;     // keys per block (scores: rows x kBlock floats)
+constexpr int kTileRows = 64;   // query rows per task (query heads of a KV head x positions)
+constexpr int kMinTasks = 16;   // below this many tasks, split the keys too
+const float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Problem {
+  const float* q;
+  const void* k;
+  const void* v;
+  const float* mask;
+  float* out;
+  bool half;  // K/V float16
+  int B, H, L, D, Hk, S, Dv, Bm, Lm;
+  float scale;
+  int mode, offset, window;
+};
+
+struct Split {
+  int b, kvh, i0, nt, s0, s1;
+};
+
+// Scratch of one task, reused across calls on the same thread.
+struct Scratch {
+  std::vector<float> q, o, s, m, l, kf, vf;
+};
+
+inline void widen(const uint16_t* src, float* dst, int n) {
+  int t = 0;
+  for (; t + 8 <= n; t += 8)
+    _mm256_storeu_ps(dst + t, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + t))));
+  for (; t < n; ++t) dst[t] = _cvtsh_ss(src[t]);
+}
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// s[r][c] = Q[r] . K[c] for rows [0, R) and keys [0, n): 2 rows x 4 keys per tile.
+template <typename T>
+void scores(const float* Q, int R, const T* K, int n, int D, float* s) {
+  for (int r = 0; r < R; r += 2) {
+    const int r1 = std::min(r + 1, R - 1);
+    const float* q0 = Q + size_t(r) * D;
+    const float* q1 = Q + size_t(r1) * D;
+    for (int c = 0; c < n; c += 4) {
+      const T* k[4];
+      for (int t = 0; t < 4; ++t) k[t] = K + size_t(std::min(c + t, n - 1)) * D;
+      __m256 acc[8];
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      for (int d = 0; d < D; d += 8) {
+        const __m256 a0 = _mm256_loadu_ps(q0 + d), a1 = _mm256_loadu_ps(q1 + d);
+        for (int t = 0; t < 4; ++t) {
+          const __m256 kv = load8(k[t] + d);
+          acc[t] = _mm256_fmadd_ps(a0, kv, acc[t]);
+          acc[4 + t] = _mm256_fmadd_ps(a1, kv, acc[4 + t]);
+        }
+      }
+      alignas(32) float res[8];
+      _mm256_store_ps(res, hadd8(acc));
+      std::copy(res, res + 4, s + size_t(r) * kBlock + c);
+      if (r1 != r) std::copy(res + 4, res + 8, s + size_t(r1) * kBlock + c);
+    }
+  }
+}
+
+// O[r] += sum_c P[r][c] V[c] for R rows (R <= 4), keys [0, n), Dv % 16 == 0.
+template <int R, typename T>
+void accumulate(const float* P, const T* V, size_t vstride, int n, int Dv, float* O) {
+  for (int c0 = 0; c0 < Dv; c0 += 16) {
+    __m256 acc[R][2];
+    for (int t = 0; t < R; ++t) {
+      acc[t][0] = _mm256_loadu_ps(O + size_t(t) * Dv + c0);
+      acc[t][1] = _mm256_loadu_ps(O + size_t(t) * Dv + c0 + 8);
+    }
+    for (int c = 0; c < n; ++c) {
+      const T* vr = V + size_t(c) * vstride + c0;
+      const __m256 v0 = load8(vr), v1 = load8(vr + 8);
+      for (int t = 0; t < R; ++t) {
+        const __m256 p = _mm256_broadcast_ss(P + size_t(t) * kBlock + c);
+        acc[t][0] = _mm256_fmadd_ps(p, v0, acc[t][0]);
+        acc[t][1] = _mm256_fmadd_ps(p, v1, acc[t][1]);
+      }
+    }
+    for (int t = 0; t < R; ++t) {
+      _mm256_storeu_ps(O + size_t(t) * Dv + c0, acc[t][0]);
+      _mm256_storeu_ps(O + size_t(t) * Dv + c0 + 8, acc[t][1]);
+    }
+  }
+}
+
+// Visible key range [lo, hi) of query position i under the causal/window mask.
+inline void causal_range(const Problem& p, int i, int& lo, int& hi) {
+  hi = std::min(p.S, i + p.offset + 1);
+  lo = p.window > 0 ? std::max(0, i + p.offset - p.window + 1) : 0;
+}
+
+// Mask the block's scores, update each row's running max / sum, rescale its output, and leave
+// exp(score - max) in the scores. False when no row sees any key of the block.
+bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n) {
+  const int Dv = p.Dv;
+  const int bm = p.Bm == 1 ? 0 : t.b;
+  bool any = false;
+  for (int r = 0; r < R; ++r) {
+    float* s = sc.s.data() + size_t(r) * kBlock;
+    const int i = t.i0 + r % t.nt;
+    if (p.mode == 1) {
+      int a, b;
+      causal_range(p, i, a, b);
+      const int lo = std::clamp(a - kb, 0, n), hi = std::clamp(b - kb, 0, n);
+      std::fill(s, s + lo, kNegInf);
+      std::fill(s + std::max(lo, hi), s + n, kNegInf);
+    } else if (p.mode == 2) {
+      const float* mr = p.mask + (size_t(bm) * p.Lm + (p.Lm == 1 ? 0 : i)) * p.S + kb;
+      int c = 0;
+      for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(s + c, _mm256_add_ps(_mm256_loadu_ps(s + c), _mm256_loadu_ps(mr + c)));
+      for (; c < n; ++c) s[c] += mr[c];
+    }
+    __m256 vmax = _mm256_set1_ps(kNegInf);
+    int c = 0;
+    for (; c + 8 <= n; c += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + c));
+    float mb = hmax(vmax);
+    for (; c < n; ++c) mb = std::max(mb, s[c]);
+    const float m_old = sc.m[r], m_new = std::max(m_old, mb);
+    if (m_new == kNegInf) {  // nothing visible yet for this row
+      std::fill(s, s + n, 0.0f);
+      continue;
+    }
+    any = true;
+    if (m_new != m_old) {
+      const float alpha = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
+      sc.l[r] *= alpha;
+      float* o = sc.o.data() + size_t(r) * Dv;
+      const __m256 va = _mm256_set1_ps(alpha);
+      for (int d = 0; d < Dv; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), va));
+      sc.m[r] = m_new;
+    }
+    const __m256 vm = _mm256_set1_ps(m_new);
+    __m256 vs = _mm256_setzero_ps();
+    c = 0;
+    for (; c + 8 <= n; c += 8) {
+      const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
+      _mm256_storeu_ps(s + c, e);
+      vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hadd(vs);
+    for (; c < n; ++c) {
+      s[c] = s[c] == kNegInf ? 0.0f : std::exp(s[c] - m_new);
+      sum += s[c];
+    }
+    sc.l[r] += sum;
+  }
+  return any;
+}
+
+// O[r] += P[r] @ V for every row, in groups of 4 rows.
+template <typename T>
+void pv(Scratch& sc, int R, const T* V, int n, int Dv) {
+  int r = 0;
+  for (; r + 4 <= R; r += 4)
+    accumulate<4>(sc.s.data() + size_t(r) * kBlock, V, size_t(Dv), n, Dv, sc.o.data() + size_t(r) * Dv);
+  const float* P = sc.s.data() + size_t(r) * kBlock;
+  float* O = sc.o.data() + size_t(r) * Dv;
+  switch (R - r) {
+    case 3: accumulate<3>(P, V, size_t(Dv), n, Dv, O); break;
+    case 2: accumulate<2>(P, V, size_t(Dv), n, Dv, O); break;
+    case 1: accumulate<1>(P, V, size_t(Dv), n, Dv, O); break;
+    default: break;
+  }
+}
+
+// One task: rows of (b, kvh, i0..i0+nt) against keys [s0, s1); leaves the unnormalised O and
+// (m, l) per row in sc.
+void run_split(const Problem& p, const Split& t, Scratch& sc) {
+  const int rep = p.H / p.Hk, R = rep * t.nt, D = p.D, Dv = p.Dv;
+  sc.q.resize(size_t(R) * D);
+  sc.o.assign(size_t(R) * Dv, 0.0f);
+  sc.s.resize(size_t(R) * kBlock);
+  sc.m.assign(R, kNegInf);
+  sc.l.assign(R, 0.0f);
+  const __m256 vscale = _mm256_set1_ps(p.scale);
+  for (int r = 0; r < R; ++r) {
+    const int h = t.kvh * rep + r / t.nt, i = t.i0 + r % t.nt;
+    const float* src = p.q + ((size_t(t.b) * p.H + h) * p.L + i) * D;
+    for (int d = 0; d < D; d += 8)
+      _mm256_storeu_ps(sc.q.data() + size_t(r) * D + d, _mm256_mul_ps(_mm256_loadu_ps(src + d), vscale));
+  }
+  // Keys any row of the tile can see.
+  int klo = t.s0, khi = t.s1;
+  if (p.mode == 1) {
+    int lo0, hi0, lo1, hi1;
+    causal_range(p, t.i0, lo0, hi0);
+    causal_range(p, t.i0 + t.nt - 1, lo1, hi1);
+    klo = std::max(klo, lo0);
+    khi = std::min(khi, hi1);
+  }
+  const size_t kv_head = size_t(t.b) * p.Hk + t.kvh;
+  const float* kf32 = p.half ? nullptr : static_cast<const float*>(p.k) + kv_head * p.S * D;
+  const float* vf32 = p.half ? nullptr : static_cast<const float*>(p.v) + kv_head * p.S * Dv;
+  const uint16_t* k16 = p.half ? static_cast<const uint16_t*>(p.k) + kv_head * p.S * D : nullptr;
+  const uint16_t* v16 = p.half ? static_cast<const uint16_t*>(p.v) + kv_head * p.S * Dv : nullptr;
+  if (p.half) {
+    sc.kf.resize(size_t(kBlock) * D);
+    sc.vf.resize(size_t(kBlock) * Dv);
+  }
+  // float16 K/V: widened in registers when few rows read each block (decode), else widened
+  // once per block into scratch (prefill tiles re-read it for every row pair / row group).
+  const bool direct16 = p.half && R <= 8;
+  for (int kb = klo; kb < khi; kb += kBlock) {
+    const int n = std::min(kBlock, khi - kb);
+    if (direct16) {
+      scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data());
+    } else if (p.half) {
+      widen(k16 + size_t(kb) * D, sc.kf.data(), n * D);
+      widen(v16 + size_t(kb) * Dv, sc.vf.data(), n * Dv);
+      scores(sc.q.data(), R, sc.kf.data(), n, D, sc.s.data());
+    } else {
+      scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data());
+    }
+    if (!softmax_block(p, t, sc, R, kb, n)) continue;
+    if (direct16) pv(sc, R, v16 + size_t(kb) * Dv, n, Dv);
+    else if (p.half) pv(sc, R, static_cast<const float*>(sc.vf.data()), n, Dv);
+    else pv(sc, R, vf32 + size_t(kb) * Dv, n, Dv);
+  }
+}
+
+inline float* out_row(const Problem& p, int b, int h, int i) {
+  return p.out + ((size_t(b) * p.H + h) * p.L + i) * p.Dv;
+}
+
+void run_flash(const Problem& p) {
+  const int rep = p.H / p.Hk;
+  const int nt_max = std::max(1, std::min(p.L, kTileRows / rep));
+  const int n_tiles = (p.L + nt_max - 1) / nt_max;
+  // A key mask shared by every query ends the key range at its last valid key.
+  std::vector<int> s_end(p.B, p.S);
+  if (p.mode == 2 && p.Lm == 1) {
+    for (int b = 0; b < p.B; ++b) {
+      const float* mr = p.mask + size_t(p.Bm == 1 ? 0 : b) * p.S;
+      int e = p.S;
+      while (e > 0 && mr[e - 1] == kNegInf) --e;
+      s_end[b] = e;
+    }
+  }
+  const int groups = p.B * p.Hk * n_tiles;
+  const int max_blocks = (*std::max_element(s_end.begin(), s_end.end()) + kBlock - 1) / kBlock;
+  const int n_splits = std::max(1, std::min(max_blocks, (kMinTasks + groups - 1) / groups));
+  std::vector<Split> tasks;
+  tasks.reserve(size_t(groups) * n_splits);
+  for (int b = 0; b < p.B; ++b)
+    for (int kvh = 0; kvh < p.Hk; ++kvh)
+      for (int ti = 0; ti < n_tiles; ++ti) {
+        const int i0 = ti * nt_max, nt = std::min(nt_max, p.L - i0);
+        const int blocks = (s_end[b] + kBlock - 1) / kBlock;
+        const int per = (blocks + n_splits - 1) / n_splits;
+        for (int sp = 0; sp < n_splits; ++sp) {
+          const int s0 = std::min(s_end[b], sp * per * kBlock);
+          const int s1 = std::min(s_end[b], (sp + 1) * per * kBlock);
+          tasks.push_back({b, kvh, i0, nt, s0, s1});
+        }
+      }
+  const int R_max = rep * nt_max;
+  // Per split: (m, l, O) for every row; only used when the keys are split.
+  std::vector<float> part;
+  const size_t part_stride = size_t(R_max) * (p.Dv + 2);
+  if (n_splits > 1) part.resize(tasks.size() * part_stride);
+  Pool::get().run(int(tasks.size()), [&](int ti) {
+    thread_local Scratch sc;
+    const Split& t = tasks[ti];
+    run_split(p, t, sc);
+    const int R = rep * t.nt;
+    for (int r = 0; r < R; ++r) {
+      const float* o = sc.o.data() + size_t(r) * p.Dv;
+      if (n_splits > 1) {
+        float* dst = part.data() + size_t(ti) * part_stride + size_t(r) * (p.Dv + 2);
+        dst[0] = sc.m[r];
+        dst[1] = sc.l[r];
+        std::copy(o, o + p.Dv, dst + 2);
+        continue;
+      }
+      float* dst = out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt);
+      const float inv = sc.l[r] > 0.0f ? 1.0f / sc.l[r] : 0.0f;
+      for (int d = 0; d < p.Dv; ++d) dst[d] = o[d] * inv;
+    }
+  });
+  if (n_splits == 1) return;
+  // Merge the splits of each (b, kvh, tile): splits are consecutive in `tasks`.
+  Pool::get().run(groups, [&](int g) {
+    const Split& t = tasks[size_t(g) * n_splits];
+    const int R = rep * t.nt;
+    for (int r = 0; r < R; ++r) {
+      float M = kNegInf;
+      for (int sp = 0; sp < n_splits; ++sp)
+        M = std::max(M, part[(size_t(g) * n_splits + sp) * part_stride + size_t(r) * (p.Dv + 2)]);
+      float* dst = out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt);
+      std::fill(dst, dst + p.Dv, 0.0f);
+      if (M == kNegInf) continue;
+      float l = 0.0f;
+      for (int sp = 0; sp < n_splits; ++sp) {
+        const float* src = part.data() + (size_t(g) * n_splits + sp) * part_stride + size_t(r) * (p.Dv + 2);
+        if (src[0] == kNegInf) continue;
+        const float w = std::exp(src[0] - M);
+        l += w * src[1];
+        for (int d = 0; d < p.Dv; ++d) dst[d] += w * src[2 + d];
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      for (int d = 0; d < p.Dv; ++d) dst[d] *= inv;
+    }
+  });
+}
+
+// Scalar reference (tests): two-pass softmax per row in double.
+void run_reference(const Problem& p) {
+  const int rep = p.H / p.Hk;
+  std::vector<double> s(p.S), acc(p.Dv);
+  auto kval = [&](size_t idx) {
+    return p.half ? double(_cvtsh_ss(static_cast<const uint16_t*>(p.k)[idx]))
+                  : double(static_cast<const float*>(p.k)[idx]);
+  };
+  auto vval = [&](size_t idx) {
+    return p.half ? double(_cvtsh_ss(static_cast<const uint16_t*>(p.v)[idx]))
+                  : double(static_cast<const float*>(p.v)[idx]);
+  };
+  for (int b = 0; b < p.B; ++b)
+    for (int h = 0; h < p.H; ++h)
+      for (int i = 0; i < p.L; ++i) {
+        const size_t kvh = size_t(b) * p.Hk + h / rep;
+        const float* q = p.q + ((size_t(b) * p.H + h) * p.L + i) * p.D;
+        double m = -INFINITY;
+        for (int j = 0; j < p.S; ++j) {
+          double x = 0.0;
+          for (int d = 0; d < p.D; ++d) x += double(q[d]) * double(p.scale) * kval((kvh * p.S + j) * p.D + d);
+          if (p.mode == 1) {
+            int lo, hi;
+            causal_range(p, i, lo, hi);
+            if (j < lo || j >= hi) x = -INFINITY;
+          } else if (p.mode == 2) {
+            x += p.mask[(size_t(p.Bm == 1 ? 0 : b) * p.Lm + (p.Lm == 1 ? 0 : i)) * p.S + j];
+          }
+          s[j] = x;
+          m = std::max(m, x);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        double l = 0.0;
+        if (m != -INFINITY) {
+          for (int j = 0; j < p.S; ++j) {
+            const double e = s[j] == -INFINITY ? 0.0 : std::exp(s[j] - m);
+            l += e;
+            for (int d = 0; d < p.Dv; ++d) acc[d] += e * vval((kvh * p.S + j) * p.Dv + d);
+          }
+        }
+        float* dst = out_row(p, b, h, i);
+        for (int d = 0; d < p.Dv; ++d) dst[d] = l > 0.0 ? float(acc[d] / l) : 0.0f;
+      }
+}
+
+}  // namespace
+
+void FlashAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
+  Problem p;
+  p.q = q.data<float>();
+  p.half = k.dtype() == mx::float16;
+  p.k = p.half ? static_cast<const void*>(k.data<uint16_t>()) : static_cast<const void*>(k.data<float>());
+  p.v = p.half ? static_cast<const void*>(v.data<uint16_t>()) : static_cast<const void*>(v.data<float>());
+  p.mask = inputs.size() > 3 ? inputs[3].data<float>() : nullptr;
+  p.out = out.data<float>();
+  p.B = q.shape(0), p.H = q.shape(1), p.L = q.shape(2), p.D = q.shape(3);
+  p.Hk = k.shape(1), p.S = k.shape(2), p.Dv = v.shape(3);
+  p.Bm = inputs.size() > 3 ? inputs[3].shape(0) : 1;
+  p.Lm = inputs.size() > 3 ? inputs[3].shape(2) : 1;
+  p.scale = scale_, p.mode = mode_, p.offset = offset_, p.window = window_;
+  const bool reference = reference_;
+  enc.dispatch([p, reference]() { reference ? run_reference(p) : run_flash(p); });
+}
+
+void FlashAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
+}
+
+std::vector<mx::Shape> FlashAttention::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() = inputs[2].shape(3);
+  return {shape};
+}
+
+mx::array flash_attention(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    int mode,
+    int offset,
+    int window,
+    const mx::array* mask,
+    bool reference,
+    mx::StreamOrDevice s) {
+  auto bad = [](const char* why) { throw std::invalid_argument(std::string("[mlxterm.flash_attention] ") + why); };
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) bad("q, k, v must be 4-D (B, heads, length, dim).");
+  if (q.dtype() != mx::float32) bad("q must be float32.");
+  if (k.dtype() != v.dtype() || (k.dtype() != mx::float32 && k.dtype() != mx::float16))
+    bad("k and v must both be float32 or both float16.");
+  const int B = q.shape(0), H = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int Hk = k.shape(1), S = k.shape(2), Dv = v.shape(3);
+  if (k.shape(0) != B || v.shape(0) != B || v.shape(1) != Hk || v.shape(2) != S || k.shape(3) != D)
+    bad("k must be (B, Hk, S, D) and v (B, Hk, S, Dv) for q (B, H, L, D).");
+  if (Hk < 1 || H % Hk != 0) bad("query heads must be a multiple of KV heads.");
+  if (D % 8 != 0 || Dv % 16 != 0) bad("head dims must be multiples of 8 (q/k) and 16 (v).");
+  if (mode < 0 || mode > 2) bad("mode must be 0 (none), 1 (causal) or 2 (array mask).");
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu) bad("runs on the CPU stream only.");
+  std::vector<mx::array> inputs = {
+      mx::contiguous(q, false, st), mx::contiguous(k, false, st), mx::contiguous(v, false, st)};
+  if (mode == 2) {
+    if (!mask || mask->ndim() != 4 || mask->shape(1) != 1 || mask->shape(3) != S ||
+        (mask->shape(2) != 1 && mask->shape(2) != L) || (mask->shape(0) != 1 && mask->shape(0) != B))
+      bad("mask must be (1 or B, 1, 1 or L, S).");
+    inputs.push_back(mx::contiguous(mx::astype(*mask, mx::float32, st), false, st));
+  }
+  (void)B;
+  return mx::array(
+      {B, H, L, Dv}, mx::float32,
+      std::make_shared<FlashAttention>(st, scale, mode, offset, window, reference), inputs);
+}
+
+}  // namespace mlxterm

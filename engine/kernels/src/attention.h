@@ -1,0 +1,51 @@
+// Fused ("flash") attention on the CPU: out = softmax(scale * q @ k^T + mask) @ v without
+// materialising the L x S scores. q (B, H, L, D) float32; k (B, Hk, S, D) and v (B, Hk, S, Dv)
+// float32 or float16 (H % Hk == 0, query head h reads KV head h / (H / Hk)); out (B, H, L, Dv)
+// float32. D % 8 == 0 and Dv % 16 == 0.
+// mode 0: no mask; 1: causal, query i sees keys j <= i + offset (and, with window > 0, only
+// j > i + offset - window); 2: an additive float mask (Bm, 1, Lm, S), Bm in {1, B},
+// Lm in {1, L} (Lm == 1: one key mask for every query, as the static caches' validity vector).
+// Rows whose keys are all masked come out as zeros (MLX gives NaN).
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mlxterm {
+
+namespace mx = mlx::core;
+
+mx::array flash_attention(
+    const mx::array& q,
+    const mx::array& k,
+    const mx::array& v,
+    float scale,
+    int mode,
+    int offset,
+    int window,
+    const mx::array* mask,
+    bool reference,
+    mx::StreamOrDevice s = {});
+
+class FlashAttention : public mx::UnaryPrimitive {
+ public:
+  FlashAttention(mx::Stream stream, float scale, int mode, int offset, int window, bool reference)
+      : mx::UnaryPrimitive(stream),
+        scale_(scale), mode_(mode), offset_(offset), window_(window), reference_(reference) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MlxtermFlashAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const FlashAttention&>(other);
+    return scale_ == o.scale_ && mode_ == o.mode_ && offset_ == o.offset_ &&
+           window_ == o.window_ && reference_ == o.reference_;
+  }
+
+ private:
+  float scale_;
+  int mode_, offset_, window_;
+  bool reference_;
+};
+
+}  // namespace mlxterm

@@ -1,0 +1,222 @@
+"""The fused attention kernel (engine/kernels/src/attention.cpp): parity with MLX's
+``fast.scaled_dot_product_attention`` and with the scalar reference for every mask kind, GQA,
+float32/float16 K/V and odd lengths; key splitting (decode) is thread-count independent; the
+routed mlx_lm attention sends every shape it handles to the kernel; bad input raises."""
+
+from engine import kernels
+
+import mlx.core as mx
+import pytest
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
+
+SCALE = 0.125
+
+
+def _qkv(B, H, Hk, L, S, D=64, Dv=None, seed=0, kv_dtype=mx.float32):
+    k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
+    q = mx.random.normal((B, H, L, D), key=k1)
+    k = mx.random.normal((B, Hk, S, D), key=k2).astype(kv_dtype)
+    v = mx.random.normal((B, Hk, S, Dv or D), key=k3).astype(kv_dtype)
+    return q, k, v
+
+
+def _ref(q, k, v, mask):
+    return mx.fast.scaled_dot_product_attention(
+        q, k.astype(mx.float32), v.astype(mx.float32), scale=SCALE, mask=mask)
+
+
+def _window(L, S, w):
+    qpos = mx.arange(S - L, S)[:, None]
+    kpos = mx.arange(S)[None]
+    return (kpos <= qpos) & (kpos > qpos - w)
+
+
+def _additive(mask):
+    return mx.where(mask, 0.0, -mx.inf).astype(mx.float32)
+
+
+# (B, H, Hk, L, S): decode (1 row per head, GQA 3 and 7), verify-sized, prefill tiles with odd
+# lengths past one key block (128) and one query tile, batched rows.
+SHAPES = [(1, 9, 3, 1, 300), (1, 14, 2, 1, 77), (1, 9, 3, 5, 261), (2, 4, 2, 7, 7),
+          (1, 14, 2, 70, 333), (1, 6, 6, 131, 131), (2, 8, 2, 33, 150)]
+
+
+@pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_mlx_and_reference_for_every_mask_kind(shape, kv_dtype):
+    B, H, Hk, L, S = shape
+    q, k, v = _qkv(*shape, seed=sum(shape), kv_dtype=kv_dtype)
+    valid = mx.arange(S) <= S - 4
+    per_row = mx.random.uniform(shape=(B, 1, L, S), key=mx.random.key(7)) > 0.4
+    per_row = per_row | (mx.arange(S) == S - 1)  # every row sees at least one key
+    cases = [
+        ("none", {}, None),
+        ("causal", {"causal_offset": S - L}, "causal"),
+        ("window", {"causal_offset": S - L, "window": 5}, _window(L, S, 5)),
+        ("validity", {"mask": _additive(valid).reshape(1, 1, 1, S)}, valid),
+        ("per-row", {"mask": _additive(per_row)}, per_row),
+        ("additive", {"mask": mx.random.normal((1, 1, L, S), key=mx.random.key(3))}, None),
+    ]
+    for name, kw, ref_mask in cases:
+        if name == "additive":
+            ref_mask = kw["mask"]
+        got = kernels.flash_attention(q, k, v, SCALE, **kw)
+        ref = _ref(q, k, v, ref_mask)
+        scalar = kernels.flash_attention(q, k, v, SCALE, reference=True, **kw)
+        assert got.shape == ref.shape and got.dtype == mx.float32
+        assert float(mx.abs(got - ref).max()) < 3e-6, name
+        assert float(mx.abs(scalar - ref).max()) < 3e-6, name
+
+
+def test_other_head_sizes_and_value_width():
+    q, k, v = _qkv(1, 4, 2, 3, 200, D=128, Dv=32)
+    got = kernels.flash_attention(q, k, v, SCALE, causal_offset=197)
+    assert float(mx.abs(got - _ref(q, k, v, "causal")).max()) < 3e-6
+    q, k, v = _qkv(1, 8, 1, 1, 1000, D=256)  # Gemma-sized heads, one KV head, decode
+    assert float(mx.abs(kernels.flash_attention(q, k, v, SCALE) - _ref(q, k, v, None)).max()) < 3e-6
+
+
+def test_fully_masked_rows_are_zero_and_empty_cache_tail_is_skipped():
+    q, k, v = _qkv(1, 4, 2, 2, 600)
+    mask = mx.full((1, 1, 2, 600), -mx.inf)
+    mask[:, :, 1, :10] = 0.0
+    got = kernels.flash_attention(q, k, v, SCALE, mask=mask)
+    assert float(mx.abs(got[:, :, 0]).max()) == 0.0
+    ref = _ref(q[:, :, 1:], k[:, :, :10], v[:, :, :10], None)
+    assert float(mx.abs(got[:, :, 1:] - ref).max()) < 3e-6
+    # A static cache with garbage past the valid keys: the validity vector ends the range.
+    k2 = mx.concatenate([k[:, :, :100], mx.full((1, 2, 500, 64), mx.nan)], axis=2)
+    v2 = mx.concatenate([v[:, :, :100], mx.full((1, 2, 500, 64), mx.nan)], axis=2)
+    valid = _additive(mx.arange(600) < 100).reshape(1, 1, 1, 600)
+    got = kernels.flash_attention(q, k2, v2, SCALE, mask=valid)
+    assert float(mx.abs(got - _ref(q, k[:, :, :100], v[:, :, :100], None)).max()) < 3e-6
+
+
+@pytest.mark.parametrize("shape", [(1, 9, 3, 1, 4000), (1, 9, 3, 64, 700)])
+def test_one_and_two_threads_are_bit_identical(shape):
+    # Decode at long context splits the keys across tasks and merges: the split must not
+    # depend on the thread count.
+    q, k, v = _qkv(*shape)
+    before = kernels.status()["threads"]
+    try:
+        kernels.set_threads(1)
+        one = kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
+        mx.eval(one)
+        kernels.set_threads(2)
+        two = kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
+        mx.eval(two)
+    finally:
+        kernels.set_threads(before)
+    assert mx.array_equal(one, two)
+
+
+def test_back_to_back_pool_jobs_of_different_sizes():
+    # Split attention runs two pool jobs (tasks, merge) and the quantized matmul then runs
+    # one with many more chunks: a worker must never carry a chunk index from one job into
+    # the next (a race the pool had: it crashed or returned early).
+    before = kernels.status()["threads"]
+    kernels.set_threads(max(2, before))
+    try:
+        q, k, v = _qkv(1, 9, 3, 1, 2000)
+        w = mx.random.normal((512, 256))
+        wq, s, b = mx.quantize(w, group_size=32, bits=4)
+        x = mx.random.normal((1, 256))
+        att_ref = kernels.flash_attention(q, k, v, SCALE)
+        mm_ref = kernels.quantized_matmul(x, wq, s, b, 32, 4)
+        mx.eval(att_ref, mm_ref)
+        for _ in range(150):
+            att = kernels.flash_attention(q, k, v, SCALE)
+            mm = kernels.quantized_matmul(x, wq, s, b, 32, 4)
+            mx.eval(att, mm)
+            assert mx.array_equal(att, att_ref) and mx.array_equal(mm, mm_ref)
+    finally:
+        kernels.set_threads(before)
+
+
+def test_inside_compile_with_a_moving_validity_mask():
+    q, k, v = _qkv(1, 9, 3, 1, 512, kv_dtype=mx.float16)
+
+    def step(q, k, v, pos):
+        m = mx.where(mx.arange(512) <= pos, 0.0, -mx.inf).reshape(1, 1, 1, 512)
+        return kernels.flash_attention(q, k, v, SCALE, mask=m)
+
+    compiled = mx.compile(step)
+    for pos in (0, 37, 300, 511):
+        ref = _ref(q, k[:, :, : pos + 1], v[:, :, : pos + 1], None)
+        assert float(mx.abs(compiled(q, k, v, mx.array(pos)) - ref).max()) < 3e-6
+
+
+@pytest.fixture
+def routed():
+    from engine.kernels import attention
+
+    attention._active.on = True
+    yield attention
+    attention._active.on = False
+
+
+def test_routed_attention_uses_the_kernel_for_decode_prefill_and_fp16(monkeypatch, routed):
+    calls = []
+    real = kernels.flash_attention
+    monkeypatch.setattr(kernels, "flash_attention", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(routed, "impl", "flash")
+    for shape, mask in [((1, 9, 3, 1, 100), None), ((1, 9, 3, 1, 512), mx.arange(512) <= 99),
+                        ((1, 9, 3, 40, 40), "causal"), ((2, 4, 2, 3, 9), mx.ones((2, 1, 3, 9), mx.bool_))]:
+        for kv_dtype in (mx.float32, mx.float16):
+            q, k, v = _qkv(*shape, kv_dtype=kv_dtype)
+            got = routed.scaled_dot_product_attention(q, k, v, None, SCALE, mask)
+            assert float(mx.abs(got - _ref(q, k, v, mask)).max()) < 3e-6
+    assert len(calls) == 8
+    assert calls[1] == {} and calls[2]["mask"].shape == (1, 1, 1, 512) and calls[4] == {"causal_offset": 0}
+
+
+def test_routed_attention_previous_path_and_fallbacks(monkeypatch, routed):
+    q, k, v = _qkv(1, 9, 3, 6, 50, kv_dtype=mx.float16)
+    monkeypatch.setattr(routed, "impl", "softmax")  # the previous round's path, widened K/V
+    got = routed.scaled_dot_product_attention(q, k, v, None, SCALE, "causal")
+    assert float(mx.abs(got - _ref(q, k, v, "causal")).max()) < 3e-6
+    monkeypatch.setattr(routed, "impl", "flash")
+    seen = []
+    monkeypatch.setattr(routed, "_original", lambda q, k, v, *a: seen.append(k.dtype) or "mlx")
+    per_head = mx.zeros((1, 9, 6, 50))
+    assert routed.scaled_dot_product_attention(q, k, v, None, SCALE, per_head) == "mlx"
+    assert seen == [mx.float32]  # float16 K/V reach MLX's path widened to the queries' dtype
+    q5, k5, v5 = _qkv(1, 4, 2, 3, 20, D=20)  # head size the kernel does not tile
+    assert routed.scaled_dot_product_attention(q5, k5, v5, None, SCALE, None) == "mlx"
+
+
+def test_bad_inputs_raise():
+    q, k, v = _qkv(1, 4, 2, 3, 20)
+    with pytest.raises(ValueError, match="multiple"):
+        kernels.flash_attention(q, mx.concatenate([k, k[:, :1]], 1), mx.concatenate([v, v[:, :1]], 1), SCALE)
+    with pytest.raises(ValueError, match="float32 or both float16"):
+        kernels.flash_attention(q, k, v.astype(mx.float16), SCALE)
+    with pytest.raises(ValueError, match="mask"):
+        kernels.flash_attention(q, k, v, SCALE, mask=mx.zeros((1, 4, 3, 20)))
+    with pytest.raises(ValueError, match="multiples"):
+        kernels.flash_attention(q[..., :12], k[..., :12], v, SCALE)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_float16_kv_cache_in_the_compiled_decode_step(arch, tiny_llama_dir, tiny_gemma_dir):
+    """Static and sliding-window caches storing float16 K/V: the routed model's compiled
+    decode reads them through the kernel and follows the float32-cache run closely."""
+    from engine.generation.generate import generate_step
+    from engine.generation.kv_cache import make_cache
+    from engine.model.loader import load_bundle
+    from engine.sampling import SamplingParams
+
+    bundle = load_bundle({"llama": tiny_llama_dir, "gemma3": tiny_gemma_dir}[arch], "quantized")
+    assert "_routed_base" in type(bundle.model).__dict__
+    prompt = [(7 * i + 3) % 50 + 1 for i in range(21)]  # past gemma's window of 8
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=True)
+    runs = {}
+    for dtype in (None, mx.float16):
+        cache = make_cache(bundle.model, kv_dtype=dtype)
+        runs[dtype] = [(s.token, s.logprobs) for s in generate_step(bundle.model, prompt, cache, params)]
+        assert all(c.keys.dtype == (dtype or mx.float32) for c in cache)
+    for (t32, lp32), (t16, lp16) in zip(runs[None], runs[mx.float16], strict=True):
+        assert float(mx.abs(lp32 - lp16).max()) < 2e-2
+        if t32 != t16:  # the same history only up to a near-tie
+            break
