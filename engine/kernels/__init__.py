@@ -130,3 +130,24 @@ def masked_softmax(scores: mx.array, causal_offset: int | None = None, mask: mx.
     if causal_offset is not None:
         return ext.masked_softmax(scores, 1, causal_offset, None)
     return ext.masked_softmax(scores, 0, 0, None)
+
+
+def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
+    """``mx.fast.rms_norm`` as one CPU primitive (float32 ``x``)."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    return ext.rms_norm(x, weight, float(eps))
+
+
+def rope(
+    x: mx.array, dims: int, *, traditional: bool, base: float, scale: float, offset: int | mx.array
+) -> mx.array:
+    """``mx.fast.rope`` (default frequencies) as one CPU primitive on float32 (B, H, T, D)
+    ``x``; ``offset`` an int, a scalar array or one per batch row."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    if not isinstance(offset, mx.array):
+        offset = mx.array(int(offset), dtype=mx.int32)
+    return ext.rope(x, offset, int(dims), bool(traditional), float(base), float(scale))

@@ -7,9 +7,16 @@ forward pass calls ``engine.kernels.quantized_matmul``. The decision is re-made 
 so a model moved to another device, or traced under ``mx.compile`` on one, keeps working:
 anything the kernel does not handle goes to MLX's own op. Parameters are untouched, so
 checkpoints, ``densify`` and ``deepcopy`` see ordinary modules.
+
+The same goes for ``nn.RMSNorm`` and ``nn.RoPE``: on the CPU they run as one fused primitive
+each (``engine.kernels.rms_norm`` / ``rope``) instead of MLX's multi-op fallbacks, which cost
+more in dispatch than in arithmetic at decode. ``MLXTERM_NO_FUSED=1`` keeps MLX's ops for
+them (A/B benchmarks).
 """
 
 from __future__ import annotations
+
+import os
 
 from engine import kernels
 
@@ -48,6 +55,30 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
         return _matmul(self, x)
 
 
+class KernelRMSNorm(nn.RMSNorm):
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.dtype != mx.float32 or mx.default_device() != mx.cpu:
+            return super().__call__(x)
+        return kernels.rms_norm(x, self["weight"], self.eps)
+
+
+class KernelRoPE(nn.RoPE):
+    def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+        if x.ndim != 4 or x.dtype != mx.float32 or mx.default_device() != mx.cpu:
+            return super().__call__(x, offset)
+        return kernels.rope(
+            x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale, offset=offset
+        )
+
+
+_FUSED = {nn.RMSNorm: KernelRMSNorm, nn.RoPE: KernelRoPE}
+
+
+def fused_enabled() -> bool:
+    """False when ``MLXTERM_NO_FUSED`` asks for MLX's own norm and RoPE ops."""
+    return not os.environ.get("MLXTERM_NO_FUSED")
+
+
 def install(model: nn.Module) -> int:
     """Route ``model``'s quantized layers to the kernels; return how many were routed."""
     if not kernels.available():
@@ -58,6 +89,7 @@ def install(model: nn.Module) -> int:
     if "_routed_base" not in type(model).__dict__:
         model.__class__ = attention.routed(type(model))
     n = 0
+    fused = fused_enabled()
     for _, m in model.named_modules():
         if type(m) is nn.QuantizedLinear:
             m.__class__ = KernelQuantizedLinear
@@ -65,6 +97,8 @@ def install(model: nn.Module) -> int:
         elif type(m) is nn.QuantizedEmbedding:
             m.__class__ = KernelQuantizedEmbedding
             n += 1
+        elif fused and type(m) in _FUSED:  # exact types: subclasses (Gemma's norm) differ
+            m.__class__ = _FUSED[type(m)]
     return n
 
 
@@ -78,3 +112,5 @@ def uninstall(model: nn.Module) -> None:
             m.__class__ = nn.QuantizedLinear
         elif type(m) is KernelQuantizedEmbedding:
             m.__class__ = nn.QuantizedEmbedding
+        elif type(m) in (KernelRMSNorm, KernelRoPE):
+            m.__class__ = type(m).__bases__[0]

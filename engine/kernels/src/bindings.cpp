@@ -6,6 +6,7 @@
 #include "pool.h"
 #include "qmm.h"
 #include "softmax.h"
+#include "fused.h"
 #include <nanobind/stl/optional.h>
 
 namespace nb = nanobind;
@@ -29,6 +30,20 @@ NB_MODULE(_ext, m) {
       },
       "scores"_a, "mode"_a, "offset"_a = 0, "mask"_a = nb::none(),
       "softmax over the last axis of (B, H, L, S) float32 scores under a mask.");
+  m.def(
+      "rms_norm",
+      [](const mlx::core::array& x, const mlx::core::array& w, float eps) {
+        return mlxterm::rms_norm(x, w, eps);
+      },
+      "x"_a, "w"_a, "eps"_a, "x * rsqrt(mean(x^2) + eps) * w over the last axis, float32.");
+  m.def(
+      "rope",
+      [](const mlx::core::array& x, const mlx::core::array& offset, int dims, bool traditional,
+         float base, float scale) {
+        return mlxterm::rope(x, offset, dims, traditional, base, scale);
+      },
+      "x"_a, "offset"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
+      "rotary embedding of float32 (B, H, T, D), as mx.fast.rope.");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });
