@@ -195,3 +195,73 @@ def test_env_switch_keeps_mlx_ops():
     env = dict(os.environ, MLXTERM_NO_FUSED="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["RMSNorm", "RoPE"]
+
+
+def _qlinear(n_out: int, n_in: int, bits: int, seed: int) -> nn.QuantizedLinear:
+    mx.random.seed(seed)
+    return nn.QuantizedLinear(n_in, n_out, bias=False, group_size=32, bits=bits)
+
+
+@needs_ext
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("M", [1, 3, 16, 21])
+@pytest.mark.parametrize("exact", [False, True])
+def test_quantized_swiglu_matches_its_parts(bits, M, exact):
+    """Same per-column kernels as quantized_matmul (M < 16 int8 or exact, M >= 16 float panels)."""
+    g, u = _qlinear(202, 256, bits, 1), _qlinear(202, 256, bits, 2)
+    x = mx.random.normal((M, 256), key=mx.random.key(M))
+    y = kernels.quantized_swiglu(x, g, u, exact=exact)
+
+    def qmm(m):
+        return kernels.quantized_matmul(x, m["weight"], m["scales"], m["biases"], 32, bits, exact=exact)
+
+    ref = nn.silu(qmm(g)) * qmm(u)
+    assert y.shape == (M, 202) and y.dtype == mx.float32
+    assert float(mx.abs(y - ref).max()) < 1e-6 * float(mx.abs(ref).max())
+    if exact:  # and against MLX's own dequantize + matmul
+        dq = lambda m: mx.dequantize(m["weight"], m["scales"], m["biases"], 32, bits)  # noqa: E731
+        mlx = nn.silu(x @ dq(g).T) * (x @ dq(u).T)
+        assert float(mx.abs(y - mlx).max()) < 1e-5 * float(mx.abs(mlx).max())
+
+
+@needs_ext
+def test_quantized_swiglu_threads_compile_and_bad_shapes():
+    g, u = _qlinear(300, 128, 4, 3), _qlinear(300, 128, 4, 4)
+    x = mx.random.normal((1, 1, 128), key=mx.random.key(5))
+    before = kernels.status()["threads"]
+    outs = []
+    try:
+        for n in (1, 2):
+            kernels.set_threads(n)
+            outs.append(kernels.quantized_swiglu(x, g, u))
+            mx.eval(outs[-1])
+    finally:
+        kernels.set_threads(before)
+    assert mx.array_equal(outs[0], outs[1])
+    compiled = mx.compile(lambda x: kernels.quantized_swiglu(x, g, u))
+    assert mx.array_equal(compiled(x), outs[0]) and mx.array_equal(compiled(x + 1), kernels.quantized_swiglu(x + 1, g, u))
+    with pytest.raises(ValueError):
+        kernels.quantized_swiglu(x, g, _qlinear(64, 128, 4, 5))
+    with pytest.raises(ValueError):
+        kernels.quantized_swiglu(mx.zeros((1, 96)), g, u)
+
+
+@needs_ext
+def test_hook_routes_llama_and_qwen2_mlps(monkeypatch):
+    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    from mlx_lm.models import llama, qwen2
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=1, intermediate_size=96,
+                           num_attention_heads=2, rms_norm_eps=1e-5, vocab_size=32)
+    for mod, mlp in ((llama, llama.MLP(args)), (qwen2, qwen2.MLP(64, 96))):
+        nn.quantize(mlp, group_size=32, bits=4)
+        x = mx.random.normal((1, 1, 64), key=mx.random.key(6))
+        holder = nn.Module()
+        holder.mlp = mlp
+        hook.install(holder)
+        assert type(mlp).__name__ == "KernelMLP" and isinstance(mlp, mod.MLP)
+        routed = mlp(x)
+        parts = mlp.down_proj(nn.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+        assert float(mx.abs(routed - parts).max()) < 1e-5 * float(mx.abs(parts).max())
+        hook.uninstall(holder)
+        assert type(mlp) is mod.MLP

@@ -151,3 +151,15 @@ def rope(
     if not isinstance(offset, mx.array):
         offset = mx.array(int(offset), dtype=mx.int32)
     return ext.rope(x, offset, int(dims), bool(traditional), float(base), float(scale))
+
+
+def quantized_swiglu(x: mx.array, gate: Any, up: Any, exact: bool = False) -> mx.array:
+    """``silu(gate(x)) * up(x)`` for two bias-free ``nn.QuantizedLinear`` of one format, as
+    one CPU primitive (float32 out): activations quantized once, both matmuls in one job."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    return ext.quantized_swiglu(
+        x, gate["weight"], gate["scales"], gate["biases"], up["weight"], up["scales"], up["biases"],
+        gate.group_size, gate.bits, exact,
+    )

@@ -10,7 +10,8 @@ checkpoints, ``densify`` and ``deepcopy`` see ordinary modules.
 
 The same goes for ``nn.RMSNorm`` and ``nn.RoPE``: on the CPU they run as one fused primitive
 each (``engine.kernels.rms_norm`` / ``rope``) instead of MLX's multi-op fallbacks, which cost
-more in dispatch than in arithmetic at decode. ``MLXTERM_NO_FUSED=1`` keeps MLX's ops for
+more in dispatch than in arithmetic at decode; a SwiGLU MLP (mlx_lm's llama/qwen2 ``MLP``) runs
+its gate and up projections and the activation as one primitive. ``MLXTERM_NO_FUSED=1`` keeps MLX's ops for
 them (A/B benchmarks).
 """
 
@@ -73,6 +74,38 @@ class KernelRoPE(nn.RoPE):
 
 _FUSED = {nn.RMSNorm: KernelRMSNorm, nn.RoPE: KernelRoPE}
 
+# mlx_lm MLP classes whose forward pass is exactly down(swiglu(gate(x), up(x))).
+_SWIGLU_MLPS = ("mlx_lm.models.llama", "mlx_lm.models.qwen2")
+_mlp_classes: dict[type, type] = {}
+
+
+def _swiglu_fits(mlp: nn.Module, x: mx.array) -> bool:
+    g, u = mlp.gate_proj, mlp.up_proj
+    return (
+        type(g) is KernelQuantizedLinear
+        and type(u) is KernelQuantizedLinear
+        and "bias" not in g
+        and "bias" not in u
+        and (g.bits, g.group_size) == (u.bits, u.group_size)
+        and g["weight"].shape == u["weight"].shape
+        and _fits(g, x.shape[-1])
+        and _fits(u, x.shape[-1])
+    )
+
+
+def _routed_mlp(base: type) -> type:
+    cls = _mlp_classes.get(base)
+    if cls is None:
+
+        def __call__(self, x: mx.array) -> mx.array:
+            if not _swiglu_fits(self, x):
+                return base.__call__(self, x)
+            h = kernels.quantized_swiglu(x, self.gate_proj, self.up_proj)
+            return self.down_proj(h if x.dtype == mx.float32 else h.astype(x.dtype))
+
+        cls = _mlp_classes[base] = type("Kernel" + base.__name__, (base,), {"__call__": __call__})
+    return cls
+
 
 def fused_enabled() -> bool:
     """False when ``MLXTERM_NO_FUSED`` asks for MLX's own norm and RoPE ops."""
@@ -99,6 +132,8 @@ def install(model: nn.Module) -> int:
             n += 1
         elif fused and type(m) in _FUSED:  # exact types: subclasses (Gemma's norm) differ
             m.__class__ = _FUSED[type(m)]
+        elif fused and type(m).__name__ == "MLP" and type(m).__module__ in _SWIGLU_MLPS:
+            m.__class__ = _routed_mlp(type(m))
     return n
 
 
@@ -112,5 +147,5 @@ def uninstall(model: nn.Module) -> None:
             m.__class__ = nn.QuantizedLinear
         elif type(m) is KernelQuantizedEmbedding:
             m.__class__ = nn.QuantizedEmbedding
-        elif type(m) in (KernelRMSNorm, KernelRoPE):
+        elif type(m) in (KernelRMSNorm, KernelRoPE) or type(m) in _mlp_classes.values():
             m.__class__ = type(m).__bases__[0]

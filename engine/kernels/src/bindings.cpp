@@ -31,6 +31,15 @@ NB_MODULE(_ext, m) {
       "scores"_a, "mode"_a, "offset"_a = 0, "mask"_a = nb::none(),
       "softmax over the last axis of (B, H, L, S) float32 scores under a mask.");
   m.def(
+      "quantized_swiglu",
+      [](const mlx::core::array& x, const mlx::core::array& wg, const mlx::core::array& sg,
+         const mlx::core::array& bg, const mlx::core::array& wu, const mlx::core::array& su,
+         const mlx::core::array& bu, int group_size, int bits, bool exact) {
+        return mlxterm::quantized_swiglu(x, wg, sg, bg, wu, su, bu, group_size, bits, exact);
+      },
+      "x"_a, "wg"_a, "sg"_a, "bg"_a, "wu"_a, "su"_a, "bu"_a, "group_size"_a, "bits"_a,
+      "exact"_a = false, "silu(x @ Wg.T) * (x @ Wu.T) on quantized weights, float32 out.");
+  m.def(
       "rms_norm",
       [](const mlx::core::array& x, const mlx::core::array& w, float eps) {
         return mlxterm::rms_norm(x, w, eps);

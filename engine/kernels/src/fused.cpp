@@ -3,6 +3,8 @@
 // at prefill sizes rows are split over the kernel pool.
 #include "fused.h"
 
+#include "ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -12,6 +14,7 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
+#include "qmm.h"
 
 namespace mlxterm {
 
@@ -152,6 +155,98 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
 }
 
 void Rope::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
+
+namespace {
+
+inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+QmmProblem problem(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array& b,
+                   int group_size, int bits, float* out) {
+  QmmProblem p;
+  p.x = x.data<float>();
+  p.K = x.shape(-1);
+  p.M = int(x.size() / p.K);
+  p.N = w.shape(0);
+  p.w = w.data<uint8_t>();
+  p.scales = s.data<float>();
+  p.biases = b.data<float>();
+  p.group_size = group_size;
+  p.bits = bits;
+  p.out = out;
+  return p;
+}
+
+void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
+  const int M = pg.M, N = pg.N;
+  std::vector<float> g(size_t(M) * N), u(size_t(M) * N);
+  pg.out = g.data();
+  pu.out = u.data();
+  if (M >= qmm_dense_min_rows()) {  // prefill-sized: the float-panel path, then the activation
+    qmm_run(pg, exact);
+    qmm_run(pu, exact);
+    for (size_t i = 0; i < g.size(); ++i) out[i] = silu(g[i]) * u[i];
+    return;
+  }
+  // One x preparation for both matmuls (same K and group size).
+  thread_local PreparedX px;
+  prepare_x(pg, !exact, px);
+  const XView xv{px.q.data(), px.d.data(), px.gsum.data()};
+  const QmmColumns k = qmm_columns(exact);
+  // Column chunks as QuantizedMatmul cuts them; each chunk runs gate, up and the activation
+  // for its columns, so results do not depend on the thread count.
+  const int T = Pool::get().threads();
+  int chunk = (N + T * 8 - 1) / (T * 8);
+  chunk = std::max(16, (chunk + 1) & ~1);
+  const int n_chunks = (N + chunk - 1) / chunk;
+  Pool::get().run(n_chunks, [&](int c) {
+    const int n0 = c * chunk, n1 = std::min(N, n0 + chunk);
+    k(pg, xv, n0, n1);
+    k(pu, xv, n0, n1);
+    for (int m = 0; m < M; ++m)
+      for (int n = n0; n < n1; ++n) {
+        const size_t i = size_t(m) * N + n;
+        out[i] = silu(g[i]) * u[i];
+      }
+  });
+}
+
+}  // namespace
+
+void QuantizedSwiglu::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  const QmmProblem pg = problem(inputs[0], inputs[1], inputs[2], inputs[3], group_size_, bits_, nullptr);
+  const QmmProblem pu = problem(inputs[0], inputs[4], inputs[5], inputs[6], group_size_, bits_, nullptr);
+  float* o = out.data<float>();
+  const bool exact = exact_;
+  enc.dispatch([pg, pu, o, exact]() { run_swiglu(pg, pu, o, exact); });
+}
+
+void QuantizedSwiglu::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
+
+mx::array quantized_swiglu(
+    const mx::array& x, const mx::array& wg, const mx::array& sg, const mx::array& bg,
+    const mx::array& wu, const mx::array& su, const mx::array& bu, int group_size, int bits,
+    bool exact, mx::StreamOrDevice s) {
+  // Each projection must be a valid quantized_matmul; building both checks every shape.
+  quantized_matmul(x, wg, sg, bg, group_size, bits, exact, s);
+  quantized_matmul(x, wu, su, bu, group_size, bits, exact, s);
+  if (wg.shape() != wu.shape())
+    throw std::invalid_argument("[mlxterm.quantized_swiglu] gate and up weights must have one shape.");
+  auto st = mx::to_stream(s);
+  auto f32 = [&](const mx::array& a) {
+    return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
+  };
+  std::vector<mx::array> inputs = {
+      f32(x), mx::contiguous(wg, false, st), f32(sg), f32(bg),
+      mx::contiguous(wu, false, st), f32(su), f32(bu)};
+  auto shape = x.shape();
+  shape.back() = wg.shape(0);
+  return mx::array(
+      shape, mx::float32, std::make_shared<QuantizedSwiglu>(st, group_size, bits, exact), inputs);
+}
 
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s) {
   if (x.ndim() < 1 || x.dtype() != mx::float32 || w.ndim() != 1 || w.shape(0) != x.shape(-1))

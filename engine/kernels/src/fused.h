@@ -21,6 +21,36 @@ mx::array rope(
     const mx::array& x, const mx::array& offset, int dims, bool traditional, float base,
     float scale, mx::StreamOrDevice s = {});
 
+// silu(x @ dequantize(wg).T) * (x @ dequantize(wu).T): a SwiGLU MLP's gate and up projections
+// and its activation in one primitive (activations quantized once, one pool job for both
+// matmuls, no intermediate arrays). Both weights share bits and group size.
+mx::array quantized_swiglu(
+    const mx::array& x, const mx::array& wg, const mx::array& sg, const mx::array& bg,
+    const mx::array& wu, const mx::array& su, const mx::array& bu, int group_size, int bits,
+    bool exact, mx::StreamOrDevice s = {});
+
+class QuantizedSwiglu : public mx::UnaryPrimitive {
+ public:
+  QuantizedSwiglu(mx::Stream stream, int group_size, int bits, bool exact)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), exact_(exact) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+  const char* name() const override { return "MlxtermQuantizedSwiglu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const QuantizedSwiglu&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && exact_ == o.exact_;
+  }
+
+ private:
+  int group_size_, bits_;
+  bool exact_;
+};
+
 class RmsNorm : public mx::UnaryPrimitive {
  public:
   RmsNorm(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
