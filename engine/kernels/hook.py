@@ -137,6 +137,14 @@ def install(model: nn.Module) -> int:
     return n
 
 
+def remove_fused(model: nn.Module) -> None:
+    """Back to MLX's own RMSNorm, RoPE and MLP forward passes; the quantized linears and
+    attention stay routed (the decode-fusion A/B arm of ``bench engine``)."""
+    for _, m in model.named_modules():
+        if type(m) in (KernelRMSNorm, KernelRoPE) or type(m) in _mlp_classes.values():
+            m.__class__ = type(m).__bases__[0]
+
+
 def uninstall(model: nn.Module) -> None:
     """Back to MLX's own quantized ops and attention (for A/B benchmarks and tests)."""
     base = type(model).__dict__.get("_routed_base")
@@ -147,5 +155,4 @@ def uninstall(model: nn.Module) -> None:
             m.__class__ = nn.QuantizedLinear
         elif type(m) is KernelQuantizedEmbedding:
             m.__class__ = nn.QuantizedEmbedding
-        elif type(m) in (KernelRMSNorm, KernelRoPE) or type(m) in _mlp_classes.values():
-            m.__class__ = type(m).__bases__[0]
+    remove_fused(model)
