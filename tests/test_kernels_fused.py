@@ -265,3 +265,22 @@ def test_hook_routes_llama_and_qwen2_mlps(monkeypatch):
         assert float(mx.abs(routed - parts).max()) < 1e-5 * float(mx.abs(parts).max())
         hook.uninstall(holder)
         assert type(mlp) is mod.MLP
+
+
+@needs_ext
+def test_hook_mlp_with_biases_or_mixed_formats_keeps_mlx_path(monkeypatch):
+    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    from mlx_lm.models import qwen2
+
+    x = mx.random.normal((1, 2, 64), key=mx.random.key(10))
+    for bias, bits_up in ((True, 4), (False, 8)):
+        mlp = qwen2.MLP(64, 96)
+        mlp.gate_proj = nn.QuantizedLinear(64, 96, bias=bias, group_size=32, bits=4)
+        mlp.up_proj = nn.QuantizedLinear(64, 96, bias=bias, group_size=32, bits=bits_up)
+        mlp.down_proj = nn.QuantizedLinear(96, 64, bias=False, group_size=32, bits=4)
+        holder = nn.Module()
+        holder.mlp = mlp
+        hook.install(holder)
+        assert not hook._swiglu_fits(mlp, x)
+        parts = mlp.down_proj(nn.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+        assert mx.array_equal(mlp(x), parts)  # the base class's forward, bit for bit
