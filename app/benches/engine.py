@@ -8,6 +8,8 @@ Arms, alternated in order then in reverse each round (medians over rounds):
   stock_loaded  mlx_lm.stream_generate on the model as a user gets it today: the GGUF's weights
                 as ``mx.load`` returns them (quantized), no engine policy (MLX's own ops)
   engine_fp32   the engine on fp32 weights + OpenBLAS: the CPU path without engine/kernels
+  engine_unfused the engine arm's weights and kernels without the decode-step fusions (MLX's
+                own RMSNorm, RoPE and SiLU*mul, as MLXTERM_NO_FUSED=1 runs it)
   llama_cpp     llama.cpp (PyPI ``xllamacpp``, the ``peer`` extra) on the same GGUF, prompt
                 tokens, token count and thread count; skipped with a note when not installed
 ``--arms`` picks a subset; ratios are reported for the arms that ran.
@@ -36,7 +38,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="each round runs every arm twice (in order, then reversed)")
     p.add_argument("--arms", default="engine,engine_fp32,llama_cpp",
-                   help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, llama_cpp")
+                   help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, llama_cpp, "
+                   "engine_unfused")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the kernel pool's)")
 
 
@@ -151,6 +154,11 @@ def run(args) -> dict:
         dense = ours if fmt == "fp32" else load_bundle(source, "fp32")
         load_ms["engine_fp32"] = round((time.perf_counter() - t) * 1000)
 
+    unfused = None
+    if "engine_unfused" in want:
+        unfused = load_bundle(source, fmt)
+        hook.remove_fused(unfused.model)
+
     tok = ours.tokenizer
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
     wrapper = TokenizerWrapper(hf_tok, eos_token_ids=sorted(tok.eos_ids))
@@ -182,6 +190,7 @@ def run(args) -> dict:
         "stock_loaded": stock_arm(stock.model),
         "engine_fp32": engine_arm(dense) if dense else None,
         "llama_cpp": None,
+        "engine_unfused": engine_arm(unfused) if unfused else None,
     }
     if "llama_cpp" in want:
         fn, info = _llama_cpp_arm(source, prompt, n, args.threads)
@@ -215,14 +224,15 @@ def run(args) -> dict:
         return None
 
     ratios = {}
-    for other in ("llama_cpp", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid"):
+    for other in ("llama_cpp", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid", "engine_unfused"):
         for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
             r = ratio("engine", other, key)
             if r is not None:
                 ratios[f"{label}_vs_{other}"] = r
     table = ["| arm | weights | prefill tok/s | decode tok/s | TTFT ms |", "|---|---|---|---|---|"]
     weights = {"engine": fmt, "engine_hybrid": "hybrid", "stock_same": fmt,
-               "stock_loaded": "quantized (MLX ops)", "engine_fp32": "fp32", "llama_cpp": "GGUF"}
+               "stock_loaded": "quantized (MLX ops)", "engine_fp32": "fp32", "llama_cpp": "GGUF",
+               "engine_unfused": f"{fmt}, no fusions"}
     for name in arms:
         r = summary[name]
         table.append(f"| {name} | {weights[name]} | {r['prefill_tps']} | {r['decode_tps']} | {r['ttft_ms']} |")

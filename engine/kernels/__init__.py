@@ -155,3 +155,36 @@ def flash_attention(
     if causal_offset is not None:
         return ext.flash_attention(q, k, v, float(scale), 1, int(causal_offset), int(window), None, reference)
     return ext.flash_attention(q, k, v, float(scale), 0, 0, 0, None, reference)
+
+
+def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
+    """``mx.fast.rms_norm`` as one CPU primitive (float32 ``x``)."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    return ext.rms_norm(x, weight, float(eps))
+
+
+def rope(
+    x: mx.array, dims: int, *, traditional: bool, base: float, scale: float, offset: int | mx.array
+) -> mx.array:
+    """``mx.fast.rope`` (default frequencies) as one CPU primitive on float32 (B, H, T, D)
+    ``x``; ``offset`` an int, a scalar array or one per batch row."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    if not isinstance(offset, mx.array):
+        offset = mx.array(int(offset), dtype=mx.int32)
+    return ext.rope(x, offset, int(dims), bool(traditional), float(base), float(scale))
+
+
+def quantized_swiglu(x: mx.array, gate: Any, up: Any, exact: bool = False) -> mx.array:
+    """``silu(gate(x)) * up(x)`` for two bias-free ``nn.QuantizedLinear`` of one format, as
+    one CPU primitive (float32 out): activations quantized once, both matmuls in one job."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    return ext.quantized_swiglu(
+        x, gate["weight"], gate["scales"], gate["biases"], up["weight"], up["scales"], up["biases"],
+        gate.group_size, gate.bits, exact,
+    )

@@ -7,6 +7,7 @@
 #include "qmm.h"
 #include "softmax.h"
 #include "attention.h"
+#include "fused.h"
 #include <nanobind/stl/optional.h>
 
 namespace nb = nanobind;
@@ -41,6 +42,29 @@ NB_MODULE(_ext, m) {
       "q"_a, "k"_a, "v"_a, "scale"_a, "mode"_a = 0, "offset"_a = 0, "window"_a = 0,
       "mask"_a = nb::none(), "reference"_a = false,
       "fused softmax(scale * q @ k^T + mask) @ v on the CPU (src/attention.h).");
+  m.def(
+      "quantized_swiglu",
+      [](const mlx::core::array& x, const mlx::core::array& wg, const mlx::core::array& sg,
+         const mlx::core::array& bg, const mlx::core::array& wu, const mlx::core::array& su,
+         const mlx::core::array& bu, int group_size, int bits, bool exact) {
+        return mlxterm::quantized_swiglu(x, wg, sg, bg, wu, su, bu, group_size, bits, exact);
+      },
+      "x"_a, "wg"_a, "sg"_a, "bg"_a, "wu"_a, "su"_a, "bu"_a, "group_size"_a, "bits"_a,
+      "exact"_a = false, "silu(x @ Wg.T) * (x @ Wu.T) on quantized weights, float32 out.");
+  m.def(
+      "rms_norm",
+      [](const mlx::core::array& x, const mlx::core::array& w, float eps) {
+        return mlxterm::rms_norm(x, w, eps);
+      },
+      "x"_a, "w"_a, "eps"_a, "x * rsqrt(mean(x^2) + eps) * w over the last axis, float32.");
+  m.def(
+      "rope",
+      [](const mlx::core::array& x, const mlx::core::array& offset, int dims, bool traditional,
+         float base, float scale) {
+        return mlxterm::rope(x, offset, dims, traditional, base, scale);
+      },
+      "x"_a, "offset"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
+      "rotary embedding of float32 (B, H, T, D), as mx.fast.rope.");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });

@@ -243,3 +243,9 @@ mx::array quantized_matmul(
 }
 
 }  // namespace mlxterm
+
+namespace mlxterm {
+void qmm_run(const QmmProblem& p, bool exact) { run_qmm(p, exact); }
+QmmColumns qmm_columns(bool exact) { return pick(exact); }
+int qmm_dense_min_rows() { return dense_min_rows(); }
+}  // namespace mlxterm

@@ -55,3 +55,12 @@ Isa best_isa();
 const char* isa_name(Isa isa);
 
 }  // namespace mlxterm
+
+namespace mlxterm {
+// For fused primitives built on the quantized matmul (fused.cpp): the whole matmul as
+// QuantizedMatmul runs it, and the kernel for output columns [n0, n1) of the int8/exact path.
+using QmmColumns = void (*)(const QmmProblem&, const XView&, int, int);
+void qmm_run(const QmmProblem& p, bool exact);
+QmmColumns qmm_columns(bool exact);
+int qmm_dense_min_rows();
+}  // namespace mlxterm

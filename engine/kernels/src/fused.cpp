@@ -1,0 +1,280 @@
+// RMSNorm and RoPE for the CPU backend (see fused.h for why). Both are memory-trivial at
+// decode (a few hundred floats), so what they save is MLX's per-op dispatch and allocation;
+// at prefill sizes rows are split over the kernel pool.
+#include "fused.h"
+
+#include "ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include <immintrin.h>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "pool.h"
+#include "qmm.h"
+
+namespace mlxterm {
+
+namespace {
+
+// Rows per pool chunk: small calls (decode) run on the calling thread alone.
+constexpr long kRowsPerChunk = 64;
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+void rms_row(const float* x, const float* w, float* o, int D, float eps) {
+  __m256 acc = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 8 <= D; j += 8) {
+    __m256 v = _mm256_loadu_ps(x + j);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float ss = hsum(acc);
+  for (; j < D; ++j) ss += x[j] * x[j];
+  const float r = 1.0f / std::sqrt(ss / float(D) + eps);
+  const __m256 vr = _mm256_set1_ps(r);
+  j = 0;
+  for (; j + 8 <= D; j += 8)
+    _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), vr), _mm256_loadu_ps(w + j)));
+  for (; j < D; ++j) o[j] = x[j] * r * w[j];
+}
+
+template <class F>
+void over_rows(long rows, F&& f) {
+  const int chunks = int((rows + kRowsPerChunk - 1) / kRowsPerChunk);
+  Pool::get().run(chunks, [&](int c) {
+    const long end = std::min(rows, (c + 1) * kRowsPerChunk);
+    for (long r = c * kRowsPerChunk; r < end; ++r) f(r);
+  });
+}
+
+void gpu_unsupported() {
+  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
+}
+
+}  // namespace
+
+void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& x = inputs[0];
+  auto& w = inputs[1];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  const int D = x.shape(-1);
+  const long rows = D ? long(x.size() / D) : 0;
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  float* op = out.data<float>();
+  const float eps = eps_;
+  enc.dispatch([=]() {
+    over_rows(rows, [&](long r) { rms_row(xp + size_t(r) * D, wp, op + size_t(r) * D, D, eps); });
+  });
+}
+
+void RmsNorm::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
+
+void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& x = inputs[0];
+  auto& off = inputs[1];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(off);
+  enc.set_output_array(out);
+  const int B = x.shape(0), H = x.shape(1), T = x.shape(2), D = x.shape(3);
+  const int64_t sb = x.strides()[0], sh = x.strides()[1], st = x.strides()[2], sd = x.strides()[3];
+  const int n_off = int(off.size());
+  const float* xp = x.data<float>();
+  const int32_t* op_ = off.data<int32_t>();
+  float* yp = out.data<float>();
+  const int dims = dims_, half = dims_ / 2;
+  const bool trad = traditional_;
+  const float base = base_, scale = scale_;
+  enc.dispatch([=]() {
+    // cos/sin per (b, t) and frequency, as MLX's fallback defines them: positions
+    // (offset + t) * scale, frequencies exp(-i * log(base) / half); computed in double, so
+    // they are at least as exact as MLX's float32 tables.
+    const int nb = n_off == 1 ? 1 : B;
+    std::vector<float> cs(size_t(nb) * T * half), sn(cs.size());
+    const double lb = std::log(double(base)) / half;
+    for (int b = 0; b < nb; ++b)
+      for (int t = 0; t < T; ++t) {
+        const double pos = double(float(op_[b] + t) * scale);
+        for (int i = 0; i < half; ++i) {
+          const double th = pos * std::exp(-i * lb);
+          const size_t k = (size_t(b) * T + t) * half + i;
+          cs[k] = float(std::cos(th));
+          sn[k] = float(std::sin(th));
+        }
+      }
+    const long rows = long(B) * H * T;
+    over_rows(rows, [&](long r) {
+      const int t = int(r % T);
+      const int h = int((r / T) % H);
+      const int b = int(r / (long(T) * H));
+      const float* xr = xp + b * sb + h * sh + t * st;
+      float* yr = yp + size_t(r) * D;
+      const size_t k = (size_t(nb == 1 ? 0 : b) * T + t) * half;
+      const float* c = cs.data() + k;
+      const float* s = sn.data() + k;
+      if (trad) {
+        for (int i = 0; i < half; ++i) {
+          const float x1 = xr[2 * i * sd], x2 = xr[(2 * i + 1) * sd];
+          yr[2 * i] = x1 * c[i] - x2 * s[i];
+          yr[2 * i + 1] = x1 * s[i] + x2 * c[i];
+        }
+      } else {
+        int i = 0;
+        if (sd == 1) {
+          for (; i + 8 <= half; i += 8) {
+            const __m256 x1 = _mm256_loadu_ps(xr + i), x2 = _mm256_loadu_ps(xr + half + i);
+            const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
+            _mm256_storeu_ps(yr + i, _mm256_sub_ps(_mm256_mul_ps(x1, vc), _mm256_mul_ps(x2, vs)));
+            _mm256_storeu_ps(yr + half + i, _mm256_add_ps(_mm256_mul_ps(x1, vs), _mm256_mul_ps(x2, vc)));
+          }
+        }
+        for (; i < half; ++i) {
+          const float x1 = xr[i * sd], x2 = xr[(half + i) * sd];
+          yr[i] = x1 * c[i] - x2 * s[i];
+          yr[half + i] = x1 * s[i] + x2 * c[i];
+        }
+      }
+      for (int j = dims; j < D; ++j) yr[j] = xr[j * sd];  // features past `dims` pass through
+    });
+  });
+}
+
+void Rope::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
+
+namespace {
+
+inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+QmmProblem problem(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array& b,
+                   int group_size, int bits, float* out) {
+  QmmProblem p;
+  p.x = x.data<float>();
+  p.K = x.shape(-1);
+  p.M = int(x.size() / p.K);
+  p.N = w.shape(0);
+  p.w = w.data<uint8_t>();
+  p.scales = s.data<float>();
+  p.biases = b.data<float>();
+  p.group_size = group_size;
+  p.bits = bits;
+  p.out = out;
+  return p;
+}
+
+void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
+  const int M = pg.M, N = pg.N;
+  std::vector<float> g(size_t(M) * N), u(size_t(M) * N);
+  pg.out = g.data();
+  pu.out = u.data();
+  if (M >= qmm_dense_min_rows()) {  // prefill-sized: the float-panel path, then the activation
+    qmm_run(pg, exact);
+    qmm_run(pu, exact);
+    for (size_t i = 0; i < g.size(); ++i) out[i] = silu(g[i]) * u[i];
+    return;
+  }
+  // One x preparation for both matmuls (same K and group size).
+  thread_local PreparedX px;
+  prepare_x(pg, !exact, px);
+  const XView xv{px.q.data(), px.d.data(), px.gsum.data()};
+  const QmmColumns k = qmm_columns(exact);
+  // Column chunks as QuantizedMatmul cuts them; each chunk runs gate, up and the activation
+  // for its columns, so results do not depend on the thread count.
+  const int T = Pool::get().threads();
+  int chunk = (N + T * 8 - 1) / (T * 8);
+  chunk = std::max(16, (chunk + 1) & ~1);
+  const int n_chunks = (N + chunk - 1) / chunk;
+  Pool::get().run(n_chunks, [&](int c) {
+    const int n0 = c * chunk, n1 = std::min(N, n0 + chunk);
+    k(pg, xv, n0, n1);
+    k(pu, xv, n0, n1);
+    for (int m = 0; m < M; ++m)
+      for (int n = n0; n < n1; ++n) {
+        const size_t i = size_t(m) * N + n;
+        out[i] = silu(g[i]) * u[i];
+      }
+  });
+}
+
+}  // namespace
+
+void QuantizedSwiglu::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  const QmmProblem pg = problem(inputs[0], inputs[1], inputs[2], inputs[3], group_size_, bits_, nullptr);
+  const QmmProblem pu = problem(inputs[0], inputs[4], inputs[5], inputs[6], group_size_, bits_, nullptr);
+  float* o = out.data<float>();
+  const bool exact = exact_;
+  enc.dispatch([pg, pu, o, exact]() { run_swiglu(pg, pu, o, exact); });
+}
+
+void QuantizedSwiglu::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
+
+mx::array quantized_swiglu(
+    const mx::array& x, const mx::array& wg, const mx::array& sg, const mx::array& bg,
+    const mx::array& wu, const mx::array& su, const mx::array& bu, int group_size, int bits,
+    bool exact, mx::StreamOrDevice s) {
+  // Each projection must be a valid quantized_matmul; building both checks every shape.
+  quantized_matmul(x, wg, sg, bg, group_size, bits, exact, s);
+  quantized_matmul(x, wu, su, bu, group_size, bits, exact, s);
+  if (wg.shape() != wu.shape())
+    throw std::invalid_argument("[mlxterm.quantized_swiglu] gate and up weights must have one shape.");
+  auto st = mx::to_stream(s);
+  auto f32 = [&](const mx::array& a) {
+    return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
+  };
+  std::vector<mx::array> inputs = {
+      f32(x), mx::contiguous(wg, false, st), f32(sg), f32(bg),
+      mx::contiguous(wu, false, st), f32(su), f32(bu)};
+  auto shape = x.shape();
+  shape.back() = wg.shape(0);
+  return mx::array(
+      shape, mx::float32, std::make_shared<QuantizedSwiglu>(st, group_size, bits, exact), inputs);
+}
+
+mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s) {
+  if (x.ndim() < 1 || x.dtype() != mx::float32 || w.ndim() != 1 || w.shape(0) != x.shape(-1))
+    throw std::invalid_argument("[mlxterm.rms_norm] x must be float32 (..., D) and w (D,).");
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu)
+    throw std::invalid_argument("[mlxterm.rms_norm] runs on the CPU stream only.");
+  std::vector<mx::array> inputs = {
+      mx::contiguous(x, false, st), mx::contiguous(mx::astype(w, mx::float32, st), false, st)};
+  return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(st, eps), inputs);
+}
+
+mx::array rope(
+    const mx::array& x, const mx::array& offset, int dims, bool traditional, float base,
+    float scale, mx::StreamOrDevice s) {
+  if (x.ndim() != 4 || x.dtype() != mx::float32)
+    throw std::invalid_argument("[mlxterm.rope] x must be float32 (B, H, T, D).");
+  if (dims <= 0 || dims % 2 || dims > x.shape(3))
+    throw std::invalid_argument("[mlxterm.rope] dims must be even and at most D.");
+  if (offset.size() != 1 && int(offset.size()) != x.shape(0))
+    throw std::invalid_argument("[mlxterm.rope] offset must be a scalar or one per batch row.");
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu)
+    throw std::invalid_argument("[mlxterm.rope] runs on the CPU stream only.");
+  std::vector<mx::array> inputs = {
+      x, mx::contiguous(mx::flatten(mx::astype(offset, mx::int32, st), st), false, st)};
+  return mx::array(
+      x.shape(), mx::float32, std::make_shared<Rope>(st, dims, traditional, base, scale), inputs);
+}
+
+}  // namespace mlxterm

@@ -1,0 +1,92 @@
+// Fused small ops of the decode step: RMSNorm and RoPE as single primitives.
+// MLX's CPU backend has no kernels for mx.fast.rms_norm / mx.fast.rope and runs each as a
+// graph of generic ops (a reduction, casts, arange/exp/cos/sin tables, slices, concatenates);
+// at decode every one of those is a separate dispatch and allocation for a few hundred floats.
+#pragma once
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mlxterm {
+
+namespace mx = mlx::core;
+
+// x (..., D) float32 -> x * rsqrt(mean(x^2) + eps) * w, w (D,).
+mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s = {});
+
+// x (B, H, T, D) float32 (any strides) -> rotary embedding of the first `dims` features at
+// positions (offset[b] + t) * scale, frequencies base^(-i / (dims / 2)); offset int32 of size
+// 1 or B. Output is row-contiguous (B, H, T, D).
+mx::array rope(
+    const mx::array& x, const mx::array& offset, int dims, bool traditional, float base,
+    float scale, mx::StreamOrDevice s = {});
+
+// silu(x @ dequantize(wg).T) * (x @ dequantize(wu).T): a SwiGLU MLP's gate and up projections
+// and its activation in one primitive (activations quantized once, one pool job for both
+// matmuls, no intermediate arrays). Both weights share bits and group size.
+mx::array quantized_swiglu(
+    const mx::array& x, const mx::array& wg, const mx::array& sg, const mx::array& bg,
+    const mx::array& wu, const mx::array& su, const mx::array& bu, int group_size, int bits,
+    bool exact, mx::StreamOrDevice s = {});
+
+class QuantizedSwiglu : public mx::UnaryPrimitive {
+ public:
+  QuantizedSwiglu(mx::Stream stream, int group_size, int bits, bool exact)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), exact_(exact) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+  const char* name() const override { return "MlxtermQuantizedSwiglu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const QuantizedSwiglu&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && exact_ == o.exact_;
+  }
+
+ private:
+  int group_size_, bits_;
+  bool exact_;
+};
+
+class RmsNorm : public mx::UnaryPrimitive {
+ public:
+  RmsNorm(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+  const char* name() const override { return "MlxtermRmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return eps_ == static_cast<const RmsNorm&>(other).eps_;
+  }
+
+ private:
+  float eps_;
+};
+
+class Rope : public mx::UnaryPrimitive {
+ public:
+  Rope(mx::Stream stream, int dims, bool traditional, float base, float scale)
+      : mx::UnaryPrimitive(stream), dims_(dims), traditional_(traditional), base_(base), scale_(scale) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+  const char* name() const override { return "MlxtermRope"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const Rope&>(other);
+    return dims_ == o.dims_ && traditional_ == o.traditional_ && base_ == o.base_ && scale_ == o.scale_;
+  }
+
+ private:
+  int dims_;
+  bool traditional_;
+  float base_, scale_;
+};
+
+}  // namespace mlxterm
