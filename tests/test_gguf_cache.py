@@ -70,7 +70,7 @@ def test_changed_gguf_reconverts_and_replaces_its_entry(tmp_path):
 def test_damaged_entry_is_rebuilt_with_one_warning(tmp_path, damage, caplog):
     path, _ = write_tiny(tmp_path, "llama", quantize=True)
     want = run_tokens(load_gguf(path, "quantized").model, PROMPT, 2)
-    entry = gguf_cache.entry_path(path, "quantized+kernels" if gguf_loader.kernels.available() else "quantized")
+    entry = gguf_cache.entry_path(path, gguf_cache.mode("quantized"))
     assert entry.exists()
     data = entry.read_bytes()
     if damage == "truncate":

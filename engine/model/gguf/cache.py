@@ -36,6 +36,18 @@ def enabled() -> bool:
     return os.environ.get("MLXTERM_GGUF_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def mode(weights: str) -> str | None:
+    """The cache mode of a load in ``weights`` format, or None when that format is not cached.
+
+    Only the packed format is cached: it is what loads by default, and the dense ones would be
+    several times the GGUF's size on disk."""
+    from engine import kernels
+
+    if weights != "quantized":
+        return None
+    return "quantized+kernels" if kernels.available() else "quantized"
+
+
 def entry_path(path: Path, mode: str) -> Path:
     """Where the converted arrays of ``path`` in ``mode`` are (or would be) cached."""
     path = path.resolve()

@@ -66,9 +66,7 @@ def load_gguf(path: str | Path, weights: str = "quantized") -> LoadedModel:
     args = spec.build_args(Meta(path, spec.arch, gg.metadata), shapes)
     check_args(path, args, shapes)
     module = importlib.import_module(f"mlx_lm.models.{spec.model_type}")
-    # Only the packed format is cached: it is what loads by default, and the dense ones would
-    # be several times the GGUF's size on disk.
-    mode = f"quantized{'+kernels' if kernels.available() else ''}" if weights == "quantized" else None
+    mode = gguf_cache.mode(weights)
     cached = gguf_cache.load(path, mode) if mode else None
     if cached is not None:
         try:
