@@ -11,6 +11,8 @@ def _isolated_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("mlxterm-home")
     monkeypatch.setenv("MLXTERM_HOME", str(home))
     monkeypatch.setenv("MLXTERM_MODELS_DIR", str(_shared_models_dir()))
+    # No converted-GGUF cache per test home (hundreds of MB per real model); its tests turn it on.
+    monkeypatch.setenv("MLXTERM_GGUF_CACHE", "0")
     yield home
 
 

@@ -196,7 +196,7 @@ def test_q6_k_has_no_affine_form():
         quants.to_affine(raw, "Q6_K", (1, 256))
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 8])
 def test_pack_matches_mx_quantize(bits):
     top = 2**bits - 1
     q = rng.integers(0, top + 1, size=(16, 32)).astype(np.uint8)

@@ -10,6 +10,8 @@ Arms, alternated in order then in reverse each round (medians over rounds):
   engine_fp32   the engine on fp32 weights + OpenBLAS: the CPU path without engine/kernels
   engine_unfused the engine arm's weights and kernels without the decode-step fusions (MLX's
                 own RMSNorm, RoPE and SiLU*mul, as MLXTERM_NO_FUSED=1 runs it)
+  engine_full_head  the engine, but prefill applies the output head to every prompt position
+                (mlx_lm's forward as is) instead of the last rows only (last_logits)
   llama_cpp     llama.cpp (PyPI ``xllamacpp``, the ``peer`` extra) on the same GGUF, prompt
                 tokens, token count and thread count; skipped with a note when not installed
 ``--arms`` picks a subset; ratios are reported for the arms that ran.
@@ -38,8 +40,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="each round runs every arm twice (in order, then reversed)")
     p.add_argument("--arms", default="engine,engine_fp32,llama_cpp",
-                   help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, llama_cpp, "
-                   "engine_unfused")
+                   help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, "
+                        "engine_full_head, engine_unfused, llama_cpp")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the kernel pool's)")
 
 
@@ -117,6 +119,7 @@ def run(args) -> dict:
     from engine.generation.kv_cache import make_cache
     from engine.kernels import hook
     from engine.model.catalog import resolve_source
+    from engine.model.gguf import cache as gguf_cache
     from engine.model.loader import load_bundle
     from engine.model.weight_policy import backend, choose_weights
     from engine.profiles import load_profile
@@ -134,6 +137,9 @@ def run(args) -> dict:
     profile = load_profile(args.profile)
     source = resolve_source(profile.model.source, profile.base_dir)
     fmt = choose_weights(profile.model.weights)
+    cache_mode = gguf_cache.mode(fmt) if source.is_file() and gguf_cache.enabled() else None
+    gguf_cache_state = "off" if cache_mode is None else (
+        "warm" if gguf_cache.entry_path(source, cache_mode).exists() else "cold")
     rss0 = _rss_mb()
     t = time.perf_counter()
     ours = load_bundle(source, fmt)
@@ -167,13 +173,18 @@ def run(args) -> dict:
     # Greedy, and no EOS stop for our arm either: every arm decodes the same number of tokens.
     params = SamplingParams(temperature=0.0, max_tokens=n)
 
-    def engine_arm(bundle):
+    def engine_arm(bundle, prefill_model=None):
         def run_():
             cache = make_cache(bundle.model)
-            steps = generate_step(bundle.model, prompt, cache, params, prefill_model=bundle.prefill_model)
+            steps = generate_step(bundle.model, prompt, cache, params,
+                                  prefill_model=prefill_model or bundle.prefill_model)
             return _time_stream(o.token for o in steps)
 
         return run_
+
+    def whole_forward(model):
+        # No model_type: last_logits runs the model whole and takes the last row of its logits.
+        return lambda inputs, cache=None: model(inputs, cache=cache)
 
     def stock_arm(model):
         def run_():
@@ -189,6 +200,7 @@ def run(args) -> dict:
         "stock_same": stock_arm(ours.model),
         "stock_loaded": stock_arm(stock.model),
         "engine_fp32": engine_arm(dense) if dense else None,
+        "engine_full_head": engine_arm(ours, whole_forward(ours.prefill_model or ours.model)),
         "llama_cpp": None,
         "engine_unfused": engine_arm(unfused) if unfused else None,
     }
@@ -224,7 +236,8 @@ def run(args) -> dict:
         return None
 
     ratios = {}
-    for other in ("llama_cpp", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid", "engine_unfused"):
+    for other in ("llama_cpp", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid", "engine_unfused",
+                  "engine_full_head"):
         for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
             r = ratio("engine", other, key)
             if r is not None:
@@ -232,7 +245,7 @@ def run(args) -> dict:
     table = ["| arm | weights | prefill tok/s | decode tok/s | TTFT ms |", "|---|---|---|---|---|"]
     weights = {"engine": fmt, "engine_hybrid": "hybrid", "stock_same": fmt,
                "stock_loaded": "quantized (MLX ops)", "engine_fp32": "fp32", "llama_cpp": "GGUF",
-               "engine_unfused": f"{fmt}, no fusions"}
+               "engine_unfused": f"{fmt}, no fusions", "engine_full_head": fmt}
     for name in arms:
         r = summary[name]
         table.append(f"| {name} | {weights[name]} | {r['prefill_tps']} | {r['decode_tps']} | {r['ttft_ms']} |")
@@ -252,6 +265,7 @@ def run(args) -> dict:
         "weight_format_engine": fmt,
         "kernels": kernels.status(),
         "load_ms": load_ms,
+        "gguf_cache": gguf_cache_state,  # converted-GGUF cache before the engine's load (cold = converted)
         "weights_rss_mb": round(weights_rss_mb, 1),  # process RSS growth over the load
         "weights_mb": round(sum(v.nbytes for _, v in tree_flatten(ours.model.parameters())) / 2**20, 1),
         "gguf_mb": round(source.stat().st_size / 2**20, 1) if source.is_file() else None,

@@ -8,6 +8,11 @@ streamed into a ``DictationSession`` in real time, in ``--chunk-ms`` blocks foll
 the finish latency: the time from the last ``feed()`` to ``finish()`` returning, plus
 whether the streamed text equals the batch text. The measured table is written into
 docs/benchmarks.md under "## Speech".
+
+``--kernels-ab N`` (default 1) also measures what the engine's CPU kernels (engine/kernels)
+do for Whisper: each clip's batch transcription in child processes with the kernels and with
+``MLXTERM_NO_KERNELS=1``, arms alternated kernels/off/off/kernels N times; medians and the
+ratio (off / kernels: the kernels' speed-up) per clip.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ CLIPS = {
         "sign up at the front desk."
     ),
 }
+ARMS = ("kernels", "no_kernels")  # the kernels A/B (child processes)
 DOC = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 HEADING = "## Speech"
 
@@ -86,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trailing-ms", type=int, default=1000,
                         help="silence after the clip before the take ends (default 1000)")
     parser.add_argument("--clips", default=",".join(CLIPS), help="comma-separated clip names (default all)")
+    parser.add_argument("--kernels-ab", type=int, default=1,
+                        help="rounds of kernels vs MLXTERM_NO_KERNELS child runs (A/B/B/A each; 0: none)")
+    parser.add_argument("--arm", choices=ARMS, default=None, help=argparse.SUPPRESS)  # child process
 
 
 def stream_take(bundle, audio: np.ndarray, chunk_ms: int = 1000, trailing_ms: int = 1000,
@@ -111,11 +120,73 @@ def stream_take(bundle, audio: np.ndarray, chunk_ms: int = 1000, trailing_ms: in
     return {"latency_s": latency, "text": text, "error": session.error}
 
 
+def run_arm(args) -> dict:
+    """Child process of the kernels A/B: batch-transcribe each clip once, report the times."""
+    from engine import kernels
+    from engine.speech.loader import DEFAULT_SPEECH_MODEL, load_whisper
+    from engine.speech.transcribe import TranscribeOptions, transcribe
+
+    bundle = load_whisper(args.model or DEFAULT_SPEECH_MODEL)
+    transcribe(bundle, np.zeros(16000, np.float32))  # warm-up, as in the main run
+    rows = []
+    for name in args.clips.split(","):
+        audio = clip(name)
+        t = time.perf_counter()
+        result = transcribe(bundle, audio, TranscribeOptions(beam_size=args.beam_size))
+        rows.append({"clip": name, "total_ms": (time.perf_counter() - t) * 1e3,
+                     "encode_ms": result.timings.encode_ms, "decode_ms": result.timings.decode_ms,
+                     "text": result.text})
+    return {"bench": "speech", "arm": args.arm, "kernels": kernels.available(), "clips": rows}
+
+
+def _arm_in_subprocess(args, arm: str) -> dict:
+    """One arm in a fresh process: MLXTERM_NO_KERNELS is read when the kernels are imported."""
+    import json
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MLXTERM_NO_KERNELS"}
+    if arm == "no_kernels":
+        env["MLXTERM_NO_KERNELS"] = "1"
+    cmd = [sys.executable, "-m", "app", "bench", "speech", "--json", "--arm", arm, "--clips", args.clips]
+    if args.model:
+        cmd += ["--model", args.model]
+    if args.beam_size:
+        cmd += ["--beam-size", str(args.beam_size)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"speech bench arm {arm} failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def kernels_ab(args) -> dict:
+    """Whisper with and without the CPU kernels: per clip median batch times and the ratio."""
+    import statistics
+
+    runs = [_arm_in_subprocess(args, arm) for arm in ("kernels", "no_kernels", "no_kernels", "kernels") * args.kernels_ab]
+    if not any(r["kernels"] for r in runs if r["arm"] == "kernels"):
+        return {"skipped": "CPU kernels unavailable in this install"}
+    rows = []
+    for name in args.clips.split(","):
+        row: dict = {"clip": name}
+        for arm in ARMS:
+            mine = [c for r in runs if r["arm"] == arm for c in r["clips"] if c["clip"] == name]
+            for key in ("total_ms", "encode_ms", "decode_ms"):
+                row[f"{arm}_{key}"] = round(statistics.median(c[key] for c in mine), 1)
+            row[f"{arm}_texts"] = sorted({c["text"] for c in mine})
+        row["speedup"] = round(row["no_kernels_total_ms"] / row["kernels_total_ms"], 3)
+        row["encode_speedup"] = round(row["no_kernels_encode_ms"] / row["kernels_encode_ms"], 3)
+        row["same_text"] = row["kernels_texts"] == row["no_kernels_texts"]
+        rows.append(row)
+    return {"rounds": args.kernels_ab, "runs_per_arm": 2 * args.kernels_ab, "clips": rows}
+
+
 def run(args) -> dict:
     from engine.speech.loader import DEFAULT_SPEECH_MODEL, load_whisper
     from engine.speech.transcribe import TranscribeOptions, transcribe
     from engine.speech.wer import word_error_rate
 
+    if args.arm:
+        return run_arm(args)
     model = args.model or DEFAULT_SPEECH_MODEL
     t0 = time.perf_counter()
     bundle = load_whisper(model)
@@ -146,9 +217,12 @@ def run(args) -> dict:
                 "wer": [round(word_error_rate(text, t["text"]), 3) for t in takes],
                 "errors": [t["error"] for t in takes if t["error"]],
             }
-    result = {"model": model, "beam_size": args.beam_size, "load_s": round(load_s, 2),
+    result = {"bench": "speech", "model": model, "beam_size": args.beam_size, "load_s": round(load_s, 2),
               "machine": _machine(), "load_avg_1m": round(os.getloadavg()[0], 2), "clips": rows,
               "stream": {"repeats": args.stream_repeats, "chunk_ms": args.chunk_ms, "trailing_ms": args.trailing_ms}}
+    if args.kernels_ab > 0:
+        result["kernels_ab"] = kernels_ab(args)
+        result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     result["summary"] = _table(result)
     if not args.no_doc:
         write_section(result["summary"])
@@ -191,6 +265,23 @@ def _table(result: dict) -> str:
             lines.append(f"| {r['clip']} | {sr['finish_latency_median_s']} | "
                          f"{', '.join(str(x) for x in sr['finish_latency_s'])} | "
                          f"{'yes' if sr['same_as_batch'] else 'no'} | {max(sr['wer'])} |")
+    ab = result.get("kernels_ab") or {}
+    if ab.get("clips"):
+        lines += [
+            "",
+            f"CPU kernels (engine/kernels) vs `MLXTERM_NO_KERNELS=1`: batch transcription in child "
+            f"processes, arms alternated kernels/off/off/kernels x {ab['rounds']}, medians of "
+            f"{ab['runs_per_arm']} runs per arm; speed-up = off / kernels.",
+            "",
+            "| clip | kernels total ms | off total ms | speed-up | encode ms kernels / off | encode speed-up | same text |",
+            "|---|---:|---:|---:|---|---:|---|",
+        ]
+        for r in ab["clips"]:
+            lines.append(f"| {r['clip']} | {r['kernels_total_ms']} | {r['no_kernels_total_ms']} | {r['speedup']}x "
+                         f"| {r['kernels_encode_ms']} / {r['no_kernels_encode_ms']} | {r['encode_speedup']}x "
+                         f"| {'yes' if r['same_text'] else 'no'} |")
+    elif ab.get("skipped"):
+        lines += ["", f"CPU kernels A/B: skipped ({ab['skipped']})."]
     return "\n".join(lines)
 
 

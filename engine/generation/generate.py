@@ -42,15 +42,49 @@ def prefill(
     logits = None
     while done < total:
         n = min(chunk, total - done)
-        out = model(mx.array(tokens[done : done + n])[None], cache=cache)
-        logits = out[:, -1, :]
-        mx.eval(logits, [c.state for c in cache])
+        logits = last_logits(model, mx.array(tokens[done : done + n])[None], cache)
         done += n
+        # Only the final chunk's logits are used: evaluating just the caches of the others
+        # leaves their output head (and last layer's MLP) uncomputed.
+        mx.eval([c.state for c in cache], *([logits] if done == total else []))
         if progress:
             progress(done, total)
         if should_stop and should_stop() and done < total:
             break
     return logits
+
+
+# Families whose forward is ``head(model.model(inputs, cache))`` with nothing after the head
+# (no soft-capping or scaling in these mlx_lm versions): the head is ``lm_head`` when present,
+# else the tied embedding (Gemma pops ``lm_head`` when the checkpoint ties it).
+_SPLIT_HEAD = ("llama", "qwen2", "qwen3", "gemma3_text")
+
+# The head runs on this many trailing rows, not one: matmul implementations pick their
+# algorithm by row count (the CPU kernels switch to float panels at 16 rows, BLAS from gemv
+# to gemm), and each row of a panel/gemm result does not depend on the others, so the last
+# row comes out bit-identical to a head over every position at 16/L of the cost.
+HEAD_ROWS = 16
+
+
+def last_logits(model, inputs: mx.array, cache: list) -> mx.array:
+    """Logits (B, vocab) at the last position of ``inputs``, run through ``model`` into ``cache``.
+
+    mlx_lm models apply the output head to every position; prefill only needs the last one,
+    and the head is a large part of the work (151,936 rows for Qwen2.5). For known families the
+    backbone runs alone and the head sees the trailing rows only; others run whole.
+    """
+    if getattr(model, "model_type", None) not in _SPLIT_HEAD or not hasattr(model, "model"):
+        return model(inputs, cache=cache)[:, -1, :]
+    if "_routed_base" in type(model).__dict__:  # CPU kernels' attention is on for this model
+        from engine.kernels.attention import routing
+
+        with routing():
+            h = model.model(inputs, cache)
+    else:
+        h = model.model(inputs, cache)
+    h = h[:, -HEAD_ROWS:, :]
+    head = model.lm_head if "lm_head" in model else model.model.embed_tokens.as_linear
+    return head(h)[:, -1, :]
 
 
 class DecodeStep:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
 
 from engine import kernels
 
@@ -51,6 +52,17 @@ def routed(cls: type) -> type:
             _active.on = prev
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "_routed_base": cls})
+
+
+@contextmanager
+def routing():
+    """This attention for a routed model's parts called directly (e.g. its backbone alone)."""
+    prev = getattr(_active, "on", False)
+    _active.on = True
+    try:
+        yield
+    finally:
+        _active.on = prev
 
 
 def _mask_array(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:

@@ -140,11 +140,11 @@ void run_qmm(const QmmProblem& p, bool exact) {
     DenseKernel k = pick_dense();
     // Few, wide chunks: each one reuses a K-slice of x across all its panels.
     int chunk = (p.N + 2 * T - 1) / (2 * T);
-    chunk = std::max(32, (chunk + 15) & ~15);
+    chunk = std::max(32, (chunk + 31) & ~31);  // whole 32-column panels (AVX-512)
     const int n_chunks = (p.N + chunk - 1) / chunk;
     pool.run(n_chunks, [&](int c) {
       thread_local std::vector<float> scratch;
-      scratch.resize(size_t(2) * 16 * 256);
+      scratch.resize(size_t(2) * 32 * 256);  // decoded rows + panel: kPanel (<= 32) x kKc
       int n0 = c * chunk, n1 = std::min(p.N, n0 + chunk);
       k(p, scratch.data(), n0, n1);
     });

@@ -22,6 +22,7 @@ from typing import Any
 
 from engine import kernels
 from engine.errors import ModelLoadError
+from engine.model.gguf import cache as gguf_cache
 from engine.model.gguf.arch import ARCHS, ArchSpec, Meta, check_args, unpermute_rows
 from engine.model.gguf.ggml_types import FILE_TYPES
 from engine.model.gguf.quants import AFFINE_TYPES, SUPPORTED, dequantize, to_affine, to_affine8
@@ -65,13 +66,39 @@ def load_gguf(path: str | Path, weights: str = "quantized") -> LoadedModel:
     args = spec.build_args(Meta(path, spec.arch, gg.metadata), shapes)
     check_args(path, args, shapes)
     module = importlib.import_module(f"mlx_lm.models.{spec.model_type}")
+    mode = gguf_cache.mode(weights)
+    cached = gguf_cache.load(path, mode) if mode else None
+    if cached is not None:
+        try:
+            model = _build(path, spec, module, args, *cached)
+        except ModelLoadError as e:  # stale or damaged entry: the GGUF itself decides
+            gguf_cache.discard(gguf_cache.entry_path(path, mode), f"unusable ({e})")
+            cached = None
+    if cached is None:
+        converted = _convert(gg, spec, args, weights)
+        model = _build(path, spec, module, args, *converted)
+        if mode:
+            gguf_cache.save(path, mode, converted)
+    return LoadedModel(
+        model=model,
+        model_type=spec.model_type,
+        config=dataclasses.asdict(model.args),
+        metadata=gg.metadata,
+        weight_format=weights,
+        path=path,
+        file_type=_file_type(gg),
+        n_params=sum(t.n_values for t in gg.tensors.values()),
+    )
+
+
+def _build(path: Path, spec: ArchSpec, module, args: dict[str, Any],
+           arrays: dict[str, mx.array], bits: dict[str, int]) -> nn.Module:
+    """A fresh mlx_lm model of ``module`` holding ``arrays`` (packed where ``bits`` says)."""
     try:
         model = module.Model(module.ModelArgs.from_dict(args))
     except (ValueError, TypeError, ZeroDivisionError, AssertionError) as e:
         raise ModelLoadError(f"{path}: metadata gives an invalid model shape ({e}).") from None
-
-    arrays, bits = _convert(gg, spec, args, weights)
-    arrays = model.sanitize(arrays)
+    arrays = model.sanitize(dict(arrays))
     nn.quantize(
         model,
         class_predicate=lambda p, m: {"group_size": 32, "bits": bits[p]} if p in bits else False,
@@ -83,16 +110,7 @@ def load_gguf(path: str | Path, weights: str = "quantized") -> LoadedModel:
         raise ModelLoadError(f"{path}: tensors do not fit the model ({e}).") from None
     mx.eval(model.parameters())
     model.eval()
-    return LoadedModel(
-        model=model,
-        model_type=spec.model_type,
-        config=dataclasses.asdict(model.args),
-        metadata=gg.metadata,
-        weight_format=weights,
-        path=path,
-        file_type=_file_type(gg),
-        n_params=sum(t.n_values for t in gg.tensors.values()),
-    )
+    return model
 
 
 def _spec(gg: GGUFFile) -> ArchSpec:

@@ -256,9 +256,24 @@ def pack(q: np.ndarray, bits: int) -> np.ndarray:
     q = np.asarray(q, dtype=np.uint8)
     if bits == 8:
         packed = np.ascontiguousarray(q)
+    elif bits == 4:
+        packed = q[:, 0::2] | (q[:, 1::2] << 4)  # byte j = values 2j (low), 2j+1 (high)
+    elif bits == 5:
+        # 8 values of 5 bits fill 5 bytes; uint8 shifts drop the bits that spill over.
+        v = [q[:, i::8] for i in range(8)]
+        packed = np.stack(
+            [
+                v[0] | (v[1] << 5),
+                (v[1] >> 3) | (v[2] << 2) | (v[3] << 7),
+                (v[3] >> 1) | (v[4] << 4),
+                (v[4] >> 4) | (v[5] << 1) | (v[6] << 6),
+                (v[6] >> 2) | (v[7] << 3),
+            ],
+            axis=-1,
+        )
     else:
-        # 8 values of `bits` bits fill exactly `bits` bytes: build them in a uint64.
+        # Any other width: 8 values of `bits` bits fill exactly `bits` bytes, built in a uint64.
         shifts = np.arange(0, 8 * bits, bits, dtype=np.uint64)
         words = (q.reshape(len(q), 4, 8).astype(np.uint64) << shifts).sum(axis=-1, dtype=np.uint64)
-        packed = np.ascontiguousarray(words.astype("<u8").view(np.uint8).reshape(len(q), 4, 8)[..., :bits])
-    return packed.reshape(len(q), -1).view("<u4").astype(np.uint32, copy=False)
+        packed = words.astype("<u8").view(np.uint8).reshape(len(q), 4, 8)[..., :bits]
+    return np.ascontiguousarray(packed).reshape(len(q), -1).view("<u4").astype(np.uint32, copy=False)

@@ -1,0 +1,54 @@
+"""The prefill (M >= 16) float-panel path: the AVX-512 12x32 micro-kernel gives bit-identical
+results to the AVX2 6x16 one (same FMA chain per output element), for every bit width, row
+remainder, partial panel and K-block split; both match dequantize + matmul."""
+
+import os
+import subprocess
+import sys
+
+import engine  # noqa: F401
+from engine import kernels
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+needs_ext = pytest.mark.skipif(not kernels.available(), reason="CPU kernels not built")
+
+# (M, N, K): row remainders of both micro-kernels (12 and 6), partial panels, K over 2 blocks.
+SHAPES = [(16, 67, 256), (29, 333, 384), (40, 100, 640), (17, 32, 96)]
+
+
+def _results(bits_list=(4, 5, 8)) -> dict[str, np.ndarray]:
+    out = {}
+    for bits in bits_list:
+        for i, (M, N, K) in enumerate(SHAPES):
+            rng = np.random.default_rng(100 * bits + i)
+            w = mx.array(rng.standard_normal((N, K)).astype(np.float32))
+            x = mx.array(rng.standard_normal((M, K)).astype(np.float32))
+            wq, s, b = mx.quantize(w, group_size=32, bits=bits)
+            y = kernels.quantized_matmul(x, wq, s, b, 32, bits)
+            ref = x @ mx.dequantize(wq, s, b, group_size=32, bits=bits).T
+            assert float(mx.abs(y - ref).max() / mx.abs(ref).max()) < 2e-6, (bits, M, N, K)
+            out[f"{bits}-{M}-{N}-{K}"] = np.array(y)
+    return out
+
+
+@needs_ext
+def test_panel_path_bit_identical_across_instruction_sets(tmp_path):
+    here = _results()
+    dump = tmp_path / "avx2.npz"
+    code = (
+        "import engine, sys, numpy as np\n"
+        "from engine import kernels\n"
+        "from tests.test_kernels_prefill import _results\n"
+        "assert kernels.status()['isa'] == 'avx2', kernels.status()\n"
+        f"np.savez({str(dump)!r}, **_results())\n"
+    )
+    env = dict(os.environ, MLXTERM_KERNEL_ISA="avx2")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    avx2 = np.load(dump)
+    assert sorted(avx2.files) == sorted(here)
+    for key, y in here.items():
+        np.testing.assert_array_equal(y, avx2[key], err_msg=key)
