@@ -6,6 +6,10 @@ RoPE runs at each row's own position, so a row's logits match its solo run. Rows
 (``add``: a prefilled per-request cache) and leave (``take`` then ``keep``) between steps;
 the model sees standard mlx_lm attention inputs (array masks), nothing model-specific.
 
+``prefill_together`` runs equal-length prompt chunks of several requests as one forward the
+same way (their caches merged left-padded for the call, then split back), so newcomers
+arriving together do not prefill one after another.
+
 Sliding-window layers (Gemma) join with the positions their ring still holds; in the batch
 they keep every new position and the model's window mask (buffer distance = position
 distance) hides what falls out of the window; ``take`` turns them back into rings.
@@ -98,3 +102,24 @@ def batched_logits(model, tokens: list[int], kv: BatchKV) -> mx.array:
     """Feed one token per row; (rows, vocab) logits of the next position."""
     x = mx.array(tokens, dtype=mx.int32)[:, None]
     return model(x, cache=kv.layers)[:, -1, :]
+
+
+def prefill_together(model, caches: list[list], chunks: list[list[int]]) -> list[list]:
+    """Feed equal-length ``chunks`` (one per request) after each request's ``caches`` in one
+    forward; returns each request's caches holding its history plus its chunk. Only the
+    caches are evaluated: no logits are needed (the decode lanes feed the last prompt token),
+    so the output projection over every position is never computed. Full-attention float
+    caches only (see ``batchable``; sliding windows prefill one request at a time)."""
+    layers = [BatchKVCache.merge([_plain(c, c.offset) for c in layer]) for layer in zip(*caches, strict=True)]
+    model(mx.array(chunks, dtype=mx.int32), cache=layers)
+    mx.eval([(layer.keys, layer.values) for layer in layers])
+    out = []
+    for i in range(len(chunks)):
+        row = []
+        for layer in layers:
+            kv = layer.extract(i)
+            c = StaticKVCache()
+            c.keys, c.values, c.offset = kv.keys, kv.values, kv.offset
+            row.append(c)
+        out.append(row)
+    return out
