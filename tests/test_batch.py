@@ -372,8 +372,9 @@ async def test_status_bar_counts_requests_sharing_the_engine(tiny_profile):
 
 
 def test_newcomers_prefill_together_and_match_their_solo_runs(engines, monkeypatch):
-    """Requests arriving together run their prompt chunks as one forward (equal-length chunks,
-    rows with restored checkpoints among them); every row still yields its solo tokens."""
+    """Requests arriving together run their prompt chunks as one forward (equal-length chunks
+    at one position; a restored row, further along, prefills on its own); every row still
+    yields its solo tokens."""
     import engine.serving.scheduler as scheduler
 
     solo, eng = engines
@@ -388,13 +389,14 @@ def test_newcomers_prefill_together_and_match_their_solo_runs(engines, monkeypat
     first = eng.submit(GenerationRequest(_prompt(eng, "restored prefix"), eng.sampling(max_tokens=6),
                                          session_id="joint")).result(60)
     s = eng.sampling
+    # distinct first words, so no row shares more of a stored checkpoint than the template
     specs = [
-        dict(prompt=_prompt(eng, "short"), params=s(max_tokens=12)),
-        dict(prompt=_prompt(eng, "a longer prompt for the joint prefill " * 6), params=s(max_tokens=14)),
-        dict(prompt=_prompt(eng, "sampled " * 9), params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=12)),
+        dict(prompt=_prompt(eng, "alpha " * 20), params=s(max_tokens=12)),
+        dict(prompt=_prompt(eng, "bravo is longer " * 14), params=s(max_tokens=14)),
+        dict(prompt=_prompt(eng, "charlie samples " * 20), params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=12)),
         dict(prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "more")[1:],
              params=s(max_tokens=10)),
-        dict(prompt=_prompt(eng, "constrained " * 4), params=s(max_tokens=10), constrained=True),
+        dict(prompt=_prompt(eng, "delta is constrained " * 12), params=s(max_tokens=10), constrained=True),
     ]
     refs = [_solo(solo, spec) for spec in specs]
     handles = [eng.submit(_request(eng, spec, session_id="joint" if i == 3 else None))

@@ -372,15 +372,19 @@ class Scheduler:
     # -- prefill -----------------------------------------------------------------------------------
     def _prefill_chunk(self) -> None:
         """One prefill chunk of the most urgent newcomer, run together with a chunk of the
-        same length of every other newcomer that has that much prompt left (one forward);
-        rows whose prompt is then in the cache start decoding."""
+        same length of every other newcomer at the same position that has that much prompt
+        left (one forward); rows whose prompt is then in the cache start decoding."""
         urgent = sorted(self.prefilling, key=lambda r: (-r.priority, r.seq))
         row = urgent[0]
         group = [row]
         n = min(PREFILL_CHUNK, _left(row))
         if n > 0:
             if self.prefill_rows and n >= DENSE_ROWS:
-                fits = [r for r in urgent[1:] if _left(r) == n or _left(r) - n >= DENSE_ROWS]
+                # Same history length: no row is padded, so attention sums over its keys in
+                # the order its solo prefill does (a padded row's key blocks shift, and the
+                # rounding with them).
+                fits = [r for r in urgent[1:]
+                        if r.filled == row.filled and (_left(r) == n or _left(r) - n >= DENSE_ROWS)]
                 group += fits[: max(0, PREFILL_TOKENS // n - 1)]
             if len(group) > 1:
                 caches = prefill_together(self.prefill_model, [r.cache for r in group],
