@@ -371,13 +371,15 @@ async def test_status_bar_counts_requests_sharing_the_engine(tiny_profile):
         assert str(label.render()) == ""
 
 
-def test_newcomers_prefill_together_and_match_their_solo_runs(engines, monkeypatch):
-    """Requests arriving together run their prompt chunks as one forward (equal-length chunks
-    at one position; a restored row, further along, prefills on its own); every row still
-    yields its solo tokens."""
+def test_newcomers_prefill_together_and_match_their_solo_runs(tmp_path, tiny_llama_dir, engines, monkeypatch):
+    """Requests arriving together with as much prompt left at one position prefill in one
+    forward (rows of another length, or a restored row further along, prefill on their own);
+    every row still yields its solo tokens."""
     import engine.serving.scheduler as scheduler
 
-    solo, eng = engines
+    solo, _ = engines
+    # its own checkpoint store: rows restore exactly the template prefix, nothing more
+    eng = _engine(tmp_path, tiny_llama_dir, "joint")
     calls = []
     real = scheduler.prefill_together
 
@@ -389,25 +391,32 @@ def test_newcomers_prefill_together_and_match_their_solo_runs(engines, monkeypat
     first = eng.submit(GenerationRequest(_prompt(eng, "restored prefix"), eng.sampling(max_tokens=6),
                                          session_id="joint")).result(60)
     s = eng.sampling
+
+    def sized(text: str, n: int) -> list[int]:  # distinct prompts of one length (template tail kept)
+        ids = _prompt(eng, text * 20)
+        return ids[: n - 8] + ids[-8:]
+
     # distinct first words, so no row shares more of a stored checkpoint than the template
     specs = [
-        dict(prompt=_prompt(eng, "alpha " * 20), params=s(max_tokens=12)),
-        dict(prompt=_prompt(eng, "bravo is longer " * 14), params=s(max_tokens=14)),
-        dict(prompt=_prompt(eng, "charlie samples " * 20), params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=12)),
+        dict(prompt=sized("alpha ", 60), params=s(max_tokens=12)),
+        dict(prompt=sized("bravo is longer ", 90), params=s(max_tokens=14)),  # its own length
+        dict(prompt=sized("charlie samples ", 60), params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=12)),
         dict(prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "more")[1:],
              params=s(max_tokens=10)),
-        dict(prompt=_prompt(eng, "delta is constrained " * 12), params=s(max_tokens=10), constrained=True),
+        dict(prompt=sized("delta is constrained ", 60), params=s(max_tokens=10), constrained=True),
+        dict(prompt=sized("echo ", 60), params=s(max_tokens=10)),
     ]
     refs = [_solo(solo, spec) for spec in specs]
     handles = [eng.submit(_request(eng, spec, session_id="joint" if i == 3 else None))
                for i, spec in enumerate(specs)]
     dones = [h.result(60) for h in handles]
+    eng.close()
     for i, (done, ref) in enumerate(zip(dones, refs, strict=True)):
         assert done.completion_token_ids == ref.completion_token_ids, i
         assert done.text == ref.text, i
     assert dones[3].usage.cached_tokens > 0  # the restored row prefilled only its new tail
-    assert calls and max(len(c) for c in calls) >= 3, calls
-    assert all(len(set(c)) == 1 for c in calls)  # one chunk length per forward
+    # alpha, charlie, delta and echo (alpha alone first if the engine woke between submits)
+    assert calls and max(len(c) for c in calls) >= 3 and all(len(set(c)) == 1 for c in calls), calls
 
 
 def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, engines):

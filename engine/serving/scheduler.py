@@ -19,8 +19,9 @@ speculation runs again for its tail) with its key schedule. A finished row is an
 once and rides one more step so its cache covers the whole reply (as the serial lane's
 does), then it is checkpointed and leaves.
 
-Newcomers that reach the batch in the same tick have their prompt chunks run as one forward
-(``_prefill_together``: equal-length chunks, rows left-padded like the decode batch), and a
+Newcomers at the same position with the same prompt length left (e.g. one template prefix
+restored, equal-length prompts, long prompts' 512-token chunks) prefill in one forward
+(``prefill_together``), each with exactly the chunks its solo run uses; and a
 joiner's last prompt token is fed by the next batched step with the running rows rather than
 by a forward of its own.
 """
@@ -55,10 +56,6 @@ import mlx.core as mx
 
 log = logging.getLogger(__name__)
 PREFILL_TOKENS = 4 * PREFILL_CHUNK  # at most this many tokens in one joint prefill forward
-# The CPU kernels (engine/kernels) run a matmul of >= 16 activation rows on float panels and
-# fewer rows as int8 activations: a joint chunk keeps every row on the path its solo prefill
-# takes (both >= 16 rows), and leaves no row a remainder under 16 that its solo run lacks.
-DENSE_ROWS = 16
 
 
 class Row:
@@ -371,20 +368,21 @@ class Scheduler:
 
     # -- prefill -----------------------------------------------------------------------------------
     def _prefill_chunk(self) -> None:
-        """One prefill chunk of the most urgent newcomer, run together with a chunk of the
-        same length of every other newcomer at the same position that has that much prompt
-        left (one forward); rows whose prompt is then in the cache start decoding."""
+        """One prefill chunk of the most urgent newcomer, run in one forward with the same
+        chunk of every other newcomer at the same position with as much prompt left (rows
+        whose solo prefill would run that very chunk shape); rows whose prompt is then in the
+        cache start decoding."""
         urgent = sorted(self.prefilling, key=lambda r: (-r.priority, r.seq))
         row = urgent[0]
         group = [row]
         n = min(PREFILL_CHUNK, _left(row))
         if n > 0:
-            if self.prefill_rows and n >= DENSE_ROWS:
-                # Same history length: no row is padded, so attention sums over its keys in
-                # the order its solo prefill does (a padded row's key blocks shift, and the
-                # rounding with them).
-                fits = [r for r in urgent[1:]
-                        if r.filled == row.filled and (_left(r) == n or _left(r) - n >= DENSE_ROWS)]
+            if self.prefill_rows:
+                # Only rows whose next chunk is the one their solo prefill runs (same start,
+                # same length): attention and matmul results depend on the pass shape in the
+                # last bits (summation blocks over keys, padding shifts), so another split
+                # could flip a near-tie token against the row's solo run.
+                fits = [r for r in urgent[1:] if r.filled == row.filled and min(PREFILL_CHUNK, _left(r)) == n]
                 group += fits[: max(0, PREFILL_TOKENS // n - 1)]
             if len(group) > 1:
                 caches = prefill_together(self.prefill_model, [r.cache for r in group],
