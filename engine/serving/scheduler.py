@@ -34,7 +34,7 @@ import logging
 import os
 import time
 
-from engine.generation.batch import BatchKV, batchable, batched_logits, prefill_together
+from engine.generation.batch import BatchKV, batchable, batched_logits, fill, prefill_together
 from engine.generation.constraints import additive_mask
 from engine.generation.generate import PREFILL_CHUNK, generate_step, prefill
 from engine.generation.kv_cache import StaticKVCache
@@ -389,8 +389,8 @@ class Scheduler:
                                           [r.prompt[r.filled : r.filled + n] for r in group])
                 for r, cache in zip(group, caches, strict=True):
                     r.cache = cache
-            else:
-                prefill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n])
+            else:  # the body's logits are never read: the decode lanes feed the last token
+                fill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n])
             for r in group:
                 r.filled += n
                 total = len(r.prompt) - r.cached
