@@ -156,8 +156,10 @@ def test_chat_while_an_agent_works_on_the_same_engine(tmux):
     assert re.search(r"Assistant #3", screen)  # this chat's pane: system, question, answer
     tmux.keys("C-f")  # filter the sidebar down to the agent session and open it
     tmux.type("zebra")
-    tmux.keys("Enter")
-    tmux.keys("Enter")
+    tmux.wait_for(r"◆ Write a file named zebra")  # the list has been filtered...
+    tmux.keys("Enter")  # ...the filter hands focus to the list...
+    tmux.wait_for_absence(r"\^j Newline")  # (the message box's keys leave the footer)
+    tmux.keys("Enter")  # ...which opens the session
     # still working (then its summary once done) or, if it already finished, the stored run
     done = r"agent (answered|hit|failed|ran out).* after \d+ step|opened “.*” · \d+ messages"
     screen = tmux.wait_for(done, timeout=900).string
