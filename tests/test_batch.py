@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 from engine.runtime import Engine, GenerationRequest, Priority
 from engine.serving.events import Done, Queued, TextDelta
@@ -155,7 +156,9 @@ def test_mixed_batch_rows_match_their_solo_runs(engines):
 
 def test_solo_request_migrates_into_the_batch_and_keeps_its_tokens(engines):
     solo, eng = engines
-    a = dict(prompt=_prompt(eng, "migrating sampled"), params=eng.sampling(temperature=1.0, seed=5, max_tokens=40))
+    # long enough that it is still decoding when a loaded machine gets round to submitting b
+    a = dict(prompt=_prompt(eng, "migrating sampled"), params=eng.sampling(temperature=1.0, seed=5, max_tokens=300),
+             no_eos=True)
     b = dict(prompt=_prompt(eng, "late"), params=eng.sampling(max_tokens=10))
     ref_a, ref_b = _solo(solo, a), _solo(solo, b)
     ha = eng.submit(_request(eng, a))
@@ -366,3 +369,85 @@ async def test_status_bar_counts_requests_sharing_the_engine(tiny_profile):
             assert h.result(60).lane == "batched"
         bar.refresh_shared()
         assert str(label.render()) == ""
+
+
+def test_newcomers_prefill_together_and_match_their_solo_runs(tmp_path, tiny_llama_dir, engines, monkeypatch):
+    """Requests arriving together with as much prompt left at one position prefill in one
+    forward (rows of another length, or a restored row further along, prefill on their own);
+    every row still yields its solo tokens."""
+    import engine.serving.scheduler as scheduler
+
+    solo, _ = engines
+    # its own checkpoint store: rows restore exactly the template prefix, nothing more
+    eng = _engine(tmp_path, tiny_llama_dir, "joint")
+    calls = []
+    real = scheduler.prefill_together
+
+    def spy(model, caches, chunks):
+        calls.append([len(c) for c in chunks])
+        return real(model, caches, chunks)
+
+    monkeypatch.setattr(scheduler, "prefill_together", spy)
+    first = eng.submit(GenerationRequest(_prompt(eng, "restored prefix"), eng.sampling(max_tokens=6),
+                                         session_id="joint")).result(60)
+    s = eng.sampling
+
+    def sized(text: str, n: int) -> list[int]:  # distinct prompts of one length (template tail kept)
+        ids = _prompt(eng, text * 20)
+        return ids[: n - 8] + ids[-8:]
+
+    # distinct first words, so no row shares more of a stored checkpoint than the template
+    specs = [
+        dict(prompt=sized("alpha ", 60), params=s(max_tokens=12)),
+        dict(prompt=sized("bravo is longer ", 90), params=s(max_tokens=14)),  # its own length
+        dict(prompt=sized("charlie samples ", 60), params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=12)),
+        dict(prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "more")[1:],
+             params=s(max_tokens=10)),
+        dict(prompt=sized("delta is constrained ", 60), params=s(max_tokens=10), constrained=True),
+        dict(prompt=sized("echo ", 60), params=s(max_tokens=10)),
+    ]
+    refs = [_solo(solo, spec) for spec in specs]
+    handles = [eng.submit(_request(eng, spec, session_id="joint" if i == 3 else None))
+               for i, spec in enumerate(specs)]
+    dones = [h.result(60) for h in handles]
+    eng.close()
+    for i, (done, ref) in enumerate(zip(dones, refs, strict=True)):
+        assert done.completion_token_ids == ref.completion_token_ids, i
+        assert done.text == ref.text, i
+    assert dones[3].usage.cached_tokens > 0  # the restored row prefilled only its new tail
+    # alpha, charlie, delta and echo (alpha alone first if the engine woke between submits)
+    assert calls and max(len(c) for c in calls) >= 3 and all(len(set(c)) == 1 for c in calls), calls
+
+
+def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, engines):
+    """When the others leave, the last batched row continues in the serial lane at a token
+    boundary (key schedule, window and tokens unchanged) and speculation runs for its tail."""
+    solo, _ = engines
+    spec_eng = _engine(tmp_path, tiny_llama_dir, "spec", speculation={"mode": "lookup", "lookup_ngram": 1,
+                                                                      "num_draft_tokens": 8})
+    try:
+        s = spec_eng.sampling
+        blocker = dict(prompt=_prompt(spec_eng, "blocker"), params=s(max_tokens=24), no_eos=True)
+        short = dict(prompt=_prompt(spec_eng, "short one"), params=s(max_tokens=4), no_eos=True)
+        tails = [
+            dict(prompt=_prompt(spec_eng, "the tail repeats the tail " * 4), params=s(max_tokens=60)),
+            dict(prompt=_prompt(spec_eng, "sampled tail " * 4),
+                 params=s(temperature=0.9, seed=8, repetition_penalty=1.3, repetition_context=6, max_tokens=60)),
+        ]  # no constraint: speculation needs one that can fork
+        for tail in tails:
+            ref = _solo(solo, tail)
+            first = spec_eng.submit(_request(spec_eng, blocker))
+            while not first.token_ids:  # the blocker decodes in the serial lane...
+                time.sleep(0.001)
+            # ...so the tail row cannot start alone: it joins the batch (the blocker migrates)
+            handles = [spec_eng.submit(_request(spec_eng, tail)), spec_eng.submit(_request(spec_eng, short))]
+            done = handles[0].result(60)
+            assert done.completion_token_ids == ref.completion_token_ids
+            assert done.text == ref.text
+            assert done.lane == "batched" and done.batch_max >= 2
+            # Speculation only exists in the serial lane: rounds mean the row went back there.
+            assert done.speculation is not None and done.speculation["rounds"] > 0, done.speculation
+            assert first.result(60).completion_token_ids == _solo(solo, blocker).completion_token_ids
+            assert handles[1].result(60).completion_token_ids == _solo(solo, short).completion_token_ids
+    finally:
+        spec_eng.close()

@@ -129,3 +129,48 @@ def test_ask_quit_resume_and_restore_from_ssd(tmux):
     cached = int(restored.group(1).replace(",", ""))
     assert cached == messages[-1].meta["usage"]["cached_tokens"] > 0
     assert restored.group(2) == "SSD", f"expected the SSD tier after a restart: {restored[0]}"
+
+
+def test_chat_while_an_agent_works_on_the_same_engine(tmux):
+    """Start an agent task, open a new chat while it works and ask a question there: both
+    stream on the one engine (the status bar counts them), the chat answers, and reopening
+    the agent session shows its run, which completes; both transcripts are stored."""
+    from engine.sessions import SessionStore
+
+    tmux.type(f"{MLXTERM} chat --profile qwen2.5-coder-0.5b; echo EXIT=$?")
+    tmux.keys("Enter")
+    tmux.wait_for(r"qwen2.5-coder-0.5b · KV", timeout=240)
+    tmux.type("/agent")
+    tmux.keys("Enter")
+    tmux.wait_for(r"agent · ")  # the message box's border title in agent mode
+    tmux.type("Write a file named zebra.txt that says hi.")
+    tmux.keys("Enter")
+    tmux.wait_for(r"agent · step 1")
+    tmux.keys("C-n")  # a new chat; the agent keeps working in its hidden pane
+    tmux.wait_for_absence(r"agent · step")
+    tmux.type("Name one colour.")
+    tmux.keys("Enter")
+    shared = tmux.wait_for(r"2 requests share the engine", timeout=240).string
+    assert "streaming · agent" in shared  # the sidebar marks the hidden, working agent session
+    screen = tmux.wait_for(r"tok/s", timeout=600).string  # the chat's reply is done
+    assert re.search(r"Assistant #3", screen)  # this chat's pane: system, question, answer
+    tmux.keys("C-f")  # filter the sidebar down to the agent session and open it
+    tmux.type("zebra")
+    tmux.wait_for(r"◆ Write a file named zebra")  # the list has been filtered...
+    tmux.keys("Enter")  # ...the filter hands focus to the list...
+    tmux.wait_for_absence(r"\^j Newline")  # (the message box's keys leave the footer)
+    tmux.keys("Enter")  # ...which opens the session
+    # still working (then its summary once done) or, if it already finished, the stored run
+    done = r"agent (answered|hit|failed|ran out).* after \d+ step|opened “.*” · \d+ messages"
+    screen = tmux.wait_for(done, timeout=900).string
+    assert "zebra.txt" in screen
+    _quit(tmux)
+
+    store = SessionStore()
+    kinds = {s.kind: s for s in store.list()}
+    chat = [m for m in store.messages(kinds["chat"].id) if m.role != "system"]
+    assert [m.role for m in chat] == ["user", "assistant"] and chat[1].content.strip()
+    assert chat[1].meta["finish_reason"] in ("stop", "length")
+    agent = store.messages(kinds["agent"].id)
+    assert any(m.role == "user" and "zebra.txt" in m.content for m in agent)
+    assert agent[-1].role in ("assistant", "tool")

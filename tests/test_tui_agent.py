@@ -6,6 +6,8 @@ approval is fixed; the tools run for real in the session's workspace.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from pathlib import Path
 
@@ -293,3 +295,194 @@ async def test_compaction_and_limit_notices():
         assert notices(app) == ["Compacted 2 old tool results to fit the context: 7,900 → 5,100 tokens.",
                                 "Stopped: the step limit was reached."]
         assert replies(app) == ["half an ans"]
+
+
+class SharedEngine(TuiScriptedEngine):
+    """Serves requests concurrently, like the batched engine: a prompt whose user text says
+    ``[chat]`` gets the next chat reply, any other the next agent reply. Records when each
+    side streamed text and counts requests in flight (the status bar reads it).
+
+    ``wait_at[(name, n)]``: an event the n-th streamed piece (from 1) of request ``name``
+    ("agent2": the agent's second request) waits for; ``mark_at[(name, n)]`` is set once that
+    piece streamed. They fix the interleaving whatever the machine's load."""
+
+    def __init__(self, agent: list, chat: list, **kw):
+        super().__init__([], **kw)
+        self._lock = contextlib.nullcontext()  # no one-request-at-a-time lock: rows interleave
+        self._submit = threading.Lock()
+        self.scripts = {"agent": list(agent), "chat": list(chat)}
+        self.active_requests = 0
+        self.submitted = {"agent": 0, "chat": 0}
+        self.streamed: dict[str, list[float]] = {"agent": [], "chat": []}
+        self.wait_at: dict[tuple[str, int], threading.Event] = {}
+        self.mark_at: dict[tuple[str, int], threading.Event] = {}
+
+    def key(self, request) -> str:
+        return "chat" if "[chat]" in self.tokenizer.decode(request.prompt_ids) else "agent"
+
+    def submit(self, request):
+        with self._submit:
+            side = self.key(request)
+            self.submitted[side] += 1
+            request.name = f"{side}{self.submitted[side]}"
+            script = self.scripts[side]
+            self.replies = [script.pop(0) if script else Reply("(script exhausted)")]
+            self.active_requests += 1
+            return super().submit(request)
+
+    def _serve(self, req, handle, reply):
+        side, name = self.key(req), req.name
+        times, emit = self.streamed[side], handle.emit
+        pieces = [0]
+
+        def timed(ev):
+            if type(ev).__name__ == "TextDelta":
+                pieces[0] += 1
+                n = pieces[0]
+                gate = self.wait_at.get((name, n))
+                deadline = time.monotonic() + 60
+                while gate is not None and not gate.wait(0.01) and not handle.cancelled:
+                    assert time.monotonic() < deadline, f"{name} piece {n} waited too long"
+                times.append(time.monotonic())
+                emit(ev)
+                if (name, n) in self.mark_at:
+                    self.mark_at[name, n].set()
+                return
+            if type(ev).__name__ == "Done":
+                with self._submit:
+                    self.active_requests -= 1
+            emit(ev)
+
+        handle.emit = timed
+        super()._serve(req, handle, reply)
+
+
+AGENT_SAYS = "Writing the plan first, then I will check it twice."
+AGENT_ENDS = ("The plan is in plan.txt; it lists three steps and each one is short. Step a comes "
+              "first, then b, then c; none of them needs a tool, and each can be checked alone.")
+CHAT_SAYS = "Hello! The agent keeps working while we talk."
+
+
+def streaming_reply(pane) -> MessageView | None:
+    found = [v for v in pane.query(MessageView) if v.role == "assistant" and v.state == "streaming"]
+    return found[0] if found and found[0].content else None
+
+
+def pane_text(pane) -> list[tuple[str, str]]:
+    return [(v.role, v.content.strip()) for v in pane.query(MessageView)]
+
+
+async def open_from_sidebar(pilot, sid: str) -> None:
+    screen = main(pilot.app)
+    await pilot.press("ctrl+l")
+    options = pilot.app.query_one("#session-list")
+    options.highlighted = [options.get_option_at_index(i).id for i in range(options.option_count)].index(sid)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: screen.session_id == sid, what="the session to open")
+
+
+async def test_chat_while_the_agent_runs(tmp_path):
+    """The agent keeps streaming in its own pane while the user chats in another session;
+    both stream at the same time on the one engine, the status bar counts them, and switching
+    back shows the live run with nothing lost."""
+    first = AGENT_SAYS + "\n" + call("write_file", content="1. a\n2. b\n3. c\n", path="plan.txt")
+    engine = SharedEngine(agent=[Reply(first, delay_s=0.002), Reply(AGENT_ENDS, delay_s=0.002)],
+                          chat=[Reply(CHAT_SAYS, delay_s=0.002)])
+    chat_started, agent_went_on, release = threading.Event(), threading.Event(), threading.Event()
+    step2, chat_go = threading.Event(), threading.Event()
+    engine.mark_at = {("agent2", 4): step2, ("chat1", 1): chat_started, ("agent2", 15): agent_went_on}
+    # a few pieces into its second step the agent waits for the chat to start, the chat for
+    # the agent to stream 10 more pieces, the chat's end waits for the test to have seen both
+    # mid-stream, and the agent's end for the test to have switched back to it
+    engine.wait_at = {("agent2", 5): chat_started, ("chat1", 5): agent_went_on,
+                      ("chat1", 20): chat_go, ("agent2", 40): release}
+    app = MlxtermApp("scripted", engine_factory=lambda spec: engine, memory_probe=lambda: 300 << 20,
+                     store=SessionStore())
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    async with app.run_test(size=SIZE) as pilot:
+        await start_agent(pilot, str(ws))
+        screen = main(app)
+        agent_sid = screen.session_id
+        await task(pilot, "make a plan")
+        agent_pane = screen.conversation
+        await wait_for(pilot, step2.is_set, what="the agent's second step")
+
+        # A new chat: the agent's pane is hidden, not stopped.
+        await pilot.press("ctrl+n")
+        assert screen.agent_busy and not screen.agent_mode
+        assert screen.conversation is not agent_pane and not agent_pane.display
+        assert screen.panes == {agent_sid: agent_pane}
+        await pilot.press(*"[chat] hi", "enter")
+        chat_pane = screen.conversation
+        # both replies are on screen mid-stream (the chat's pane shown, the agent's hidden)
+        await wait_for(pilot, lambda: streaming_reply(chat_pane) and streaming_reply(agent_pane),
+                       what="the chat to stream while the agent works")
+        await wait_for(pilot, lambda: "2 requests share the engine" in str(
+            app.query_one("#status-shared").render()), what="the shared-engine count")
+        # the sidebar marks both sessions as streaming
+        rows = {app.query_one("#session-list").get_option_at_index(i).id:
+                str(app.query_one("#session-list").get_option_at_index(i).prompt)
+                for i in range(2)}
+        assert all("streaming · " in row for row in rows.values()), rows
+        chat_go.set()
+        await wait_for(pilot, lambda: not screen.chat_busy, what="the chat reply")
+        assert pane_text(chat_pane) == [("user", "[chat] hi"), ("assistant", CHAT_SAYS)]
+        # both streams progressed together: the agent streamed while the chat was streaming
+        agent_t, chat_t = engine.streamed["agent"], engine.streamed["chat"]
+        assert sum(chat_t[0] < t < chat_t[-1] for t in agent_t) >= 10
+
+        # Back to the agent: the same pane, still streaming, then complete.
+        assert screen.agent_busy
+        await open_from_sidebar(pilot, agent_sid)
+        assert screen.conversation is agent_pane and agent_pane.display and screen.agent_mode
+        assert screen.panes == {}  # the finished chat's pane was dropped with nothing streaming
+        release.set()
+        await idle(pilot, 20)
+        assert (ws / "plan.txt").read_text() == "1. a\n2. b\n3. c\n"
+        live = pane_text(agent_pane)
+        assert [c.tool for c in cards(app)] == ["write_file"]
+        assert replies(app) == [AGENT_SAYS, AGENT_ENDS]
+        assert screen.status.turn_text.startswith("agent answered after 2 steps")
+
+        # Nothing was lost while hidden: the live pane equals the session rebuilt from the store.
+        await pilot.press("ctrl+n")
+        await open_from_sidebar(pilot, agent_sid)
+        assert pane_text(screen.conversation) == live
+        chat_sid = next(s.id for s in app.controller.sessions() if s.id != agent_sid)
+        stored = [(m.role, m.content.strip()) for m in app.controller.messages(chat_sid)]
+        assert stored[-2:] == [("user", "[chat] hi"), ("assistant", CHAT_SAYS)]
+
+
+async def test_esc_stops_the_visible_run_only(tmp_path):
+    """Esc in the chat stops the chat reply and leaves the hidden agent run working; Esc in
+    the agent's session cancels the agent."""
+    engine = SharedEngine(agent=[Reply(AGENT_ENDS, delay_s=0.002)],
+                          chat=[Reply(CHAT_SAYS, delay_s=0.002)])
+    agent_held, chat_held = threading.Event(), threading.Event()  # never set: held until cancelled
+    engine.wait_at = {("agent1", 20): agent_held, ("chat1", 10): chat_held}
+    app = MlxtermApp("scripted", engine_factory=lambda spec: engine, memory_probe=lambda: 300 << 20,
+                     store=SessionStore())
+    async with app.run_test(size=SIZE) as pilot:
+        await start_agent(pilot)
+        screen = main(app)
+        agent_sid = screen.session_id
+        await task(pilot, "write a long answer")
+        agent_pane = screen.conversation
+        await wait_for(pilot, lambda: len(engine.streamed["agent"]) == 19, what="the agent to stream")
+        await pilot.press("ctrl+n", *"[chat] tell me more", "enter")
+        chat_pane = screen.conversation
+        await wait_for(pilot, lambda: len(engine.streamed["chat"]) == 9, what="the chat to stream")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not screen.chat_busy, what="the chat to stop")
+        (reply,) = [v for v in chat_pane.query(MessageView) if v.role == "assistant"]
+        assert reply.state == "stopped" and reply.content.strip() == CHAT_SAYS[:10].strip()
+        assert screen.agent_busy and not screen.running_agent.cancelled
+        await open_from_sidebar(pilot, agent_sid)
+        assert screen.conversation is agent_pane and screen.agent_busy
+        await pilot.press("escape")
+        await idle(pilot, 20)
+        (step,) = [v for v in agent_pane.query(MessageView) if v.role == "assistant"]
+        assert step.state == "stopped" and step.content.strip() == AGENT_ENDS[:20].strip()
+        assert screen.status.turn_text.startswith("agent cancelled")
+

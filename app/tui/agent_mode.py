@@ -5,6 +5,11 @@ An agent session (kind "agent", with a workspace directory) sends each prompt to
 on its own thread and the model on the engine thread; this screen's worker only receives
 the events on the UI loop and renders them (``AgentRunView``). ``ApprovalNeeded`` opens an
 ``ApprovalScreen`` while the agent thread waits for the answer; Esc cancels the run.
+
+A run streams into the pane of its session (``agent_pane``): opening another session, or a new
+chat, leaves it working in the background while the user chats (both requests share the
+engine's batch); reopening its session shows the pane, complete and still streaming. One
+agent run works at a time.
 """
 
 from __future__ import annotations
@@ -63,14 +68,18 @@ class AgentCommands(SingleCommand):
 
 class AgentActions:
     """Mixed into ``MainScreen``; needs ``controller``, ``conversation``, ``prompt``,
-    ``status``, ``session_id``, ``generating``, ``open_session``, ``action_new_chat``,
-    ``update_context`` and ``refresh_sessions``. Call ``init_agent()`` in ``__init__``."""
+    ``status``, ``session_id``, ``open_session``, ``action_new_chat``, ``update_context``,
+    ``refresh_sessions``, ``turn_status``, ``release_pane`` and ``_title``. Call
+    ``init_agent()`` in ``__init__``."""
 
     def init_agent(self) -> None:
         self.agent = None  # the AgentSession of the open session, once a task ran or started
         self.agent_mode = False  # the open session is an agent session
         self.agent_workspace: str | None = None
         self.agent_busy = False  # from Enter until the run's AgentDone
+        self.agent_pane = None  # the Conversation pane the run streams into
+        self.running_agent = None  # the AgentSession of the run (its session may be hidden)
+        self._run_workspace: str | None = None
         self.agent_view: AgentRunView | None = None
         self._agent_stop = False  # Esc before the run had started
         self._approval: ApprovalScreen | None = None
@@ -81,6 +90,9 @@ class AgentActions:
         on = session is not None and session.kind == "agent"
         if self.agent is not None and (not on or self.agent.session_id != session.id):
             self.agent = None
+        running = self.running_agent
+        if on and self.agent_busy and running is not None and running.session_id == session.id:
+            self.agent = running  # back in the running session: Esc and approvals reach it
         self.agent_mode = on
         self.agent_workspace = session.workspace if on else None
         self.query_one("#chat").set_class(on, "-agent")
@@ -88,10 +100,8 @@ class AgentActions:
         self.prompt.placeholder = AGENT_PLACEHOLDER if on else PLACEHOLDER
 
     async def action_agent(self, path: str = "") -> None:
-        """Toggle agent mode: start a new agent session (in ``path``), or leave agent mode."""
-        if self.generating:
-            self.notify("Wait for the reply to finish (or press Esc) first.", severity="warning")
-            return
+        """Toggle agent mode: start a new agent session (in ``path``), or leave agent mode.
+        A run in progress keeps working in its own pane."""
         if self.agent_mode and not path:
             await self.action_new_chat()
             self.notify("Left agent mode; this is a new chat.")
@@ -127,43 +137,51 @@ class AgentActions:
             self.notify(agent.sandbox_notice, severity="warning", timeout=12)
 
     async def send_agent(self, text: str) -> None:
+        if self.agent_busy:  # one run at a time; it works in another session's pane
+            self.notify(f"An agent run is still working in “{self._title(self.agent_pane)}”; wait "
+                        "for it or open that session and press Esc.", severity="warning")
+            return
         self.prompt.sent(text)
         self.app.history.add(text)
-        await self.conversation.add(MessageView("user", text))
+        pane = self.agent_pane = self.conversation
+        await pane.add(MessageView("user", text))
         self.agent_busy, self._agent_stop = True, False
+        self._run_workspace = self.agent_workspace
         self.refresh_bindings()
-        self._run_agent(self.session_id, text)
+        self.refresh_sessions()  # the sidebar marks the working session
+        self._run_agent(self.session_id, text, pane)
 
     @work(exclusive=True, group="agent")
-    async def _run_agent(self, session_id: str, text: str) -> None:
-        self.status.set_turn("agent · starting…")
-        view = self.agent_view = AgentRunView(self.conversation)
+    async def _run_agent(self, session_id: str, text: str, pane) -> None:
+        status = lambda text: self.turn_status(pane, text)  # noqa: E731 (only while it is visible)
+        status("agent · starting…")
+        view = self.agent_view = AgentRunView(pane)
         done: AgentDone | None = None
         agent = None
         try:
-            agent = await asyncio.to_thread(self._agent_for, session_id, text)
+            agent = self.running_agent = await asyncio.to_thread(self._agent_for, session_id, text)
             if self._agent_stop:
                 agent.cancel()
             count = 0
             async for ev in agent.run_async(text):
                 await view.event(ev)
                 if isinstance(ev, ApprovalNeeded):
-                    self._ask(ev, view)
+                    self._ask(ev, view, pane)
                 elif isinstance(ev, TextDelta | ToolCallForming):
                     count += 1
                     if count % STATUS_EVERY == 1:
                         doing = (f"writing a {ev.name or 'tool'} call" if isinstance(ev, ToolCallForming)
                                  else "generating")
-                        self.status.set_turn(f"agent · step {ev.step} · {doing}… {count} tokens")
+                        status(f"agent · step {ev.step} · {doing}… {count} tokens")
                 elif isinstance(ev, StepStart):
                     count = 0
-                    self.status.set_turn(f"agent · step {ev.step} · reading "
-                                         f"{ev.prompt_tokens:,} tokens…")
+                    self.status.refresh_shared()
+                    status(f"agent · step {ev.step} · reading {ev.prompt_tokens:,} tokens…")
                 elif isinstance(ev, StepDone):
-                    self.status.set_turn(agent_step_summary(ev))
+                    status(agent_step_summary(ev))
                     self.update_context()
                 elif isinstance(ev, ToolStarted):
-                    self.status.set_turn(f"agent · step {ev.step} · running {ev.call.name}…")
+                    status(f"agent · step {ev.step} · running {ev.call.name}…")
                 elif isinstance(ev, ToolFinished):
                     self._close_approval()
                 elif isinstance(ev, AgentDone):
@@ -177,12 +195,14 @@ class AgentActions:
             raise
         finally:
             self.agent_busy = False
+            self.agent_pane = self.running_agent = None
             self._close_approval()
             self.refresh_bindings()
         if done is not None:
-            self._agent_done(done)
+            self._agent_done(done, pane)
         self.update_context()
         self.refresh_sessions()
+        await self.release_pane(pane)
 
     def _agent_for(self, session_id: str, text: str):
         """The open session's AgentSession (reused while the model stays the same, so
@@ -193,32 +213,32 @@ class AgentActions:
         self.controller.name_agent(session_id, text)
         return agent
 
-    def _ask(self, ev: ApprovalNeeded, view: AgentRunView) -> None:
+    def _ask(self, ev: ApprovalNeeded, view: AgentRunView, pane) -> None:
         card = view.card(ev.call.id)
         if card is not None:
             card.set_state("approval")
-        self.status.set_turn(f"agent · step {ev.step} · waiting for approval of {ev.call.name}")
+        self.turn_status(pane, f"agent · step {ev.step} · waiting for approval of {ev.call.name}")
         def closed(screen: ApprovalScreen) -> None:
             if self._approval is screen:
                 self._approval = None
 
-        self._approval = ask_approval(self.app, ev, self.agent_workspace, closed)
+        self._approval = ask_approval(self.app, ev, self._run_workspace, closed)
 
     def _close_approval(self) -> None:
         screen, self._approval = self._approval, None
         if screen is not None and self.app.screen is screen:
             screen.dismiss("deny")  # the run ended first: the request already counts as denied
 
-    def _agent_done(self, done: AgentDone) -> None:
+    def _agent_done(self, done: AgentDone, pane) -> None:
         summary = agent_done_summary(done)
-        self.status.set_turn(summary)
+        self.turn_status(pane, summary)
         log.info("agent run done: %s", summary)
         if done.reason == "error":
             self.notify(f"The agent stopped with an error: {done.error}", severity="error")
 
     def stop_agent(self) -> None:
         """Esc: cancel the run (generation stops, a running tool is killed)."""
-        if self.agent is not None and self.agent_busy:
-            self.agent.cancel()
+        if self.running_agent is not None and self.agent_busy:
+            self.running_agent.cancel()
         self._agent_stop = True
-        self.status.set_turn("agent · cancelling…")
+        self.turn_status(self.agent_pane, "agent · cancelling…")

@@ -86,7 +86,7 @@ class MlxtermApp(App[int]):
     async def action_quit(self) -> None:
         main = self._main_screen()
         if main is not None and main.generating:
-            await main.stop_and_wait()
+            await main.stop_and_wait(everything=True)
         self.exit()
 
     def _main_screen(self) -> MainScreen | None:

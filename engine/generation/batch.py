@@ -6,6 +6,10 @@ RoPE runs at each row's own position, so a row's logits match its solo run. Rows
 (``add``: a prefilled per-request cache) and leave (``take`` then ``keep``) between steps;
 the model sees standard mlx_lm attention inputs (array masks), nothing model-specific.
 
+``prefill_together`` runs equal-length prompt chunks of several requests as one forward (their
+caches merged for the call, then split back), so newcomers arriving together do not prefill
+one after another.
+
 Sliding-window layers (Gemma) join with the positions their ring still holds; in the batch
 they keep every new position and the model's window mask (buffer distance = position
 distance) hides what falls out of the window; ``take`` turns them back into rings.
@@ -98,3 +102,48 @@ def batched_logits(model, tokens: list[int], kv: BatchKV) -> mx.array:
     """Feed one token per row; (rows, vocab) logits of the next position."""
     x = mx.array(tokens, dtype=mx.int32)[:, None]
     return model(x, cache=kv.layers)[:, -1, :]
+
+
+def fill(model, cache: list, tokens: list[int]) -> None:
+    """Feed ``tokens`` into one request's ``cache`` without computing logits: only the caches
+    are evaluated, so the output projection over every position (vocab x hidden per token,
+    ~20-27% of a small model's prefill) and the last layer's MLP are never run. The KV values
+    are the ones ``prefill`` computes (same forward); use it for prompt chunks whose logits
+    nobody reads."""
+    model(mx.array(tokens, dtype=mx.int32)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+
+
+def prefill_together(model, caches: list[list], chunks: list[list[int]]) -> list[list]:
+    """Feed equal-length ``chunks`` (one per request) after each request's ``caches`` in one
+    forward; returns each request's caches holding its history plus its chunk.
+
+    Every request's caches must hold the same number of tokens: the rows are then stacked
+    without padding and the forward is the solo prefill's, batch dimension aside (scalar
+    RoPE offset, "causal" mask), so each row rounds exactly as it would alone. Only the caches
+    are evaluated: no logits are needed (the decode lanes feed the last prompt token), so the
+    output projection over every position is never computed. Full-attention float caches
+    only (see ``batchable``; sliding windows prefill one request at a time)."""
+    offset = caches[0][0].offset
+    if any(c[0].offset != offset for c in caches):
+        raise ValueError("prefill_together needs caches of one length")
+    layers = []
+    for layer in zip(*caches, strict=True):
+        kv = KVCache()
+        if offset:
+            kv.keys = mx.concatenate([c.keys[..., :offset, :] for c in layer])
+            kv.values = mx.concatenate([c.values[..., :offset, :] for c in layer])
+            kv.offset = offset
+        layers.append(kv)
+    model(mx.array(chunks, dtype=mx.int32), cache=layers)
+    mx.eval([(kv.keys, kv.values) for kv in layers])
+    out = []
+    for i in range(len(chunks)):
+        row = []
+        for kv in layers:
+            c = StaticKVCache()
+            c.keys, c.values = kv.keys[i : i + 1, :, : kv.offset], kv.values[i : i + 1, :, : kv.offset]
+            c.offset = kv.offset
+            row.append(c)
+        out.append(row)
+    return out

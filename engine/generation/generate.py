@@ -175,6 +175,7 @@ def generate_step(
     constraint: TokenConstraint | None = None,
     prefill_model=None,
     speculation: Speculation | None = None,
+    key: mx.array | None = None,
 ) -> Iterator[StepOutput]:
     """Yield sampled tokens for ``prompt`` (the part of the context not yet in ``cache``).
 
@@ -184,14 +185,17 @@ def generate_step(
     ``prefill_model`` (same architecture, other weight format) processes the prompt.
     With ``speculation`` the decode loop drafts and verifies several tokens per forward
     (engine.generation.speculation.verify); the tokens are the same, still yielded one by one.
+    ``key``: the PRNG key to continue from instead of ``params.seed``'s (a request resuming
+    mid-reply, e.g. a batched row returning to the serial lane, keeps its key schedule).
     """
     if not prompt:
         raise ValueError("generate_step needs at least one new prompt token")
     window = max(1, params.repetition_context)
     past = (history or prompt)[-window:]
     recent = mx.array([-1] * (window - len(past)) + list(past), dtype=mx.int32)
-    seed = params.seed if params.seed is not None else int.from_bytes(_urandom(4), "little")
-    key = mx.random.key(seed)
+    if key is None:
+        seed = params.seed if params.seed is not None else int.from_bytes(_urandom(4), "little")
+        key = mx.random.key(seed)
 
     logits = prefill(prefill_model or model, cache, prompt, prefill_chunk, progress, should_stop)
     if should_stop and should_stop():

@@ -13,9 +13,17 @@ Each ``tick`` of the engine loop does, in order:
 A request's first token is sampled exactly as ``generate_step`` samples it (same chunking,
 key schedule and repetition window), and a row carries its own sampler, PRNG key, window,
 constraint, stop strings and limits, so its tokens match a solo run. When a second request
-is ready the solo request migrates into the batch at a token boundary. A finished row is
-answered at once and rides one more step so its cache covers the whole reply (as the
-serial lane's does), then it is checkpointed and leaves.
+is ready the solo request migrates into the batch at a token boundary; when the batch is
+down to one row and nobody is about to join, that row returns to the serial lane (so
+speculation runs again for its tail) with its key schedule. A finished row is answered at
+once and rides one more step so its cache covers the whole reply (as the serial lane's
+does), then it is checkpointed and leaves.
+
+Newcomers at the same position with the same prompt length left (e.g. one template prefix
+restored, equal-length prompts, long prompts' 512-token chunks) prefill in one forward
+(``prefill_together``), each with exactly the chunks its solo run uses; and a
+joiner's last prompt token is fed by the next batched step with the running rows rather than
+by a forward of its own.
 """
 
 from __future__ import annotations
@@ -26,9 +34,10 @@ import logging
 import os
 import time
 
-from engine.generation.batch import BatchKV, batchable, batched_logits
+from engine.generation.batch import BatchKV, batchable, batched_logits, fill, prefill_together
 from engine.generation.constraints import additive_mask
 from engine.generation.generate import PREFILL_CHUNK, generate_step, prefill
+from engine.generation.kv_cache import StaticKVCache
 from engine.generation.sampling import SamplingParams, make_sampler, top_logprobs
 from engine.generation.textstream import ReasoningSplitter, StopMatcher
 from engine.serving.events import (
@@ -46,6 +55,7 @@ from engine.serving.events import (
 import mlx.core as mx
 
 log = logging.getLogger(__name__)
+PREFILL_TOKENS = 4 * PREFILL_CHUNK  # at most this many tokens in one joint prefill forward
 
 
 class Row:
@@ -235,6 +245,8 @@ class Scheduler:
         self.can_batch = batchable(probe)
         if not self.can_batch:
             self.cap = 1
+        # Joint prefill of newcomers: full-attention float caches (no sliding-window rings).
+        self.prefill_rows = self.can_batch and all(type(c) is StaticKVCache for c in probe)
         self._token_bytes: int | None = None
         self._seq = itertools.count()
         self.waiting: list[tuple[int, int, Row]] = []  # heap of (-priority, seq, row)
@@ -297,6 +309,8 @@ class Scheduler:
             self._decode()
 
     def _decode(self) -> None:
+        if self._alone():
+            self._return_solo()
         if self.solo is not None:
             if self.rows:
                 self._migrate_solo()
@@ -354,23 +368,43 @@ class Scheduler:
 
     # -- prefill -----------------------------------------------------------------------------------
     def _prefill_chunk(self) -> None:
-        row = min(self.prefilling, key=lambda r: (-r.priority, r.seq))
-        body = len(row.prompt) - 1  # the last prompt token is fed by the decode lanes
-        total = len(row.prompt) - row.cached
-        if row.filled < body:
-            n = min(PREFILL_CHUNK, body - row.filled)
-            prefill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n])
-            row.filled += n
-            if total > 512:
-                row.handle.emit(PrefillProgress(row.filled - row.cached, total))
-            if row.filled < body:
-                return
-        self.prefilling.remove(row)
-        alone = not self.prefilling and not self.waiting
-        if self.solo is None and not self.rows and (alone or not self.can_batch):
-            self._start_solo(row)
-        else:
-            self._join_batch(row)
+        """One prefill chunk of the most urgent newcomer, run in one forward with the same
+        chunk of every other newcomer at the same position with as much prompt left (rows
+        whose solo prefill would run that very chunk shape); rows whose prompt is then in the
+        cache start decoding."""
+        urgent = sorted(self.prefilling, key=lambda r: (-r.priority, r.seq))
+        row = urgent[0]
+        group = [row]
+        n = min(PREFILL_CHUNK, _left(row))
+        if n > 0:
+            if self.prefill_rows:
+                # Only rows whose next chunk is the one their solo prefill runs (same start,
+                # same length): attention and matmul results depend on the pass shape in the
+                # last bits (summation blocks over keys, padding shifts), so another split
+                # could flip a near-tie token against the row's solo run.
+                fits = [r for r in urgent[1:] if r.filled == row.filled and min(PREFILL_CHUNK, _left(r)) == n]
+                group += fits[: max(0, PREFILL_TOKENS // n - 1)]
+            if len(group) > 1:
+                caches = prefill_together(self.prefill_model, [r.cache for r in group],
+                                          [r.prompt[r.filled : r.filled + n] for r in group])
+                for r, cache in zip(group, caches, strict=True):
+                    r.cache = cache
+            else:  # the body's logits are never read: the decode lanes feed the last token
+                fill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n])
+            for r in group:
+                r.filled += n
+                total = len(r.prompt) - r.cached
+                if total > 512:
+                    r.handle.emit(PrefillProgress(r.filled - r.cached, total))
+        ready = [r for r in group if _left(r) == 0]
+        for r in ready:
+            self.prefilling.remove(r)
+        for r in ready:
+            alone = len(ready) == 1 and not self.prefilling and not self.waiting
+            if self.solo is None and not self.rows and (alone or not self.can_batch):
+                self._start_solo(r)
+            else:
+                self._join_batch(r)
 
     def _start_solo(self, row: Row) -> None:
         # Speculation runs in the serial lane only; a request may opt out (extra["speculation"]
@@ -392,19 +426,62 @@ class Scheduler:
         self.solo = row
 
     def _join_batch(self, row: Row) -> None:
-        """Feed the last prompt token, sample the first reply token, add the row to the batch."""
-        logits = prefill(self.prefill_model, row.cache, row.prompt[-1:])
-        row.filled += 1
+        """Add a prefilled row to the batch; its first reply token comes from the next batched
+        step, which feeds its last prompt token together with the running rows' tokens (a
+        separate prefill model, "hybrid" weights, feeds it alone as the serial lane would)."""
         row.start_sampler()
-        y, logprobs = row.draw(logits)
-        tok = int(y.item())
-        if row.constraint is not None:
-            row.constraint.advance(tok)
-        row.pending = tok
+        if self.prefill_model is not self.model:
+            logits = prefill(self.prefill_model, row.cache, row.prompt[-1:])
+            row.filled += 1
+            y, logprobs = row.draw(logits)
+            tok = int(y.item())
+            if row.constraint is not None:
+                row.constraint.advance(tok)
+            row.pending = tok
+            self.kv.add(row.cache)
+            row.cache = None
+            self.rows.append(row)
+            self._after_token(row, tok, logprobs)
+            return
+        row.pending = row.prompt[-1]
         self.kv.add(row.cache)
         row.cache = None
         self.rows.append(row)
-        self._after_token(row, tok, logprobs)
+
+    def _alone(self) -> bool:
+        """One batched row left, nothing joining or leaving: it can decode in the serial lane."""
+        return (self.solo is None and len(self.rows) == 1 and not self.rows[0].leaving
+                and not self.prefilling and not self.waiting and self.can_batch)
+
+    def _return_solo(self) -> None:
+        """Move the last batched row to the serial lane at a token boundary: its cache holds the
+        context minus the pending token, which ``generate_step`` feeds first, continuing the
+        row's key schedule, window and constraint; speculation applies again."""
+        row = self.rows[0]
+        row.cache = self.kv.take(0)
+        self.kv.keep([])
+        self.rows = []
+        if row.spec is None and row.req.extra.get("speculation", True):
+            row.spec = self.runner.speculator.new()
+        params = row.params.with_overrides(max_tokens=row.params.max_tokens - len(row.generated))
+        context = row.prompt + row.generated
+        # A row that has no reply token yet is exactly a solo request whose last prompt token is
+        # not fed; the prefill model (if any) feeds it there, so it does here too.
+        first = self.runner.bundle.prefill_model if not row.generated else None
+        row.steps = generate_step(
+            self.model,
+            [row.pending],
+            row.cache,
+            params,
+            history=context if row.generated else row.prompt,
+            should_stop=lambda: row.handle.cancelled,
+            constraint=row.constraint,
+            prefill_model=first,
+            speculation=row.spec,
+            key=row.key,
+        )
+        row.pending = None
+        self.solo = row
 
     # -- decode lanes --------------------------------------------------------------------------------
     def _serial_step(self) -> None:
@@ -498,6 +575,11 @@ class Scheduler:
         if finish is not None:
             row.leaving = True  # answered now; fed and checkpointed by the next step
             row.done(finish, self.runner.load_ms)
+
+
+def _left(row: Row) -> int:
+    """Prompt tokens still to prefill (the last one is fed by the decode lanes)."""
+    return len(row.prompt) - 1 - row.filled
 
 
 def _kv_bytes_per_token(model, cache: list) -> int:

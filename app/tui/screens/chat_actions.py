@@ -17,7 +17,7 @@ from app.tui.screens.dialogs import ConfirmScreen, TextScreen
 
 
 class ChatActions:
-    """Needs ``session_id``, ``controller``, ``generating``, ``open_session``,
+    """Needs ``session_id``, ``controller``, ``visible_busy``, ``open_session``,
     ``action_new_chat`` and ``stop_and_wait`` from the screen it is mixed into."""
 
     def _need_session(self) -> str | None:
@@ -54,7 +54,7 @@ class ChatActions:
         async def confirmed(yes: bool | None) -> None:
             if not yes:
                 return
-            if self.generating:
+            if self.visible_busy:
                 await self.stop_and_wait()
             self.controller.delete(sid)
             self.notify(f"Deleted “{title}”.")
@@ -67,7 +67,7 @@ class ChatActions:
         sid = self._need_session()
         if sid is None:
             return
-        if self.generating:
+        if self.visible_busy:
             self.notify("Wait for the reply to finish (or press Esc) before forking.",
                         severity="warning")
             return
@@ -101,7 +101,7 @@ class ChatActions:
         async def confirmed(yes: bool | None) -> None:
             if not yes:
                 return
-            if self.generating:
+            if self.visible_busy:
                 await self.stop_and_wait()
             removed = self.controller.clear(sid)
             await self.open_session(sid, switch_profile=False)
@@ -120,7 +120,7 @@ class ChatActions:
     async def _set_system(self, text: str | None) -> None:
         if text is None or not text.strip():
             return
-        if self.generating:
+        if self.visible_busy:
             self.notify("Wait for the reply to finish first.", severity="warning")
             return
         try:

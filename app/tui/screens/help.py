@@ -22,7 +22,8 @@ TIPS = (
     "the message box (press it again to stop, or pause when the profile's speech.auto_stop "
     "is on); edit the text, then send it. /agent starts agent mode: the model works in a "
     "workspace with tools, each call is a card, bash asks first (y once, a always, n deny), "
-    "Esc cancels the run."
+    "Esc cancels the run. Open another chat while a reply or an agent run streams and it "
+    "keeps going in its own view (marked streaming in the list); Esc stops the one on screen."
 )
 
 

@@ -4,6 +4,12 @@ It turns user intent (keys, palette entries, widget messages) into calls on the 
 ``ChatController``, loads profiles and streams chat turns into the conversation (the chat
 commands and slash commands live in ``chat_actions.py``). Model loading runs in a thread
 worker and generation on the engine thread, so the UI never waits on MLX.
+
+Each session streams into its own ``Conversation`` pane. Opening another session while a chat
+reply or an agent run is still streaming hides that pane instead of stopping the work: it keeps
+streaming (both requests share the engine's batch) and is shown again, complete, when its
+session is reopened; once its work ends while hidden it is dropped (the store has it all). One
+chat turn and one agent run stream at a time; Esc stops the one in the visible pane.
 """
 
 from __future__ import annotations
@@ -75,6 +81,9 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self._starting = False  # between Enter and the ChatTurn existing
         self._stop_requested = False
         self._loading: str | None = None  # profile spec being loaded
+        self._pane: Conversation | None = None  # the visible conversation pane
+        self.panes: dict[str, Conversation] = {}  # session id -> hidden pane still streaming
+        self.chat_pane: Conversation | None = None  # where the chat turn streams
         self.init_dictation()
         self.init_agent()
 
@@ -95,7 +104,10 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
 
     @property
     def conversation(self) -> Conversation:
-        return self.query_one(Conversation)
+        """The visible pane (hidden panes of background runs are in ``panes``)."""
+        if self._pane is None:
+            self._pane = self.query_one(Conversation)
+        return self._pane
 
     @property
     def prompt(self) -> PromptInput:
@@ -106,8 +118,68 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         return self.query_one(StatusBar)
 
     @property
+    def chat_busy(self) -> bool:
+        """A chat turn is starting or streaming (in any pane)."""
+        return self.turn is not None or self._starting
+
+    @property
     def generating(self) -> bool:
-        return self.turn is not None or self._starting or self.agent_busy
+        """Anything streaming: a chat turn or an agent run, visible or not."""
+        return self.chat_busy or self.agent_busy
+
+    @property
+    def visible_busy(self) -> bool:
+        """The visible pane's session is streaming (what Esc stops)."""
+        pane = self.conversation
+        return (self.chat_busy and pane is self.chat_pane) or (self.agent_busy and pane is self.agent_pane)
+
+    def busy_sessions(self) -> set[str]:
+        """Sessions with a reply or an agent run streaming (the sidebar marks them)."""
+        panes = ((self.chat_busy, self.chat_pane), (self.agent_busy, self.agent_pane))
+        return {p.session_id for busy, p in panes if busy and p is not None and p.session_id}
+
+    def turn_status(self, pane: Conversation, text: str) -> None:
+        """Show a run's progress in the status bar while its pane is the visible one."""
+        if pane is self.conversation:
+            self.status.set_turn(text)
+
+    async def show_pane(self, session_id: str | None) -> tuple[Conversation, bool]:
+        """Make ``session_id``'s pane the visible one. Returns it and whether it is a live pane
+        (a run still streams into it: its widgets are current, do not reload them)."""
+        old = self.conversation
+        if old.session_id == session_id and session_id is not None and self._streams(old):
+            return old, True
+        live = self.panes.pop(session_id, None) if session_id else None
+        if self._streams(old):
+            old.display = False
+            self.panes[old.session_id] = old
+            new = live or await self._new_pane()
+        elif live is not None:
+            await old.remove()
+            new = live
+        else:
+            new = old
+        new.session_id = session_id
+        new.display = True
+        self._pane = new
+        return new, live is not None
+
+    async def _new_pane(self) -> Conversation:
+        pane = Conversation()
+        await self.query_one("#chat").mount(pane, before=self.query_one(RecordingIndicator))
+        return pane
+
+    def _streams(self, pane: Conversation) -> bool:
+        return (pane is self.chat_pane and self.chat_busy) or (pane is self.agent_pane and self.agent_busy)
+
+    async def release_pane(self, pane: Conversation | None) -> None:
+        """A run in ``pane`` ended: drop the pane if it is hidden (its session is stored)."""
+        self.status.refresh_shared()
+        if pane is None or pane is self.conversation or self._streams(pane):
+            return
+        if self.panes.get(pane.session_id) is pane:
+            del self.panes[pane.session_id]
+        await pane.remove()
 
     def on_unmount(self) -> None:
         self.close_dictation()
@@ -127,7 +199,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "stop":
-            return self.generating  # Esc does nothing (and is not shown) when idle
+            return self.visible_busy  # Esc does nothing (and is not shown) when idle
         if action == "dictate":
             return self.dictation_state()  # shown disabled when there is no microphone
         return True
@@ -136,7 +208,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
     def refresh_sessions(self) -> None:
         sidebar = self.query_one(SessionSidebar)
         sessions = self.controller.sessions(sidebar.query_text)
-        sidebar.set_sessions(sessions, self.session_id, self.app.clock())
+        sidebar.set_sessions(sessions, self.session_id, self.app.clock(), self.busy_sessions())
 
     def update_context(self) -> None:
         info = self.controller.info()
@@ -144,8 +216,6 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self.status.set_context(used, info.max_context if info else None)
 
     async def open_session(self, session_id: str, switch_profile: bool = True) -> None:
-        if self.generating:
-            await self.stop_and_wait()
         try:
             session = self.controller.session(session_id)
         except MlxtermError as e:
@@ -153,9 +223,15 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             return
         self.session_id = session.id
         self.set_agent_mode(session)
-        await self.conversation.show(self.controller.messages(session.id),
-                                     agent=self.agent_mode, workspace=session.workspace)
-        self.status.set_turn(f"opened “{session.title}” · {session.message_count} messages")
+        pane, live = await self.show_pane(session.id)
+        if live:  # still streaming: its pane kept every event
+            pane.scroll_end(animate=False)
+            self.status.set_turn(f"opened “{session.title}” · still "
+                                 f"{'working' if self.agent_mode else 'streaming'}…")
+        else:
+            await pane.show(self.controller.messages(session.id),
+                            agent=self.agent_mode, workspace=session.workspace)
+            self.status.set_turn(f"opened “{session.title}” · {session.message_count} messages")
         self.update_context()
         self.refresh_sessions()
         self.prompt.focus()
@@ -176,11 +252,10 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self.load_profile(profile)
 
     async def action_new_chat(self) -> None:
-        if self.generating:
-            await self.stop_and_wait()
         self.session_id = None
         self.set_agent_mode(None)
-        await self.conversation.show([])
+        pane, _ = await self.show_pane(None)
+        await pane.show([])
         self.status.set_turn("")
         self.update_context()
         self.refresh_sessions()
@@ -334,7 +409,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         await self.send(literal(text))
 
     async def send(self, text: str) -> None:
-        if self.generating:
+        if self.visible_busy:
             self.notify("A reply is still streaming; press Esc to stop it.", severity="warning")
             return
         if not self.controller.loaded:
@@ -345,19 +420,30 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         if self.agent_mode:
             await self.send_agent(text)
             return
+        if self.chat_busy:  # one chat turn at a time; it streams in another session's pane
+            self.notify(f"A reply is still streaming in “{self._title(self.chat_pane)}”; wait for "
+                        "it or open that chat and press Esc.", severity="warning")
+            return
         if self.session_id is None:
             self.session_id = self.controller.new_session().id
+            self.conversation.session_id = self.session_id
         self.prompt.sent(text)
         self.app.history.add(text)
         user = await self.conversation.add(MessageView("user", text))
         sid = self.session_id
         self.start_turn(lambda: self.controller.send(sid, text), user)
 
+    def _title(self, pane: Conversation | None) -> str:
+        try:
+            return self.controller.session(pane.session_id).title
+        except (MlxtermError, AttributeError):
+            return "another session"
+
     async def action_retry(self) -> None:
         sid = self._need_session()
         if sid is None:
             return
-        if self.generating:
+        if self.chat_busy:
             self.notify("A reply is still streaming; press Esc to stop it.", severity="warning")
             return
         if self.agent_mode:
@@ -372,14 +458,25 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
     def start_turn(self, start: Callable, user: MessageView | None) -> None:
         self._starting = True
         self._stop_requested = False
+        self.chat_pane = self.conversation
         self.refresh_bindings()
-        self._stream_turn(start, user)
+        self._stream_turn(start, user, self.chat_pane)
 
     @work(exclusive=True, group="turn")
-    async def _stream_turn(self, start: Callable, user: MessageView | None) -> None:
+    async def _stream_turn(self, start: Callable, user: MessageView | None, pane: Conversation) -> None:
+        try:
+            await self._stream_turn_in(start, user, pane)
+        finally:
+            self.chat_pane = None
+        self.refresh_bindings()
+        self.refresh_sessions()  # drops the sidebar's streaming mark
+        await self.release_pane(pane)
+
+    async def _stream_turn_in(self, start: Callable, user: MessageView | None, pane: Conversation) -> None:
         reply = MessageView("assistant", state="streaming")
-        await self.conversation.add(reply)
-        self.status.set_turn("waiting for the model…")
+        await pane.add(reply)
+        self.refresh_sessions()  # the sidebar marks the streaming session
+        self.turn_status(pane, "waiting for the model…")
         try:
             # Storing the message and tokenizing it touch SQLite: keep them off the UI loop.
             turn = await asyncio.to_thread(start)
@@ -387,10 +484,11 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             self._starting = False
             self.refresh_bindings()
             await reply.remove()
-            self.status.set_turn("")
+            self.turn_status(pane, "")
             self.notify(str(e), severity="error")
             return
         self.turn, self._starting = turn, False
+        self.status.refresh_shared()  # "N requests share the engine" at once, not in 2 s
         if self._stop_requested:
             turn.cancel()
         done: Done | None = None
@@ -402,14 +500,14 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
                     await reply.write(ev.text)
                     count += 1
                     if count % STATUS_EVERY == 1:
-                        self.status.set_turn(f"generating… {count} tokens{accept}")
+                        self.turn_status(pane, f"generating… {count} tokens{accept}")
                 elif isinstance(ev, ReasoningDelta):
                     await reply.write_reasoning(ev.text)
                 elif isinstance(ev, SpeculationProgress):  # a speculative preset is streaming
                     accept = f" · {speculation_note(ev.accepted, ev.drafted)}"
-                    self.status.set_turn(f"generating… {count} tokens{accept}")
+                    self.turn_status(pane, f"generating… {count} tokens{accept}")
                 elif isinstance(ev, PrefillProgress):
-                    self.status.set_turn(f"reading the prompt… {ev.done:,}/{ev.total:,} tokens")
+                    self.turn_status(pane, f"reading the prompt… {ev.done:,}/{ev.total:,} tokens")
                 elif isinstance(ev, Done):
                     done = ev
         except MlxtermError as e:  # e.g. the reply could not be saved (disk full)
@@ -422,10 +520,10 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         finally:
             self.turn = None
             self.refresh_bindings()
-        await self._finish_turn(turn, done, reply, user)
+        await self._finish_turn(turn, done, reply, user, pane)
 
     async def _finish_turn(self, turn, done: Done | None, reply: MessageView,
-                           user: MessageView | None) -> None:
+                           user: MessageView | None, pane: Conversation) -> None:
         if done is None or done.finish_reason == "error" or done.error:
             note = (done.error if done else None) or "generation failed"
             await reply.finish("error", note)
@@ -440,24 +538,38 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
                 user.set_number(turn.message.index)
         if done is not None and not done.error:
             summary = turn_summary(done_meta(done))
-            self.status.set_turn(f"stopped · {summary}" if done.finish_reason == "cancelled"
-                                 else summary)
+            self.turn_status(pane, f"stopped · {summary}" if done.finish_reason == "cancelled"
+                             else summary)
             log.info("turn done: %s", summary)
         self.update_context()
         self.refresh_sessions()
 
     def action_stop(self) -> None:
-        if self.agent_busy:
+        """Esc: stop what streams in the visible pane (a run in a hidden pane keeps going)."""
+        pane = self.conversation
+        if self.agent_busy and pane is self.agent_pane:
             self.stop_agent()
-        elif self.turn is not None:
+        elif pane is self.chat_pane:
+            self._stop_chat()
+
+    def _stop_chat(self) -> None:
+        if self.turn is not None:
             self.turn.cancel()
-            self.status.set_turn("stopping…")
+            self.turn_status(self.chat_pane, "stopping…")
         elif self._starting:
             self._stop_requested = True
 
-    async def stop_and_wait(self) -> None:
-        """Stop the streaming reply (or the agent run) and wait until it is saved."""
-        self.action_stop()
+    async def stop_and_wait(self, everything: bool = False) -> None:
+        """Stop what streams in the visible pane (``everything``: in every pane, e.g. on quit)
+        and wait until it is saved."""
+        groups = set()
+        if everything or self.conversation is self.chat_pane:
+            groups.add("turn")
+            self._stop_chat()
+        if everything or self.conversation is self.agent_pane:
+            groups.add("agent")
+            if self.agent_busy:
+                self.stop_agent()
         for worker in self.workers:
-            if worker.group in ("turn", "agent"):
+            if worker.group in groups:
                 await worker.wait()

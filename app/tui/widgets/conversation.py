@@ -22,6 +22,8 @@ WELCOME = (
 class Conversation(VerticalScroll):
     """Messages, oldest first. Stays scrolled to the bottom while a reply streams in."""
 
+    session_id: str | None = None  # the session shown (None: a new chat not yet sent)
+
     def compose(self):
         yield Static(WELCOME, classes="welcome")
 

@@ -4,7 +4,7 @@ Agent sessions are marked with ``AGENT_MARK`` before their title and "agent" in 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -37,11 +37,13 @@ class SessionSidebar(Vertical):
     def query_text(self) -> str:
         return self.query_one("#session-filter", Input).value
 
-    def set_sessions(self, sessions: Sequence, current: str | None, now: float) -> None:
-        """Show ``sessions`` (most recent first), highlighting the open one."""
+    def set_sessions(self, sessions: Sequence, current: str | None, now: float,
+                     running: Set[str] = frozenset()) -> None:
+        """Show ``sessions`` (most recent first), highlighting the open one; ``running``:
+        sessions with a reply or an agent run streaming (marked, open or not)."""
         options = self.query_one("#session-list", OptionList)
         options.clear_options()
-        options.add_options([Option(_row(s, now), id=s.id) for s in sessions])
+        options.add_options([Option(_row(s, now, s.id in running), id=s.id) for s in sessions])
         ids = [s.id for s in sessions]
         if ids:
             options.highlighted = ids.index(current) if current in ids else 0
@@ -62,13 +64,16 @@ class SessionSidebar(Vertical):
 
 ROW_WIDTH = 28  # the option width (sidebar 34 - border - padding): cut lines, do not wrap
 AGENT_MARK = "◆ "
+RUNNING = "streaming · "  # leads the detail line of a session whose reply or run is streaming
 
 
-def _row(s, now: float) -> Text:
+def _row(s, now: float, running: bool = False) -> Text:
     detail = f"{ago(s.updated, now)} · {tokens(s.token_count)} tok · {s.profile or '?'}"
     title = s.title
     if s.kind == "agent":
         title, detail = AGENT_MARK + title, "agent · " + detail
+    if running:
+        detail = RUNNING + detail
     row = Text(_cut(title), style="bold")
     row.append("\n")
     row.append(_cut(detail), style="dim")
