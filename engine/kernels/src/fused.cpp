@@ -160,22 +160,6 @@ namespace {
 
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
-QmmProblem problem(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array& b,
-                   int group_size, int bits, float* out) {
-  QmmProblem p;
-  p.x = x.data<float>();
-  p.K = x.shape(-1);
-  p.M = int(x.size() / p.K);
-  p.N = w.shape(0);
-  p.w = w.data<uint8_t>();
-  p.scales = s.data<float>();
-  p.biases = b.data<float>();
-  p.group_size = group_size;
-  p.bits = bits;
-  p.out = out;
-  return p;
-}
-
 void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   const int M = pg.M, N = pg.N;
   std::vector<float> g(size_t(M) * N), u(size_t(M) * N);
@@ -217,8 +201,8 @@ void QuantizedSwiglu::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (auto& a : inputs) enc.set_input_array(a);
   enc.set_output_array(out);
-  const QmmProblem pg = problem(inputs[0], inputs[1], inputs[2], inputs[3], group_size_, bits_, nullptr);
-  const QmmProblem pu = problem(inputs[0], inputs[4], inputs[5], inputs[6], group_size_, bits_, nullptr);
+  const QmmProblem pg = qmm_problem(inputs[0], inputs[1], inputs[2], inputs[3], group_size_, bits_, nullptr);
+  const QmmProblem pu = qmm_problem(inputs[0], inputs[4], inputs[5], inputs[6], group_size_, bits_, nullptr);
   float* o = out.data<float>();
   const bool exact = exact_;
   enc.dispatch([pg, pu, o, exact]() { run_swiglu(pg, pu, o, exact); });

@@ -15,6 +15,22 @@
 
 namespace mlxterm {
 
+QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& scales,
+                       const mx::array& biases, int group_size, int bits, float* out) {
+  QmmProblem p;
+  p.x = x.data<float>();
+  p.K = x.shape(-1);
+  p.M = int(x.size() / p.K);
+  p.N = w.shape(0);
+  p.w = w.data<uint8_t>();
+  p.scales = scales.data<float>();
+  p.biases = biases.data<float>();
+  p.group_size = group_size;
+  p.bits = bits;
+  p.out = out;
+  return p;
+}
+
 Isa best_isa() {
   static const Isa isa = [] {
     __builtin_cpu_init();
@@ -179,17 +195,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   enc.set_input_array(scales);
   enc.set_input_array(biases);
   enc.set_output_array(out);
-  QmmProblem p;
-  p.x = x.data<float>();
-  p.K = x.shape(-1);
-  p.M = int(x.size() / p.K);
-  p.N = w.shape(0);
-  p.w = w.data<uint8_t>();
-  p.scales = scales.data<float>();
-  p.biases = biases.data<float>();
-  p.group_size = group_size_;
-  p.bits = bits_;
-  p.out = out.data<float>();
+  const QmmProblem p = qmm_problem(x, w, scales, biases, group_size_, bits_, out.data<float>());
   bool exact = exact_;
   enc.dispatch([p, exact]() { run_qmm(p, exact); });
 }

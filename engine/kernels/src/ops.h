@@ -3,6 +3,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "qmm.h"
 
 namespace mlxterm {
 
@@ -19,6 +20,11 @@ mx::array quantized_matmul(
     int bits,
     bool exact,
     mx::StreamOrDevice s = {});
+
+// The kernel's view of evaluated arrays: x (..., K) float32, w/scales/biases as
+// quantized_matmul takes them, out (M, N) float32 (may be null and set later).
+QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& scales,
+                       const mx::array& biases, int group_size, int bits, float* out);
 
 class QuantizedMatmul : public mx::UnaryPrimitive {
  public:
