@@ -111,6 +111,20 @@ def test_one_and_two_threads_are_bit_identical(shape):
     assert mx.array_equal(one, two)
 
 
+@pytest.mark.parametrize("S", [300, 700, 4000])
+def test_a_batch_row_equals_the_same_row_alone(S):
+    # Batched decode and speculative verify (L single-query rows) must give each row the bits
+    # of its solo decode step: the key split may not depend on the batch size.
+    B = 6
+    q, k, v = _qkv(B, 9, 3, 1, S, seed=S)
+    valid = mx.arange(S)[None, :] < mx.array([S - 13 * b for b in range(B)])[:, None]
+    mask = _additive(valid).reshape(B, 1, 1, S)
+    batch = kernels.flash_attention(q, k, v, SCALE, mask=mask)
+    for b in range(B):
+        alone = kernels.flash_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], SCALE, mask=mask[b : b + 1])
+        assert mx.array_equal(batch[b : b + 1], alone), f"row {b} of {B} at {S} keys"
+
+
 def test_back_to_back_pool_jobs_of_different_sizes():
     # Split attention runs two pool jobs (tasks, merge) and the quantized matmul then runs
     # one with many more chunks: a worker must never carry a chunk index from one job into

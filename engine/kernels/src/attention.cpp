@@ -9,10 +9,11 @@
 // tiles (eight FMA chains reduced by one horizontal-add tree), so K is read in its natural
 // (S, D) layout with no transpose. Causal tiles skip the key blocks no row can see; a key
 // mask shared by every query (the static caches' validity vector) ends the key range at the
-// last valid key, so a half-empty cache buffer costs nothing. When (batch, head, tile) tasks
-// are fewer than kMinTasks (decode) the keys are also split, each split keeps its own
-// (m, l, O), and a merge combines them -- how the work is split depends on shapes and the
-// mask only, never on the thread count, so results are identical for any number of threads.
+// last valid key, so a half-empty cache buffer costs nothing. When one batch row has fewer
+// (head, tile) tasks than kMinTasks (decode) the keys are also split, each split keeps its own
+// (m, l, O), and a merge combines them -- how the work is split depends on one row's shapes
+// and mask only, never on the batch size or the thread count, so a row's result is identical
+// alone or in a batch (batched decode, speculative verify) and for any number of threads.
 // float16 K/V (half the bytes to stream) are widened with F16C: in registers at decode, once
 // per block into scratch for prefill tiles.
 #include "attention.h"
@@ -282,7 +283,11 @@ void run_flash(const Problem& p) {
   }
   const int groups = p.B * p.Hk * n_tiles;
   const int max_blocks = (*std::max_element(s_end.begin(), s_end.end()) + kBlock - 1) / kBlock;
-  const int n_splits = std::max(1, std::min(max_blocks, (kMinTasks + groups - 1) / groups));
+  // The split count depends on one batch row's problem, never on B: a row of a batch (or a
+  // speculative verify run as L single-query rows) then splits its keys exactly as the same
+  // row alone in a decode step does, and gets the step's bits.
+  const int row_groups = p.Hk * n_tiles;
+  const int n_splits = std::max(1, std::min(max_blocks, (kMinTasks + row_groups - 1) / row_groups));
   std::vector<Split> tasks;
   tasks.reserve(size_t(groups) * n_splits);
   for (int b = 0; b < p.B; ++b)
