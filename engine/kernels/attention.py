@@ -44,12 +44,8 @@ def routed(cls: type) -> type:
     """A subclass of model class ``cls`` whose forward pass uses this attention."""
 
     def __call__(self, *args, **kwargs):
-        prev = getattr(_active, "on", False)
-        _active.on = True
-        try:
+        with routing():
             return cls.__call__(self, *args, **kwargs)
-        finally:
-            _active.on = prev
 
     return type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "_routed_base": cls})
 
@@ -65,18 +61,6 @@ def routing():
         _active.on = prev
 
 
-def _mask_array(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
-    if mask.ndim > 4:
-        return None
-    m = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
-    if m.shape[1] != 1 or m.shape[0] not in (1, B) or m.shape[2] not in (1, L) or m.shape[3] not in (1, S):
-        return None
-    m = mx.broadcast_to(m, (m.shape[0], 1, L, S))
-    if m.dtype == mx.bool_:
-        return mx.where(m, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))
-    return m.astype(mx.float32)
-
-
 def _key_mask(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
     """``mask`` as an additive float32 (B or 1, 1, 1 or L, S) array, or None if it differs per
     head; a mask shared by every query stays one row (the fused kernel reads it per key)."""
@@ -89,6 +73,12 @@ def _key_mask(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
     if m.dtype == mx.bool_:
         return mx.where(m, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))
     return m.astype(mx.float32)
+
+
+def _mask_array(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
+    """``mask`` as an additive float32 (B or 1, 1, L, S) array (the softmax path's layout)."""
+    m = _key_mask(mask, B, L, S)
+    return None if m is None else mx.broadcast_to(m, (m.shape[0], 1, L, S))
 
 
 def _widened(queries, keys, values):
