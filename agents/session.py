@@ -375,7 +375,8 @@ class AgentSession:
 
     def _generate(self, step: int, max_new: int) -> Iterator[AgentEvent]:
         prompt_ids = self.store.context_tokens(self.session_id)
-        constraint = ToolCallConstraint(self.masks, max_tokens=max_new) if self.masks else None
+        force = step == 1 and self.engine.profile.agent.first_step_tool_call
+        constraint = ToolCallConstraint(self.masks, force_call=force, max_tokens=max_new) if self.masks else None
         mask_ms0 = self.masks.mask_ms if self.masks else 0.0
         seed = None if self.options.seed is None else self.options.seed + step
         params = self.engine.sampling(max_tokens=max_new, temperature=self.options.temperature, seed=seed)

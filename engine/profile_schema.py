@@ -355,6 +355,9 @@ class AgentConfig:
     approval: dict[str, str] = opt(DEFAULT_APPROVAL, Approval())
     max_steps: int = opt(24, Number(integer=True, ge=1))
     constrained_tool_calls: bool = opt(True, Boolean())
+    # Step 1 of each task must be a tool call (under the grammar): small models otherwise tend to
+    # answer "The file now contains ..." without calling write_file. Needs constrained_tool_calls.
+    first_step_tool_call: bool = opt(False, Boolean())
     capable: bool = opt(False, Boolean())  # can do agent tasks (cards, /agent, `run` pick these)
 
 

@@ -380,3 +380,25 @@ def test_cancel_before_run_stops_at_once_and_next_run_is_fresh(tmp_path):
     assert events[-1].reason == "cancelled" and events[-1].step == 0 and not engine.requests
     events = list(agent.run("second"))
     assert events[-1].reason == "answered" and events[-1].final_text == "never"
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_first_step_tool_call_commits_step_one_of_each_task_to_a_call(tmp_path, forced):
+    # A model that claims the work instead of doing it: under first_step_tool_call the grammar
+    # makes step 1 of every task a call; later steps may still answer in text.
+    claim, answer = "The file a.txt now contains: hi", "Done."
+    engine = ScriptedEngine([claim, answer, claim, answer] if forced else [claim, claim],
+                            profile=scripted_profile(first_step_tool_call=forced))
+    options = AgentOptions(system_prompt="You are a test agent.", examples=False, tools=("write_file",))
+    agent, first, store = run(engine, tmp_path, "create a.txt containing exactly: hi", options)
+    second = list(agent.run("create b.txt containing exactly: hi"))
+    for events in (first, second):
+        done = events[-1]
+        assert isinstance(done, AgentDone) and done.reason == "answered"
+        if forced:
+            assert [p.step for p in of(events, ToolCallParsed)] == [1]
+            assert done.step == 2 and done.final_text == answer
+        else:
+            assert not of(events, ToolCallParsed) and done.step == 1 and done.final_text == claim
+    assert (engine.substitutions > 0) == forced
+    assert_transcript_matches_session(agent, store, agent.transcript.records)

@@ -74,6 +74,7 @@ class Tmux:
 def tmux(_isolated_home, tmp_path):
     env = {"MLXTERM_HOME": os.environ["MLXTERM_HOME"],
            "MLXTERM_MODELS_DIR": os.environ["MLXTERM_MODELS_DIR"],
+           "MLXTERM_GGUF_CACHE": os.environ.get("MLXTERM_GGUF_CACHE", "0"),
            "HOME": str(tmp_path), "TERM": "xterm-256color", "LANG": "C.UTF-8"}
     t = Tmux(f"mlxterm-e2e-{os.getpid()}", env)
     yield t
@@ -129,3 +130,69 @@ def test_ask_quit_resume_and_restore_from_ssd(tmux):
     cached = int(restored.group(1).replace(",", ""))
     assert cached == messages[-1].meta["usage"]["cached_tokens"] > 0
     assert restored.group(2) == "SSD", f"expected the SSD tier after a restart: {restored[0]}"
+
+
+# A user profile over the shipped Qwen 0.5B model whose agent has only write_file (no bash, so
+# no approval prompt takes the run off the engine), must call it at step 1, and decodes greedily:
+# its first step writes a poem in one tool call, still generating when the chat question arrives.
+WRITER_PROFILE = """\
+name: qwen-writer
+model:
+  source: qwen2.5-coder-0.5b
+sampling:
+  temperature: 0
+  max_tokens: 1024
+context:
+  max_context: 8192
+agent:
+  tools: [write_file]
+  max_steps: 3
+  first_step_tool_call: true  # else it answers "The file ... now contains" without the call
+  capable: true
+"""
+
+
+def test_chat_while_an_agent_works_on_the_same_engine(tmux):
+    """Start an agent task that writes a long file, open a new chat while it generates and ask a
+    question there: both stream on the one engine (the status bar counts them, the sidebar marks
+    the hidden agent session), the chat answers, the agent's file lands in its workspace, and
+    both transcripts are stored."""
+    from engine import paths
+    from engine.sessions import SessionStore
+
+    profiles = paths.config_dir() / "profiles"
+    profiles.mkdir(parents=True, exist_ok=True)
+    (profiles / "qwen-writer.yaml").write_text(WRITER_PROFILE)
+    tmux.type(f"{MLXTERM} chat --profile qwen-writer; echo EXIT=$?")
+    tmux.keys("Enter")
+    tmux.wait_for(r"qwen-writer · KV", timeout=240)
+    tmux.type("/agent")
+    tmux.keys("Enter")
+    tmux.wait_for(r"agent · ")  # the message box's border title in agent mode
+    tmux.type("Write a poem of twelve lines about a lighthouse into lighthouse.txt.")
+    tmux.keys("Enter")
+    tmux.wait_for(r"agent · step 1 · (writing|generating)", timeout=240)
+    tmux.keys("C-n")  # a new chat; the agent keeps working in its hidden pane
+    tmux.wait_for_absence(r"agent · step")
+    tmux.type("Write four sentences about the sea.")
+    tmux.keys("Enter")
+    shared = tmux.wait_for(r"2 requests share the engine", timeout=240).string
+    assert "streaming · agent" in shared  # the sidebar marks the hidden, working agent session
+    tmux.wait_for(r"tok/s", timeout=600)  # the chat's reply is done
+    tmux.wait_for_absence(r"streaming · ", timeout=900)  # ...and the agent's run too
+    _quit(tmux)
+
+    store = SessionStore()
+    kinds = {s.kind: s for s in store.list()}
+    chat = [m for m in store.messages(kinds["chat"].id) if m.role != "system"]
+    assert [m.role for m in chat] == ["user", "assistant"] and chat[1].content.strip()
+    assert chat[1].meta["finish_reason"] in ("stop", "length")
+    assert chat[1].meta["batch"]["lane"] == "batched" and chat[1].meta["batch"]["max"] == 2
+    agent = store.get(kinds["agent"].id)
+    transcript = store.messages(agent.id)
+    task = max(i for i, m in enumerate(transcript) if m.role == "user")  # after the few-shot turns
+    assert "lighthouse.txt" in transcript[task].content
+    steps = [(m.role, m.content[:200]) for m in transcript[task:]]
+    written = Path(agent.workspace) / "lighthouse.txt"
+    assert written.is_file(), f"no lighthouse.txt in {agent.workspace}: {os.listdir(agent.workspace)}; {steps}"
+    assert written.read_text().strip(), "the agent wrote an empty file"

@@ -213,6 +213,8 @@ class ChatService:
             },
             "timings": vars(done.timings),
             "cache": {"source": done.cache_source, "restore_ms": done.timings.restore_ms},
+            # which lane decoded it and how many rows shared the engine's steps meanwhile
+            "batch": {"lane": done.lane, "min": done.batch_min, "mean": done.batch_mean, "max": done.batch_max},
         }
         if done.error:
             meta["error"] = done.error
