@@ -23,28 +23,11 @@ namespace {
 // Rows per pool chunk: small calls (decode) run on the calling thread alone.
 constexpr long kRowsPerChunk = 64;
 
-inline float hsum(__m256 v) {
+inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-
-void rms_row(const float* x, const float* w, float* o, int D, float eps) {
-  __m256 acc = _mm256_setzero_ps();
-  int j = 0;
-  for (; j + 8 <= D; j += 8) {
-    __m256 v = _mm256_loadu_ps(x + j);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  float ss = hsum(acc);
-  for (; j < D; ++j) ss += x[j] * x[j];
-  const float r = 1.0f / std::sqrt(ss / float(D) + eps);
-  const __m256 vr = _mm256_set1_ps(r);
-  j = 0;
-  for (; j + 8 <= D; j += 8)
-    _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), vr), _mm256_loadu_ps(w + j)));
-  for (; j < D; ++j) o[j] = x[j] * r * w[j];
 }
 
 template <class F>
@@ -61,6 +44,72 @@ void gpu_unsupported() {
 }
 
 }  // namespace
+
+void rms_row(const float* x, const float* w, float* o, int D, float eps) {
+  __m256 acc = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 8 <= D; j += 8) {
+    __m256 v = _mm256_loadu_ps(x + j);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float ss = hsum8(acc);
+  for (; j < D; ++j) ss += x[j] * x[j];
+  const float r = 1.0f / std::sqrt(ss / float(D) + eps);
+  const __m256 vr = _mm256_set1_ps(r);
+  j = 0;
+  for (; j + 8 <= D; j += 8)
+    _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), vr), _mm256_loadu_ps(w + j)));
+  for (; j < D; ++j) o[j] = x[j] * r * w[j];
+}
+
+
+void rope_table(const int32_t* offsets, int nb, int T, int half, float base, float scale,
+                std::vector<float>& cs, std::vector<float>& sn) {
+  // cos/sin per (b, t) and frequency, as MLX's fallback defines them: positions
+  // (offset + t) * scale, frequencies exp(-i * log(base) / half); computed in double, so
+  // they are at least as exact as MLX's float32 tables.
+  cs.resize(size_t(nb) * T * half);
+  sn.resize(cs.size());
+  const double lb = std::log(double(base)) / half;
+  for (int b = 0; b < nb; ++b)
+    for (int t = 0; t < T; ++t) {
+      const double pos = double(float(offsets[b] + t) * scale);
+      for (int i = 0; i < half; ++i) {
+        const double th = pos * std::exp(-i * lb);
+        const size_t k = (size_t(b) * T + t) * half + i;
+        cs[k] = float(std::cos(th));
+        sn[k] = float(std::sin(th));
+      }
+    }
+}
+
+void rope_row(const float* xr, int64_t sd, float* yr, const float* c, const float* s, int dims,
+              int D, bool trad) {
+  const int half = dims / 2;
+  if (trad) {
+    for (int i = 0; i < half; ++i) {
+      const float x1 = xr[2 * i * sd], x2 = xr[(2 * i + 1) * sd];
+      yr[2 * i] = x1 * c[i] - x2 * s[i];
+      yr[2 * i + 1] = x1 * s[i] + x2 * c[i];
+    }
+  } else {
+    int i = 0;
+    if (sd == 1) {
+      for (; i + 8 <= half; i += 8) {
+        const __m256 x1 = _mm256_loadu_ps(xr + i), x2 = _mm256_loadu_ps(xr + half + i);
+        const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
+        _mm256_storeu_ps(yr + i, _mm256_sub_ps(_mm256_mul_ps(x1, vc), _mm256_mul_ps(x2, vs)));
+        _mm256_storeu_ps(yr + half + i, _mm256_add_ps(_mm256_mul_ps(x1, vs), _mm256_mul_ps(x2, vc)));
+      }
+    }
+    for (; i < half; ++i) {
+      const float x1 = xr[i * sd], x2 = xr[(half + i) * sd];
+      yr[i] = x1 * c[i] - x2 * s[i];
+      yr[half + i] = x1 * s[i] + x2 * c[i];
+    }
+  }
+  for (int j = dims; j < D; ++j) yr[j] = xr[j * sd];  // features past `dims` pass through
+}
 
 void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& x = inputs[0];
@@ -101,55 +150,17 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const bool trad = traditional_;
   const float base = base_, scale = scale_;
   enc.dispatch([=]() {
-    // cos/sin per (b, t) and frequency, as MLX's fallback defines them: positions
-    // (offset + t) * scale, frequencies exp(-i * log(base) / half); computed in double, so
-    // they are at least as exact as MLX's float32 tables.
     const int nb = n_off == 1 ? 1 : B;
-    std::vector<float> cs(size_t(nb) * T * half), sn(cs.size());
-    const double lb = std::log(double(base)) / half;
-    for (int b = 0; b < nb; ++b)
-      for (int t = 0; t < T; ++t) {
-        const double pos = double(float(op_[b] + t) * scale);
-        for (int i = 0; i < half; ++i) {
-          const double th = pos * std::exp(-i * lb);
-          const size_t k = (size_t(b) * T + t) * half + i;
-          cs[k] = float(std::cos(th));
-          sn[k] = float(std::sin(th));
-        }
-      }
+    std::vector<float> cs, sn;
+    rope_table(op_, nb, T, half, base, scale, cs, sn);
     const long rows = long(B) * H * T;
     over_rows(rows, [&](long r) {
       const int t = int(r % T);
       const int h = int((r / T) % H);
       const int b = int(r / (long(T) * H));
-      const float* xr = xp + b * sb + h * sh + t * st;
-      float* yr = yp + size_t(r) * D;
       const size_t k = (size_t(nb == 1 ? 0 : b) * T + t) * half;
-      const float* c = cs.data() + k;
-      const float* s = sn.data() + k;
-      if (trad) {
-        for (int i = 0; i < half; ++i) {
-          const float x1 = xr[2 * i * sd], x2 = xr[(2 * i + 1) * sd];
-          yr[2 * i] = x1 * c[i] - x2 * s[i];
-          yr[2 * i + 1] = x1 * s[i] + x2 * c[i];
-        }
-      } else {
-        int i = 0;
-        if (sd == 1) {
-          for (; i + 8 <= half; i += 8) {
-            const __m256 x1 = _mm256_loadu_ps(xr + i), x2 = _mm256_loadu_ps(xr + half + i);
-            const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
-            _mm256_storeu_ps(yr + i, _mm256_sub_ps(_mm256_mul_ps(x1, vc), _mm256_mul_ps(x2, vs)));
-            _mm256_storeu_ps(yr + half + i, _mm256_add_ps(_mm256_mul_ps(x1, vs), _mm256_mul_ps(x2, vc)));
-          }
-        }
-        for (; i < half; ++i) {
-          const float x1 = xr[i * sd], x2 = xr[(half + i) * sd];
-          yr[i] = x1 * c[i] - x2 * s[i];
-          yr[half + i] = x1 * s[i] + x2 * c[i];
-        }
-      }
-      for (int j = dims; j < D; ++j) yr[j] = xr[j * sd];  // features past `dims` pass through
+      rope_row(xp + b * sb + h * sh + t * st, sd, yp + size_t(r) * D, cs.data() + k, sn.data() + k,
+               dims, D, trad);
     });
   });
 }
@@ -157,8 +168,8 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
 void Rope::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
 
 namespace {
-
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+}  // namespace
 
 void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   const int M = pg.M, N = pg.N;
@@ -193,8 +204,6 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
       }
   });
 }
-
-}  // namespace
 
 void QuantizedSwiglu::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
