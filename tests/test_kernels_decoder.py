@@ -322,3 +322,52 @@ def test_env_switch_keeps_the_layer_op_by_op():
     env = dict(os.environ, MLXTERM_NO_FUSED="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["TransformerBlock"]
+
+
+@needs_ext
+@pytest.mark.parametrize("shape", [(1, 49152), (3, 1000), (2, 5, 37), (1, 7)])
+def test_log_softmax_matches_reference_and_mlx(shape):
+    x = mx.random.normal(shape, key=mx.random.key(len(shape))) * 6
+    got, ref = kernels.log_softmax(x), kernels.log_softmax(x, reference=True)
+    mlx = x - mx.logsumexp(x, axis=-1, keepdims=True)
+    assert got.shape == x.shape and got.dtype == mx.float32
+    assert float(mx.abs(got - ref).max()) < 2e-5 and float(mx.abs(mlx - ref).max()) < 2e-5
+    # a constraint's -inf entries stay -inf and do not disturb the rest
+    masked = mx.where(mx.arange(shape[-1]) % 3 == 0, -mx.inf, x)
+    got, ref = kernels.log_softmax(masked), kernels.log_softmax(masked, reference=True)
+    assert mx.array_equal(mx.isinf(got), mx.isinf(ref))
+    finite = ~mx.isinf(ref)
+    assert float(mx.abs(mx.where(finite, got - ref, 0.0)).max()) < 2e-5
+
+
+@needs_ext
+def test_log_softmax_rows_threads_compile_and_bad_input():
+    x = mx.random.normal((4, 3000), key=mx.random.key(11)) * 4
+    before = kernels.status()["threads"]
+    outs = []
+    try:
+        for n in (1, 2):
+            kernels.set_threads(n)
+            outs.append(kernels.log_softmax(x))
+            mx.eval(outs[-1])
+    finally:
+        kernels.set_threads(before)
+    assert mx.array_equal(outs[0], outs[1])
+    assert mx.array_equal(kernels.log_softmax(x[2:3]), outs[0][2:3])  # a row alone = that row of many
+    assert mx.array_equal(mx.compile(kernels.log_softmax)(x), outs[0])
+    with pytest.raises(ValueError):
+        kernels.log_softmax(x.astype(mx.float16))
+
+
+@needs_ext
+def test_sampler_uses_the_kernel_and_the_switch_restores_mlx(monkeypatch):
+    from engine.generation.sampling import SamplingParams, make_sampler
+
+    logits = mx.random.normal((1, 500), key=mx.random.key(12)) * 5
+    recent = mx.array([-1] * 4, dtype=mx.int32)
+    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    tok, lp = make_sampler(SamplingParams(temperature=0.0))(logits, mx.random.key(0), recent)
+    assert mx.array_equal(lp, kernels.log_softmax(logits)) and tok.item() == mx.argmax(logits).item()
+    monkeypatch.setenv("MLXTERM_NO_FUSED", "1")
+    _, lp = make_sampler(SamplingParams(temperature=0.0))(logits, mx.random.key(0), recent)
+    assert mx.array_equal(lp, logits - mx.logsumexp(logits, axis=-1, keepdims=True))

@@ -97,6 +97,10 @@ NB_MODULE(_ext, m) {
       },
       "a"_a, "h"_a, "norm_w"_a, "eps"_a, "w"_a, "formats"_a,
       "h + a @ Wo, then + down(swiglu(rmsnorm(.))) of a decoder layer (src/decoder.h).");
+  m.def(
+      "log_softmax",
+      [](const mlx::core::array& x, bool reference) { return mlxterm::log_softmax(x, reference); },
+      "x"_a, "reference"_a = false, "x - logsumexp(x) over the last axis, float32 (src/fused.h).");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });

@@ -15,6 +15,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
 #include "qmm.h"
+#include "vmath.h"
 
 namespace mlxterm {
 
@@ -239,6 +240,73 @@ mx::array quantized_swiglu(
   shape.back() = wg.shape(0);
   return mx::array(
       shape, mx::float32, std::make_shared<QuantizedSwiglu>(st, group_size, bits, exact), inputs);
+}
+
+namespace {
+
+// One row: out = x - (max + log(sum(exp(x - max)))).
+void log_softmax_row(const float* x, float* o, int V) {
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 8 <= V; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + j));
+  float m = hmax(vm);
+  for (; j < V; ++j) m = std::max(m, x[j]);
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  j = 0;
+  for (; j + 32 <= V; j += 32)
+    for (int t = 0; t < 4; ++t)
+      acc[t] = _mm256_add_ps(acc[t], exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8 * t), mv)));
+  for (; j + 8 <= V; j += 8) acc[0] = _mm256_add_ps(acc[0], exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
+  float sum = hadd(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; j < V; ++j) sum += std::exp(x[j] - m);
+  const float lse = m + std::log(sum);
+  const __m256 lv = _mm256_set1_ps(lse);
+  j = 0;
+  for (; j + 8 <= V; j += 8) _mm256_storeu_ps(o + j, _mm256_sub_ps(_mm256_loadu_ps(x + j), lv));
+  for (; j < V; ++j) o[j] = x[j] - lse;
+}
+
+void log_softmax_row_ref(const float* x, float* o, int V) {
+  double m = -INFINITY, sum = 0.0;
+  for (int j = 0; j < V; ++j) m = std::max(m, double(x[j]));
+  for (int j = 0; j < V; ++j) sum += std::exp(double(x[j]) - m);
+  const double lse = m + std::log(sum);
+  for (int j = 0; j < V; ++j) o[j] = float(double(x[j]) - lse);
+}
+
+}  // namespace
+
+void LogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& x = inputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_output_array(out);
+  const int V = x.shape(-1);
+  const long rows = V ? long(x.size() / V) : 0;
+  const float* xp = x.data<float>();
+  float* op = out.data<float>();
+  const bool ref = reference_;
+  enc.dispatch([=]() {
+    // A row is one vocabulary (tens of thousands of values): one row per pool chunk.
+    Pool::get().run(int(rows), [&](int r) {
+      if (ref) log_softmax_row_ref(xp + size_t(r) * V, op + size_t(r) * V, V);
+      else log_softmax_row(xp + size_t(r) * V, op + size_t(r) * V, V);
+    });
+  });
+}
+
+void LogSoftmax::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
+
+mx::array log_softmax(const mx::array& x, bool reference, mx::StreamOrDevice s) {
+  if (x.ndim() < 1 || x.dtype() != mx::float32 || x.shape(-1) < 1)
+    throw std::invalid_argument("[mlxterm.log_softmax] x must be float32 (..., V) with V >= 1.");
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu)
+    throw std::invalid_argument("[mlxterm.log_softmax] runs on the CPU stream only.");
+  return mx::array(x.shape(), mx::float32, std::make_shared<LogSoftmax>(st, reference),
+                   {mx::contiguous(x, false, st)});
 }
 
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s) {

@@ -33,6 +33,27 @@ mx::array quantized_swiglu(
     const mx::array& wu, const mx::array& su, const mx::array& bu, int group_size, int bits,
     bool exact, mx::StreamOrDevice s = {});
 
+// x (..., V) float32 -> x - logsumexp(x) over the last axis (log-probabilities), with the
+// vectorised exp of vmath.h; `reference` runs a double-precision scalar loop (tests).
+mx::array log_softmax(const mx::array& x, bool reference, mx::StreamOrDevice s = {});
+
+class LogSoftmax : public mx::UnaryPrimitive {
+ public:
+  LogSoftmax(mx::Stream stream, bool reference) : mx::UnaryPrimitive(stream), reference_(reference) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+  const char* name() const override { return "MlxtermLogSoftmax"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return reference_ == static_cast<const LogSoftmax&>(other).reference_;
+  }
+
+ private:
+  bool reference_;
+};
+
 // Building blocks shared with the decoder-layer primitives (decoder.cpp), so the fused layer
 // runs the very same arithmetic as these ops one by one (bit-identical results).
 // One RMSNorm row of D values.
