@@ -10,11 +10,14 @@ Arms, alternated in order then in reverse each round (medians over rounds):
   engine_fp32   the engine on fp32 weights + OpenBLAS: the CPU path without engine/kernels
   engine_unfused the engine arm's weights and kernels without the decode-step fusions (MLX's
                 own RMSNorm, RoPE and SiLU*mul, as MLXTERM_NO_FUSED=1 runs it)
+  engine_ops    the engine arm's weights and kernels with each decoder layer op by op (the single
+                fused ops, without the decoder-layer primitives of engine/kernels/src/decoder.h)
   engine_full_head  the engine, but prefill applies the output head to every prompt position
                 (mlx_lm's forward as is) instead of the last rows only (last_logits)
   llama_cpp     llama.cpp (PyPI ``xllamacpp``, the ``peer`` extra) on the same GGUF, prompt
                 tokens, token count and thread count; skipped with a note when not installed
-``--arms`` picks a subset; ratios are reported for the arms that ran.
+``--arms`` picks a subset; ratios are reported for the arms that ran. Engine arms also report the
+process CPU time per decoded token (``decode_cpu_ms``: steadier than wall time on a shared machine).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=2, help="each round runs every arm twice (in order, then reversed)")
     p.add_argument("--arms", default="engine,engine_fp32,llama_cpp",
                    help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, "
-                        "engine_full_head, engine_unfused, llama_cpp")
+                        "engine_full_head, engine_unfused, engine_ops, llama_cpp")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the kernel pool's)")
 
 
@@ -103,14 +106,19 @@ def _load_avg() -> list[float] | None:
         return None
 
 
-def _time_stream(tokens_iter) -> tuple[float, float, int]:
-    """(seconds to first token, decode tokens/s after it, tokens) of an iterator of tokens."""
+def _time_stream(tokens_iter) -> tuple[float, float, int, float]:
+    """(seconds to first token, decode tokens/s after it, tokens, process CPU ms per decoded
+    token) of an iterator of tokens."""
     t0 = time.perf_counter()
-    stamps = [time.perf_counter() for _ in tokens_iter]
+    stamps, cpu = [], []
+    for _ in tokens_iter:
+        stamps.append(time.perf_counter())
+        cpu.append(time.process_time())
     n = len(stamps)
     ttft = stamps[0] - t0
     decode = (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else 0.0
-    return ttft, decode, n
+    cpu_ms = (cpu[-1] - cpu[0]) * 1000 / (n - 1) if n > 1 else 0.0
+    return ttft, decode, n, cpu_ms
 
 
 def run(args) -> dict:
@@ -164,6 +172,10 @@ def run(args) -> dict:
     if "engine_unfused" in want:
         unfused = load_bundle(source, fmt)
         hook.remove_fused(unfused.model)
+    oplayers = None
+    if "engine_ops" in want:
+        oplayers = load_bundle(source, fmt)
+        hook.remove_blocks(oplayers.model)
 
     tok = ours.tokenizer
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
@@ -203,6 +215,7 @@ def run(args) -> dict:
         "engine_full_head": engine_arm(ours, whole_forward(ours.prefill_model or ours.model)),
         "llama_cpp": None,
         "engine_unfused": engine_arm(unfused) if unfused else None,
+        "engine_ops": engine_arm(oplayers) if oplayers else None,
     }
     if "llama_cpp" in want:
         fn, info = _llama_cpp_arm(source, prompt, n, args.threads)
@@ -228,6 +241,7 @@ def run(args) -> dict:
             "decode_tps": round(statistics.median(r[1] for r in runs), 2),
             "ttft_ms": round(statistics.median(r[0] for r in runs) * 1000, 1),
             "tokens": [r[2] for r in runs],
+            "decode_cpu_ms": round(statistics.median(r[3] for r in runs), 2) if len(runs[0]) > 3 else None,
             "runs": len(runs),
         }
     def ratio(a: str, b: str, key: str):
@@ -237,18 +251,21 @@ def run(args) -> dict:
 
     ratios = {}
     for other in ("llama_cpp", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid", "engine_unfused",
-                  "engine_full_head"):
+                  "engine_full_head", "engine_ops"):
         for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
             r = ratio("engine", other, key)
             if r is not None:
                 ratios[f"{label}_vs_{other}"] = r
-    table = ["| arm | weights | prefill tok/s | decode tok/s | TTFT ms |", "|---|---|---|---|---|"]
+    table = ["| arm | weights | prefill tok/s | decode tok/s | TTFT ms | decode CPU ms/token |",
+             "|---|---|---|---|---|---|"]
     weights = {"engine": fmt, "engine_hybrid": "hybrid", "stock_same": fmt,
                "stock_loaded": "quantized (MLX ops)", "engine_fp32": "fp32", "llama_cpp": "GGUF",
-               "engine_unfused": f"{fmt}, no fusions", "engine_full_head": fmt}
+               "engine_unfused": f"{fmt}, no fusions", "engine_full_head": fmt,
+               "engine_ops": f"{fmt}, layers op by op"}
     for name in arms:
         r = summary[name]
-        table.append(f"| {name} | {weights[name]} | {r['prefill_tps']} | {r['decode_tps']} | {r['ttft_ms']} |")
+        table.append(f"| {name} | {weights[name]} | {r['prefill_tps']} | {r['decode_tps']} | {r['ttft_ms']} "
+                     f"| {r['decode_cpu_ms'] if r['decode_cpu_ms'] is not None else '-'} |")
     table.append("")
     table.append(", ".join(f"{k} = {v}x" for k, v in ratios.items()))
     table += notes

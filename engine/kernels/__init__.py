@@ -188,3 +188,81 @@ def quantized_swiglu(x: mx.array, gate: Any, up: Any, exact: bool = False) -> mx
         x, gate["weight"], gate["scales"], gate["biases"], up["weight"], up["scales"], up["biases"],
         gate.group_size, gate.bits, exact,
     )
+
+
+def dense_rows() -> int:
+    """Rows at which the quantized matmul leaves its per-row int8 path for the float-panel
+    path (``MLXTERM_QMM_DENSE_M``, as the extension reads it)."""
+    return max(1, int(os.environ.get("MLXTERM_QMM_DENSE_M", "16")))
+
+
+def _weight(lin: Any) -> tuple[list[mx.array], list[int]]:
+    return [lin["weight"], lin["scales"], lin["biases"]], [lin.group_size, lin.bits]
+
+
+def norm_qkv_rope(
+    x: mx.array,
+    norm_w: mx.array,
+    eps: float,
+    q: Any,
+    k: Any,
+    v: Any,
+    offset: int | mx.array,
+    n_heads: int,
+    n_kv_heads: int,
+    *,
+    rope_dims: int,
+    traditional: bool,
+    base: float,
+    scale: float,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """A decoder layer's attention input in one CPU primitive: ``rmsnorm(x)`` through the
+    quantized ``nn.QuantizedLinear`` ``q``/``k``/``v`` (with their biases if all three have
+    one), RoPE on q and k at positions ``offset + l`` (``offset`` an int, a scalar array or
+    one per batch row). ``x`` float32 (B, L, D); returns q (B, n_heads, L, head_dim) and k, v
+    (B, n_kv_heads, L, head_dim), float32."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    arrays: list[mx.array] = []
+    formats: list[int] = []
+    for lin in (q, k, v):
+        a, f = _weight(lin)
+        arrays += a
+        formats += f
+    biases = [lin["bias"] for lin in (q, k, v)] if "bias" in q else []
+    if not isinstance(offset, mx.array):
+        offset = mx.array(int(offset), dtype=mx.int32)
+    out = ext.norm_qkv_rope(
+        x, norm_w, float(eps), arrays, formats, biases, offset, int(n_heads), int(n_kv_heads),
+        int(rope_dims), bool(traditional), float(base), float(scale),
+    )
+    return out[0], out[1], out[2]
+
+
+def attn_out_mlp(
+    a: mx.array, h: mx.array, o: Any, norm_w: mx.array, eps: float, gate: Any, up: Any, down: Any
+) -> mx.array:
+    """The rest of a decoder layer in one CPU primitive: ``h1 = h + o(a)`` with ``a`` the
+    attention output (B, H, L, Dv) read as (B, L, H * Dv), then ``h1 + down(silu(gate(n)) *
+    up(n))`` with ``n = rmsnorm(h1)``; all linears quantized and bias-free. float32 out."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    arrays: list[mx.array] = []
+    formats: list[int] = []
+    for lin in (o, gate, up, down):
+        w, f = _weight(lin)
+        arrays += w
+        formats += f
+    return ext.attn_out_mlp(a, h, norm_w, float(eps), arrays, formats)
+
+
+def log_softmax(x: mx.array, reference: bool = False) -> mx.array:
+    """``x - logsumexp(x)`` over the last axis of float32 ``x`` as one CPU primitive (the
+    vectorised exp; MLX's CPU logsumexp runs a scalar exp, ~0.6 ms per 49k-token vocabulary).
+    ``reference`` runs a double-precision scalar loop (tests)."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    return ext.log_softmax(x, reference)

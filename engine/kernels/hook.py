@@ -13,11 +13,19 @@ each (``engine.kernels.rms_norm`` / ``rope``) instead of MLX's multi-op fallback
 more in dispatch than in arithmetic at decode; a SwiGLU MLP (mlx_lm's llama/qwen2 ``MLP``) runs
 its gate and up projections and the activation as one primitive. ``MLXTERM_NO_FUSED=1`` keeps MLX's ops for
 them (A/B benchmarks).
+
+At decode sizes (fewer rows than the matmul's int8 path takes) a whole llama/qwen2 decoder
+layer runs as two primitives around its attention (``kernels.norm_qkv_rope`` and
+``kernels.attn_out_mlp``, src/decoder.h) instead of ~20 MLX ops: per-op dispatch and kernel
+pool hand-offs were a third of a small model's decode step. They compute the same bits as
+the layer op by op; the cache update and the attention stay the model's own calls (so
+``engine.kernels.attention`` and speculation's row-exact attention still apply).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from engine import kernels
 
@@ -107,6 +115,68 @@ def _routed_mlp(base: type) -> type:
     return cls
 
 
+# mlx_lm TransformerBlock classes whose forward pass is exactly
+# h = x + o(attn(rope(q(n1(x))), rope(k(n1(x))), v(n1(x)))); h + mlp(n2(h)).
+_BLOCKS = _SWIGLU_MLPS
+_block_classes: dict[type, type] = {}
+
+
+def _block_fits(block: nn.Module, x: mx.array, cache) -> bool:
+    attn, mlp = block.self_attn, block.mlp
+    q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+    qkv = (q, k, v)
+    return (
+        x.ndim == 3
+        and x.dtype == mx.float32
+        and x.shape[0] * x.shape[1] < kernels.dense_rows()
+        and mx.default_device() == mx.cpu
+        and not hasattr(cache, "bits")  # quantized KV: mlx_lm's own path
+        and type(block.input_layernorm) is KernelRMSNorm
+        and type(block.post_attention_layernorm) is KernelRMSNorm
+        and type(attn.rope) is KernelRoPE
+        and attn.rope.dims <= q["weight"].shape[0] // attn.n_heads
+        and all(type(m) is KernelQuantizedLinear and _fits(m, x.shape[-1]) for m in qkv)
+        and len({m.group_size for m in qkv}) == 1
+        and len({"bias" in m for m in qkv}) == 1
+        and type(o) is KernelQuantizedLinear
+        and "bias" not in o
+        and _fits(o, o["weight"].shape[1] * 32 // o.bits)
+        and type(mlp) in _mlp_classes.values()
+        and _swiglu_fits(mlp, x)
+        and type(mlp.down_proj) is KernelQuantizedLinear
+        and "bias" not in mlp.down_proj
+        and _fits(mlp.down_proj, mlp.gate_proj["weight"].shape[0])
+    )
+
+
+def _routed_block(base: type) -> type:
+    cls = _block_classes.get(base)
+    if cls is None:
+        module = sys.modules[base.__module__]
+
+        def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+            if not _block_fits(self, x, cache):
+                return base.__call__(self, x, mask, cache)
+            attn, rope, n1 = self.self_attn, self.self_attn.rope, self.input_layernorm
+            q, k, v = kernels.norm_qkv_rope(
+                x, n1["weight"], n1.eps, attn.q_proj, attn.k_proj, attn.v_proj,
+                cache.offset if cache is not None else 0, attn.n_heads, attn.n_kv_heads,
+                rope_dims=rope.dims, traditional=rope.traditional, base=rope.base, scale=rope.scale,
+            )
+            if cache is not None:
+                k, v = cache.update_and_fetch(k, v)
+            # Looked up per call: engine.kernels.attention and speculation's row-exact
+            # attention are installed into the model module by name.
+            a = module.scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
+            mlp, n2 = self.mlp, self.post_attention_layernorm
+            return kernels.attn_out_mlp(
+                a, x, attn.o_proj, n2["weight"], n2.eps, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+            )
+
+        cls = _block_classes[base] = type("Kernel" + base.__name__, (base,), {"__call__": __call__})
+    return cls
+
+
 def fused_enabled() -> bool:
     """False when ``MLXTERM_NO_FUSED`` asks for MLX's own norm and RoPE ops."""
     return not os.environ.get("MLXTERM_NO_FUSED")
@@ -134,14 +204,25 @@ def install(model: nn.Module) -> int:
             m.__class__ = _FUSED[type(m)]
         elif fused and type(m).__name__ == "MLP" and type(m).__module__ in _SWIGLU_MLPS:
             m.__class__ = _routed_mlp(type(m))
+        elif fused and type(m).__name__ == "TransformerBlock" and type(m).__module__ in _BLOCKS:
+            m.__class__ = _routed_block(type(m))
     return n
 
 
 def remove_fused(model: nn.Module) -> None:
-    """Back to MLX's own RMSNorm, RoPE and MLP forward passes; the quantized linears and
-    attention stay routed (the decode-fusion A/B arm of ``bench engine``)."""
+    """Back to MLX's own RMSNorm, RoPE, MLP and decoder-layer forward passes; the quantized
+    linears and attention stay routed (the decode-fusion A/B arm of ``bench engine``)."""
     for _, m in model.named_modules():
-        if type(m) in (KernelRMSNorm, KernelRoPE) or type(m) in _mlp_classes.values():
+        if (type(m) in (KernelRMSNorm, KernelRoPE) or type(m) in _mlp_classes.values()
+                or type(m) in _block_classes.values()):
+            m.__class__ = type(m).__bases__[0]
+
+
+def remove_blocks(model: nn.Module) -> None:
+    """Back to the layer-by-layer forward pass with the single fused ops (norm, RoPE, SwiGLU)
+    still routed: the decoder-layer A/B arm of ``bench engine`` (``engine_layers``)."""
+    for _, m in model.named_modules():
+        if type(m) in _block_classes.values():
             m.__class__ = type(m).__bases__[0]
 
 

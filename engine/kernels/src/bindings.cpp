@@ -9,6 +9,8 @@
 #include "attention.h"
 #include "fused.h"
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
+#include "decoder.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -65,6 +67,40 @@ NB_MODULE(_ext, m) {
       },
       "x"_a, "offset"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
       "rotary embedding of float32 (B, H, T, D), as mx.fast.rope.");
+  m.def(
+      "norm_qkv_rope",
+      [](const mlx::core::array& x, const mlx::core::array& norm_w, float eps,
+         const std::vector<mlx::core::array>& w, const std::vector<int>& formats,
+         const std::vector<mlx::core::array>& biases, const mlx::core::array& offset,
+         int n_heads, int n_kv_heads, int rope_dims, bool traditional, float base, float scale) {
+        if (w.size() != 9 || formats.size() != 6)
+          throw std::invalid_argument("[mlxterm.norm_qkv_rope] 9 weight arrays and 6 formats.");
+        auto qw = [&](int i) {
+          return mlxterm::QWeight{w[3 * i], w[3 * i + 1], w[3 * i + 2], formats[2 * i], formats[2 * i + 1]};
+        };
+        return mlxterm::norm_qkv_rope(x, norm_w, eps, qw(0), qw(1), qw(2), biases, offset, n_heads,
+                                      n_kv_heads, rope_dims, traditional, base, scale);
+      },
+      "x"_a, "norm_w"_a, "eps"_a, "w"_a, "formats"_a, "biases"_a, "offset"_a, "n_heads"_a,
+      "n_kv_heads"_a, "rope_dims"_a, "traditional"_a, "base"_a, "scale"_a,
+      "rmsnorm + q/k/v quantized matmuls (+ biases) + RoPE of a decoder layer (src/decoder.h).");
+  m.def(
+      "attn_out_mlp",
+      [](const mlx::core::array& a, const mlx::core::array& h, const mlx::core::array& norm_w,
+         float eps, const std::vector<mlx::core::array>& w, const std::vector<int>& formats) {
+        if (w.size() != 12 || formats.size() != 8)
+          throw std::invalid_argument("[mlxterm.attn_out_mlp] 12 weight arrays and 8 formats.");
+        auto qw = [&](int i) {
+          return mlxterm::QWeight{w[3 * i], w[3 * i + 1], w[3 * i + 2], formats[2 * i], formats[2 * i + 1]};
+        };
+        return mlxterm::attn_out_mlp(a, h, qw(0), norm_w, eps, qw(1), qw(2), qw(3));
+      },
+      "a"_a, "h"_a, "norm_w"_a, "eps"_a, "w"_a, "formats"_a,
+      "h + a @ Wo, then + down(swiglu(rmsnorm(.))) of a decoder layer (src/decoder.h).");
+  m.def(
+      "log_softmax",
+      [](const mlx::core::array& x, bool reference) { return mlxterm::log_softmax(x, reference); },
+      "x"_a, "reference"_a = false, "x - logsumexp(x) over the last axis, float32 (src/fused.h).");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });

@@ -15,6 +15,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
 #include "qmm.h"
+#include "vmath.h"
 
 namespace mlxterm {
 
@@ -23,28 +24,11 @@ namespace {
 // Rows per pool chunk: small calls (decode) run on the calling thread alone.
 constexpr long kRowsPerChunk = 64;
 
-inline float hsum(__m256 v) {
+inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-
-void rms_row(const float* x, const float* w, float* o, int D, float eps) {
-  __m256 acc = _mm256_setzero_ps();
-  int j = 0;
-  for (; j + 8 <= D; j += 8) {
-    __m256 v = _mm256_loadu_ps(x + j);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  float ss = hsum(acc);
-  for (; j < D; ++j) ss += x[j] * x[j];
-  const float r = 1.0f / std::sqrt(ss / float(D) + eps);
-  const __m256 vr = _mm256_set1_ps(r);
-  j = 0;
-  for (; j + 8 <= D; j += 8)
-    _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), vr), _mm256_loadu_ps(w + j)));
-  for (; j < D; ++j) o[j] = x[j] * r * w[j];
 }
 
 template <class F>
@@ -61,6 +45,72 @@ void gpu_unsupported() {
 }
 
 }  // namespace
+
+void rms_row(const float* x, const float* w, float* o, int D, float eps) {
+  __m256 acc = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 8 <= D; j += 8) {
+    __m256 v = _mm256_loadu_ps(x + j);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float ss = hsum8(acc);
+  for (; j < D; ++j) ss += x[j] * x[j];
+  const float r = 1.0f / std::sqrt(ss / float(D) + eps);
+  const __m256 vr = _mm256_set1_ps(r);
+  j = 0;
+  for (; j + 8 <= D; j += 8)
+    _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), vr), _mm256_loadu_ps(w + j)));
+  for (; j < D; ++j) o[j] = x[j] * r * w[j];
+}
+
+
+void rope_table(const int32_t* offsets, int nb, int T, int half, float base, float scale,
+                std::vector<float>& cs, std::vector<float>& sn) {
+  // cos/sin per (b, t) and frequency, as MLX's fallback defines them: positions
+  // (offset + t) * scale, frequencies exp(-i * log(base) / half); computed in double, so
+  // they are at least as exact as MLX's float32 tables.
+  cs.resize(size_t(nb) * T * half);
+  sn.resize(cs.size());
+  const double lb = std::log(double(base)) / half;
+  for (int b = 0; b < nb; ++b)
+    for (int t = 0; t < T; ++t) {
+      const double pos = double(float(offsets[b] + t) * scale);
+      for (int i = 0; i < half; ++i) {
+        const double th = pos * std::exp(-i * lb);
+        const size_t k = (size_t(b) * T + t) * half + i;
+        cs[k] = float(std::cos(th));
+        sn[k] = float(std::sin(th));
+      }
+    }
+}
+
+void rope_row(const float* xr, int64_t sd, float* yr, const float* c, const float* s, int dims,
+              int D, bool trad) {
+  const int half = dims / 2;
+  if (trad) {
+    for (int i = 0; i < half; ++i) {
+      const float x1 = xr[2 * i * sd], x2 = xr[(2 * i + 1) * sd];
+      yr[2 * i] = x1 * c[i] - x2 * s[i];
+      yr[2 * i + 1] = x1 * s[i] + x2 * c[i];
+    }
+  } else {
+    int i = 0;
+    if (sd == 1) {
+      for (; i + 8 <= half; i += 8) {
+        const __m256 x1 = _mm256_loadu_ps(xr + i), x2 = _mm256_loadu_ps(xr + half + i);
+        const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
+        _mm256_storeu_ps(yr + i, _mm256_sub_ps(_mm256_mul_ps(x1, vc), _mm256_mul_ps(x2, vs)));
+        _mm256_storeu_ps(yr + half + i, _mm256_add_ps(_mm256_mul_ps(x1, vs), _mm256_mul_ps(x2, vc)));
+      }
+    }
+    for (; i < half; ++i) {
+      const float x1 = xr[i * sd], x2 = xr[(half + i) * sd];
+      yr[i] = x1 * c[i] - x2 * s[i];
+      yr[half + i] = x1 * s[i] + x2 * c[i];
+    }
+  }
+  for (int j = dims; j < D; ++j) yr[j] = xr[j * sd];  // features past `dims` pass through
+}
 
 void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& x = inputs[0];
@@ -101,55 +151,17 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const bool trad = traditional_;
   const float base = base_, scale = scale_;
   enc.dispatch([=]() {
-    // cos/sin per (b, t) and frequency, as MLX's fallback defines them: positions
-    // (offset + t) * scale, frequencies exp(-i * log(base) / half); computed in double, so
-    // they are at least as exact as MLX's float32 tables.
     const int nb = n_off == 1 ? 1 : B;
-    std::vector<float> cs(size_t(nb) * T * half), sn(cs.size());
-    const double lb = std::log(double(base)) / half;
-    for (int b = 0; b < nb; ++b)
-      for (int t = 0; t < T; ++t) {
-        const double pos = double(float(op_[b] + t) * scale);
-        for (int i = 0; i < half; ++i) {
-          const double th = pos * std::exp(-i * lb);
-          const size_t k = (size_t(b) * T + t) * half + i;
-          cs[k] = float(std::cos(th));
-          sn[k] = float(std::sin(th));
-        }
-      }
+    std::vector<float> cs, sn;
+    rope_table(op_, nb, T, half, base, scale, cs, sn);
     const long rows = long(B) * H * T;
     over_rows(rows, [&](long r) {
       const int t = int(r % T);
       const int h = int((r / T) % H);
       const int b = int(r / (long(T) * H));
-      const float* xr = xp + b * sb + h * sh + t * st;
-      float* yr = yp + size_t(r) * D;
       const size_t k = (size_t(nb == 1 ? 0 : b) * T + t) * half;
-      const float* c = cs.data() + k;
-      const float* s = sn.data() + k;
-      if (trad) {
-        for (int i = 0; i < half; ++i) {
-          const float x1 = xr[2 * i * sd], x2 = xr[(2 * i + 1) * sd];
-          yr[2 * i] = x1 * c[i] - x2 * s[i];
-          yr[2 * i + 1] = x1 * s[i] + x2 * c[i];
-        }
-      } else {
-        int i = 0;
-        if (sd == 1) {
-          for (; i + 8 <= half; i += 8) {
-            const __m256 x1 = _mm256_loadu_ps(xr + i), x2 = _mm256_loadu_ps(xr + half + i);
-            const __m256 vc = _mm256_loadu_ps(c + i), vs = _mm256_loadu_ps(s + i);
-            _mm256_storeu_ps(yr + i, _mm256_sub_ps(_mm256_mul_ps(x1, vc), _mm256_mul_ps(x2, vs)));
-            _mm256_storeu_ps(yr + half + i, _mm256_add_ps(_mm256_mul_ps(x1, vs), _mm256_mul_ps(x2, vc)));
-          }
-        }
-        for (; i < half; ++i) {
-          const float x1 = xr[i * sd], x2 = xr[(half + i) * sd];
-          yr[i] = x1 * c[i] - x2 * s[i];
-          yr[half + i] = x1 * s[i] + x2 * c[i];
-        }
-      }
-      for (int j = dims; j < D; ++j) yr[j] = xr[j * sd];  // features past `dims` pass through
+      rope_row(xp + b * sb + h * sh + t * st, sd, yp + size_t(r) * D, cs.data() + k, sn.data() + k,
+               dims, D, trad);
     });
   });
 }
@@ -157,8 +169,8 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
 void Rope::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
 
 namespace {
-
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+}  // namespace
 
 void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   const int M = pg.M, N = pg.N;
@@ -194,8 +206,6 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   });
 }
 
-}  // namespace
-
 void QuantizedSwiglu::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& enc = mx::cpu::get_command_encoder(stream());
@@ -230,6 +240,73 @@ mx::array quantized_swiglu(
   shape.back() = wg.shape(0);
   return mx::array(
       shape, mx::float32, std::make_shared<QuantizedSwiglu>(st, group_size, bits, exact), inputs);
+}
+
+namespace {
+
+// One row: out = x - (max + log(sum(exp(x - max)))).
+void log_softmax_row(const float* x, float* o, int V) {
+  __m256 vm = _mm256_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 8 <= V; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + j));
+  float m = hmax(vm);
+  for (; j < V; ++j) m = std::max(m, x[j]);
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  j = 0;
+  for (; j + 32 <= V; j += 32)
+    for (int t = 0; t < 4; ++t)
+      acc[t] = _mm256_add_ps(acc[t], exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8 * t), mv)));
+  for (; j + 8 <= V; j += 8) acc[0] = _mm256_add_ps(acc[0], exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv)));
+  float sum = hadd(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; j < V; ++j) sum += std::exp(x[j] - m);
+  const float lse = m + std::log(sum);
+  const __m256 lv = _mm256_set1_ps(lse);
+  j = 0;
+  for (; j + 8 <= V; j += 8) _mm256_storeu_ps(o + j, _mm256_sub_ps(_mm256_loadu_ps(x + j), lv));
+  for (; j < V; ++j) o[j] = x[j] - lse;
+}
+
+void log_softmax_row_ref(const float* x, float* o, int V) {
+  double m = -INFINITY, sum = 0.0;
+  for (int j = 0; j < V; ++j) m = std::max(m, double(x[j]));
+  for (int j = 0; j < V; ++j) sum += std::exp(double(x[j]) - m);
+  const double lse = m + std::log(sum);
+  for (int j = 0; j < V; ++j) o[j] = float(double(x[j]) - lse);
+}
+
+}  // namespace
+
+void LogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& x = inputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_output_array(out);
+  const int V = x.shape(-1);
+  const long rows = V ? long(x.size() / V) : 0;
+  const float* xp = x.data<float>();
+  float* op = out.data<float>();
+  const bool ref = reference_;
+  enc.dispatch([=]() {
+    // A row is one vocabulary (tens of thousands of values): one row per pool chunk.
+    Pool::get().run(int(rows), [&](int r) {
+      if (ref) log_softmax_row_ref(xp + size_t(r) * V, op + size_t(r) * V, V);
+      else log_softmax_row(xp + size_t(r) * V, op + size_t(r) * V, V);
+    });
+  });
+}
+
+void LogSoftmax::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
+
+mx::array log_softmax(const mx::array& x, bool reference, mx::StreamOrDevice s) {
+  if (x.ndim() < 1 || x.dtype() != mx::float32 || x.shape(-1) < 1)
+    throw std::invalid_argument("[mlxterm.log_softmax] x must be float32 (..., V) with V >= 1.");
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu)
+    throw std::invalid_argument("[mlxterm.log_softmax] runs on the CPU stream only.");
+  return mx::array(x.shape(), mx::float32, std::make_shared<LogSoftmax>(st, reference),
+                   {mx::contiguous(x, false, st)});
 }
 
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s) {

@@ -4,8 +4,12 @@
 // at decode every one of those is a separate dispatch and allocation for a few hundred floats.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "qmm.h"
 
 namespace mlxterm {
 
@@ -28,6 +32,40 @@ mx::array quantized_swiglu(
     const mx::array& x, const mx::array& wg, const mx::array& sg, const mx::array& bg,
     const mx::array& wu, const mx::array& su, const mx::array& bu, int group_size, int bits,
     bool exact, mx::StreamOrDevice s = {});
+
+// x (..., V) float32 -> x - logsumexp(x) over the last axis (log-probabilities), with the
+// vectorised exp of vmath.h; `reference` runs a double-precision scalar loop (tests).
+mx::array log_softmax(const mx::array& x, bool reference, mx::StreamOrDevice s = {});
+
+class LogSoftmax : public mx::UnaryPrimitive {
+ public:
+  LogSoftmax(mx::Stream stream, bool reference) : mx::UnaryPrimitive(stream), reference_(reference) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+  const char* name() const override { return "MlxtermLogSoftmax"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return reference_ == static_cast<const LogSoftmax&>(other).reference_;
+  }
+
+ private:
+  bool reference_;
+};
+
+// Building blocks shared with the decoder-layer primitives (decoder.cpp), so the fused layer
+// runs the very same arithmetic as these ops one by one (bit-identical results).
+// One RMSNorm row of D values.
+void rms_row(const float* x, const float* w, float* o, int D, float eps);
+// cos/sin tables for positions offsets[b] + t (b < nb, t < T), `half` frequencies each.
+void rope_table(const int32_t* offsets, int nb, int T, int half, float base, float scale,
+                std::vector<float>& cs, std::vector<float>& sn);
+// One rotated row: x at stride sd, y contiguous (D values; the first `dims` rotated).
+void rope_row(const float* xr, int64_t sd, float* yr, const float* c, const float* s, int dims,
+              int D, bool trad);
+// silu(x @ Wg.T) * (x @ Wu.T) for pg.x (pg and pu share x, M and K) into out (M, N).
+void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact);
 
 class QuantizedSwiglu : public mx::UnaryPrimitive {
  public:

@@ -1,0 +1,296 @@
+// The decoder-layer primitives (see decoder.h for what and why).
+#include "decoder.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fused.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "ops.h"
+#include "pool.h"
+#include "qmm.h"
+
+namespace mlxterm {
+
+namespace {
+
+void check_weight(const QWeight& q, int K, const char* op, const char* what) {
+  const std::string where = std::string("[mlxterm.") + op + "] " + what + ": ";
+  if (q.bits != 4 && q.bits != 5 && q.bits != 8)
+    throw std::invalid_argument(where + "bits must be 4, 5 or 8.");
+  if (q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
+    throw std::invalid_argument(where + "group_size must be 32, 64 or 128.");
+  if (q.w.ndim() != 2 || q.w.dtype() != mx::uint32 || int64_t(q.w.shape(1)) * 32 != int64_t(K) * q.bits)
+    throw std::invalid_argument(where + "w must be uint32 (N, K * bits / 32) for this input.");
+  if (q.scales.ndim() != 2 || q.scales.shape(0) != q.w.shape(0) ||
+      q.scales.shape(1) * q.group_size != K || q.biases.shape() != q.scales.shape())
+    throw std::invalid_argument(where + "scales/biases must be (N, K / group_size).");
+}
+
+mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op) {
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu)
+    throw std::invalid_argument(std::string("[mlxterm.") + op + "] runs on the CPU stream only.");
+  return st;
+}
+
+mx::array f32c(const mx::array& a, mx::Stream st) {
+  return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
+}
+
+void push_weight(std::vector<mx::array>& in, const QWeight& q, mx::Stream st) {
+  in.push_back(mx::contiguous(q.w, false, st));
+  in.push_back(f32c(q.scales, st));
+  in.push_back(f32c(q.biases, st));
+}
+
+QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_size, int bits,
+                   float* out) {
+  QmmProblem p;
+  p.x = x;
+  p.M = M;
+  p.K = K;
+  p.N = w3[0].shape(0);
+  p.w = w3[0].data<uint8_t>();
+  p.scales = w3[1].data<float>();
+  p.biases = w3[2].data<float>();
+  p.group_size = group_size;
+  p.bits = bits;
+  p.out = out;
+  return p;
+}
+
+// Columns per pool chunk for `n` output columns in all (as run_qmm sizes them; the split
+// does not change any result).
+int chunk_cols(int n) {
+  const int T = Pool::get().threads();
+  const int chunk = (n + T * 8 - 1) / (T * 8);
+  return std::max(16, (chunk + 1) & ~1);
+}
+
+void gpu_unsupported() {
+  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
+}
+
+}  // namespace
+
+std::vector<mx::Shape> NormQkvRope::output_shapes(const std::vector<mx::array>& inputs) {
+  const auto& x = inputs[0];
+  const int B = x.shape(0), L = x.shape(1);
+  const int D = inputs[3].shape(0) / n_heads_;
+  const int Dk = inputs[6].shape(0) / n_kv_heads_, Dv = inputs[9].shape(0) / n_kv_heads_;
+  return {{B, n_heads_, L, D}, {B, n_kv_heads_, L, Dk}, {B, n_kv_heads_, L, Dv}};
+}
+
+void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    enc.set_output_array(o);
+  }
+  const auto& x = inputs[0];
+  const int B = x.shape(0), L = x.shape(1), Dm = x.shape(2), rows = B * L;
+  const float* xp = x.data<float>();
+  const float* nw = inputs[1].data<float>();
+  const int32_t* off = inputs[2].data<int32_t>();
+  const int n_off = int(inputs[2].size());
+  QmmProblem p[3];
+  for (int i = 0; i < 3; ++i) p[i] = problem(nullptr, rows, Dm, &inputs[3 + 3 * i], group_size_, bits_[i], nullptr);
+  const float* lb[3] = {nullptr, nullptr, nullptr};
+  if (has_bias_)
+    for (int i = 0; i < 3; ++i) lb[i] = inputs[12 + i].data<float>();
+  float* out[3] = {outputs[0].data<float>(), outputs[1].data<float>(), outputs[2].data<float>()};
+  const int heads[3] = {n_heads_, n_kv_heads_, n_kv_heads_};
+  const float eps = eps_, base = base_, scale = scale_;
+  const int dims = rope_dims_;
+  const bool trad = traditional_;
+  enc.dispatch([=]() mutable {
+    thread_local std::vector<float> xn, cs, sn, part[3];
+    thread_local PreparedX px;
+    xn.resize(size_t(rows) * Dm);
+    for (int r = 0; r < rows; ++r) rms_row(xp + size_t(r) * Dm, nw, xn.data() + size_t(r) * Dm, Dm, eps);
+    for (int i = 0; i < 3; ++i) {
+      part[i].resize(size_t(rows) * p[i].N);
+      p[i].x = xn.data();
+      p[i].out = part[i].data();
+    }
+    if (rows >= qmm_dense_min_rows()) {
+      // Prefill-sized (the engine does not route these here; kept correct): each matmul as is.
+      for (int i = 0; i < 3; ++i) qmm_run(p[i], false);
+    } else {
+      // One activation quantization and one pool job for the three matmuls.
+      prepare_x(p[0], true, px);
+      const XView xv{px.q.data(), px.d.data(), px.gsum.data()};
+      const QmmColumns kern = qmm_columns(false);
+      const int cc = chunk_cols(p[0].N + p[1].N + p[2].N);
+      int first[4] = {0, 0, 0, 0};
+      for (int i = 0; i < 3; ++i) first[i + 1] = first[i] + (p[i].N + cc - 1) / cc;
+      Pool::get().run(first[3], [&](int c) {
+        const int i = c < first[1] ? 0 : c < first[2] ? 1 : 2;
+        const int n0 = (c - first[i]) * cc, n1 = std::min(p[i].N, n0 + cc);
+        kern(p[i], xv, n0, n1);
+      });
+    }
+    // Linear biases (qwen2), as the separate add would: y + b.
+    if (lb[0])
+      for (int i = 0; i < 3; ++i)
+        for (int r = 0; r < rows; ++r) {
+          float* yr = part[i].data() + size_t(r) * p[i].N;
+          for (int n = 0; n < p[i].N; ++n) yr[n] = yr[n] + lb[i][n];
+        }
+    // RoPE on q and k, and every head to (B, heads, L, D).
+    const int nb = n_off == 1 ? 1 : B;
+    const int half = dims / 2;
+    rope_table(off, nb, L, half, base, scale, cs, sn);
+    for (int i = 0; i < 3; ++i) {
+      const int Hh = heads[i], D = p[i].N / Hh;
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < Hh; ++h)
+          for (int t = 0; t < L; ++t) {
+            const float* src = part[i].data() + size_t(b * L + t) * p[i].N + size_t(h) * D;
+            float* dst = out[i] + ((size_t(b) * Hh + h) * L + t) * D;
+            if (i == 2) {
+              std::copy_n(src, D, dst);
+            } else {
+              const size_t kk = (size_t(nb == 1 ? 0 : b) * L + t) * half;
+              rope_row(src, 1, dst, cs.data() + kk, sn.data() + kk, dims, D, trad);
+            }
+          }
+    }
+  });
+}
+
+void NormQkvRope::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) { gpu_unsupported(); }
+
+void AttnOutMlp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  const auto& a = inputs[0];
+  const auto& h = inputs[1];
+  const int B = a.shape(0), H = a.shape(1), L = a.shape(2), Dv = a.shape(3);
+  const int Dm = h.shape(2), rows = B * L, Ka = H * Dv;
+  const float* ap = a.data<float>();
+  const float* hp = h.data<float>();
+  const float* nw = inputs[5].data<float>();
+  const QmmProblem po = problem(nullptr, rows, Ka, &inputs[2], formats_[0], formats_[1], nullptr);
+  const QmmProblem pg = problem(nullptr, rows, Dm, &inputs[6], formats_[2], formats_[3], nullptr);
+  const QmmProblem pu = problem(nullptr, rows, Dm, &inputs[9], formats_[2], formats_[3], nullptr);
+  const QmmProblem pd = problem(nullptr, rows, pg.N, &inputs[12], formats_[4], formats_[5], nullptr);
+  float* op = out.data<float>();
+  const float eps = eps_;
+  enc.dispatch([=]() mutable {
+    thread_local std::vector<float> ao, r, hn, act;
+    // The attention output (B, H, L, Dv) as the (B, L, H * Dv) rows o_proj multiplies.
+    ao.resize(size_t(rows) * Ka);
+    for (int b = 0; b < B; ++b)
+      for (int hh = 0; hh < H; ++hh)
+        for (int t = 0; t < L; ++t)
+          std::copy_n(ap + ((size_t(b) * H + hh) * L + t) * Dv, Dv, ao.data() + size_t(b * L + t) * Ka + size_t(hh) * Dv);
+    r.resize(size_t(rows) * Dm);
+    QmmProblem q = po;
+    q.x = ao.data();
+    q.out = r.data();
+    qmm_run(q, false);
+    const size_t n = size_t(rows) * Dm;
+    for (size_t i = 0; i < n; ++i) op[i] = hp[i] + r[i];  // h1 = h + o_proj(a)
+    hn.resize(n);
+    for (int t = 0; t < rows; ++t) rms_row(op + size_t(t) * Dm, nw, hn.data() + size_t(t) * Dm, Dm, eps);
+    act.resize(size_t(rows) * pg.N);
+    QmmProblem g = pg, u = pu;
+    g.x = u.x = hn.data();
+    run_swiglu(g, u, act.data(), false);
+    q = pd;
+    q.x = act.data();
+    q.out = r.data();
+    qmm_run(q, false);
+    for (size_t i = 0; i < n; ++i) op[i] = op[i] + r[i];  // h1 + down(...)
+  });
+}
+
+void AttnOutMlp::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
+
+std::vector<mx::array> norm_qkv_rope(
+    const mx::array& x, const mx::array& norm_w, float eps, const QWeight& q, const QWeight& k,
+    const QWeight& v, const std::vector<mx::array>& biases, const mx::array& offset, int n_heads,
+    int n_kv_heads, int rope_dims, bool traditional, float base, float scale,
+    mx::StreamOrDevice s) {
+  const char* op = "norm_qkv_rope";
+  if (x.ndim() != 3 || x.dtype() != mx::float32)
+    throw std::invalid_argument("[mlxterm.norm_qkv_rope] x must be float32 (B, L, D).");
+  const int Dm = x.shape(2);
+  if (norm_w.ndim() != 1 || norm_w.shape(0) != Dm)
+    throw std::invalid_argument("[mlxterm.norm_qkv_rope] norm weight must be (D,).");
+  check_weight(q, Dm, op, "q");
+  check_weight(k, Dm, op, "k");
+  check_weight(v, Dm, op, "v");
+  if (q.group_size != k.group_size || q.group_size != v.group_size)
+    throw std::invalid_argument("[mlxterm.norm_qkv_rope] q, k and v must share one group size.");
+  if (n_heads <= 0 || n_kv_heads <= 0 || q.w.shape(0) % n_heads || k.w.shape(0) % n_kv_heads ||
+      v.w.shape(0) % n_kv_heads || q.w.shape(0) / n_heads != k.w.shape(0) / n_kv_heads)
+    throw std::invalid_argument("[mlxterm.norm_qkv_rope] q/k/v out features must split into heads of one size.");
+  const int D = q.w.shape(0) / n_heads;
+  if (rope_dims <= 0 || rope_dims % 2 || rope_dims > D)
+    throw std::invalid_argument("[mlxterm.norm_qkv_rope] rope dims must be even and at most the head size.");
+  if (offset.size() != 1 && int(offset.size()) != x.shape(0))
+    throw std::invalid_argument("[mlxterm.norm_qkv_rope] offset must be a scalar or one per batch row.");
+  if (!biases.empty()) {
+    if (biases.size() != 3)
+      throw std::invalid_argument("[mlxterm.norm_qkv_rope] biases: none or one per q, k, v.");
+    const QWeight* ws[3] = {&q, &k, &v};
+    for (int i = 0; i < 3; ++i)
+      if (biases[i].ndim() != 1 || biases[i].shape(0) != ws[i]->w.shape(0))
+        throw std::invalid_argument("[mlxterm.norm_qkv_rope] a bias does not match its weight.");
+  }
+  auto st = cpu_stream(s, op);
+  std::vector<mx::array> in = {
+      mx::contiguous(x, false, st), f32c(norm_w, st),
+      mx::contiguous(mx::flatten(mx::astype(offset, mx::int32, st), st), false, st)};
+  push_weight(in, q, st);
+  push_weight(in, k, st);
+  push_weight(in, v, st);
+  for (auto& b : biases) in.push_back(f32c(b, st));
+  auto prim = std::make_shared<NormQkvRope>(
+      st, eps, n_heads, n_kv_heads, rope_dims, traditional, base, scale, q.group_size,
+      std::vector<int>{q.bits, k.bits, v.bits}, !biases.empty());
+  auto shapes = prim->output_shapes(in);
+  return mx::array::make_arrays(std::move(shapes), {mx::float32, mx::float32, mx::float32}, prim, in);
+}
+
+mx::array attn_out_mlp(
+    const mx::array& a, const mx::array& h, const QWeight& o, const mx::array& norm_w, float eps,
+    const QWeight& gate, const QWeight& up, const QWeight& down, mx::StreamOrDevice s) {
+  const char* op = "attn_out_mlp";
+  if (a.ndim() != 4 || a.dtype() != mx::float32 || h.ndim() != 3 || h.dtype() != mx::float32)
+    throw std::invalid_argument("[mlxterm.attn_out_mlp] a must be float32 (B, H, L, Dv), h float32 (B, L, D).");
+  if (a.shape(0) != h.shape(0) || a.shape(2) != h.shape(1))
+    throw std::invalid_argument("[mlxterm.attn_out_mlp] a and h must have the same batch and length.");
+  const int Dm = h.shape(2);
+  check_weight(o, a.shape(1) * a.shape(3), op, "o");
+  if (o.w.shape(0) != Dm)
+    throw std::invalid_argument("[mlxterm.attn_out_mlp] o's out features must equal h's width.");
+  if (norm_w.ndim() != 1 || norm_w.shape(0) != Dm)
+    throw std::invalid_argument("[mlxterm.attn_out_mlp] norm weight must be (D,).");
+  check_weight(gate, Dm, op, "gate");
+  check_weight(up, Dm, op, "up");
+  if (gate.bits != up.bits || gate.group_size != up.group_size || gate.w.shape() != up.w.shape())
+    throw std::invalid_argument("[mlxterm.attn_out_mlp] gate and up must share shape and format.");
+  check_weight(down, gate.w.shape(0), op, "down");
+  if (down.w.shape(0) != Dm)
+    throw std::invalid_argument("[mlxterm.attn_out_mlp] down's out features must equal h's width.");
+  auto st = cpu_stream(s, op);
+  std::vector<mx::array> in = {mx::contiguous(a, false, st), mx::contiguous(h, false, st)};
+  push_weight(in, o, st);
+  in.push_back(f32c(norm_w, st));
+  push_weight(in, gate, st);
+  push_weight(in, up, st);
+  push_weight(in, down, st);
+  std::vector<int> formats = {o.group_size, o.bits, gate.group_size, gate.bits, down.group_size, down.bits};
+  return mx::array(h.shape(), mx::float32, std::make_shared<AttnOutMlp>(st, eps, formats), in);
+}
+
+}  // namespace mlxterm
