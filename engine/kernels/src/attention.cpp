@@ -41,7 +41,8 @@ namespace mlxterm {
 namespace {
 
 constexpr int kBlock = 128;     // keys per block (scores: rows x kBlock floats)
-constexpr int kTileRows = 64;   // query rows per task (query heads of a KV head x positions)
+constexpr int kTileRows = 66;   // query rows per task (query heads of a KV head x positions;
+                                // 66 = 6 x 11: whole 6-row register tiles for 1, 2, 3 or 6 heads per KV head)
 constexpr int kMinTasks = 16;   // below this many tasks, split the keys too
 const float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -212,7 +213,9 @@ inline void causal_range(const Problem& p, int i, int& lo, int& hi) {
 
 // Mask the block's scores, update each row's running max / sum, rescale its output, and leave
 // exp(score - max) in the scores. False when no row sees any key of the block.
-bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n) {
+// wide: the exponentials run 16 lanes at a time (AVX-512; same values per element), summed
+// in the 8-lane order below either way.
+bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, bool wide = false) {
   const int Dv = p.Dv;
   const int bm = p.Bm == 1 ? 0 : t.b;
   bool any = false;
@@ -254,6 +257,11 @@ bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb,
     const __m256 vm = _mm256_set1_ps(m_new);
     __m256 vs = _mm256_setzero_ps();
     c = 0;
+    if (wide) {
+      const int n8 = n & ~7;
+      avx512::exp_shifted(s, n8, m_new);
+      for (; c < n8; c += 8) vs = _mm256_add_ps(vs, _mm256_loadu_ps(s + c));
+    }
     for (; c + 8 <= n; c += 8) {
       const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
       _mm256_storeu_ps(s + c, e);
@@ -347,7 +355,7 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
       transpose_block(kblk, n, D, sc.kt.data());
       if (use_avx512()) avx512::scores_tiled(sc.q.data(), Rp, sc.kt.data(), kBlock, (n + 15) & ~15, D, sc.s.data());
       else scores_tiled(sc.q.data(), Rp, sc.kt.data(), n, D, sc.s.data());
-      if (!softmax_block(p, t, sc, R, kb, n)) continue;
+      if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;
       if (p.half) {
         widen(v16 + size_t(kb) * Dv, sc.vf.data(), n * Dv);
         pv(sc, R, static_cast<const float*>(sc.vf.data()), n, Dv, true);

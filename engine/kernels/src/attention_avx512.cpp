@@ -49,7 +49,37 @@ inline void pv_tile(const float* P, int pstride, const float* V, int Dv, int n, 
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O + size_t(t) * Dv + 16 * j, acc[t][j]);
 }
 
+// vmath.h's exp_neg, 16 lanes: the same operations per element.
+inline __m512 exp_neg16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f);
+  const __mmask16 valid = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(valid, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
 }  // namespace
+
+void exp_shifted(float* s, int n, float m) {
+  const __m512 vm = _mm512_set1_ps(m);
+  int c = 0;
+  for (; c + 16 <= n; c += 16) _mm512_storeu_ps(s + c, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm)));
+  if (c < n) {  // 8 left
+    const __mmask16 k = 0xFF;
+    _mm512_mask_storeu_ps(s + c, k, exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + c), vm)));
+  }
+}
 
 void scores_tiled(const float* Q, int Rp, const float* Kt, int kstride, int npad, int D, float* s) {
   for (int r = 0; r < Rp; r += kAttnRowTile) {
