@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
@@ -44,6 +45,10 @@ constexpr int kBlock = 128;     // keys per block (scores: rows x kBlock floats)
 constexpr int kTileRows = 66;   // query rows per task (query heads of a KV head x positions;
                                 // 66 = 6 x 11: whole 6-row register tiles for 1, 2, 3 or 6 heads per KV head)
 constexpr int kMinTasks = 16;   // below this many tasks, split the keys too
+// Below this many multiply-adds (rows x keys x (D + Dv)) a call runs on the calling thread:
+// waking the pool costs more than the work (Whisper's per-token cross-attention, decode at
+// short context). Which thread runs a task never changes its result.
+constexpr size_t kInlineWork = size_t(1) << 18;
 const float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Problem {
@@ -417,7 +422,17 @@ void run_flash(const Problem& p) {
   std::vector<float> part;
   const size_t part_stride = size_t(R_max) * (p.Dv + 2);
   if (n_splits > 1) part.resize(tasks.size() * part_stride);
-  Pool::get().run(int(tasks.size()), [&](int ti) {
+  size_t work = 0;
+  for (const Split& t : tasks) work += size_t(rep) * t.nt * size_t(t.s1 - t.s0);
+  const bool inline_ = work * size_t(p.D + p.Dv) < kInlineWork;
+  auto run = [inline_](int n, const std::function<void(int)>& fn) {
+    if (inline_) {
+      for (int i = 0; i < n; ++i) fn(i);
+    } else {
+      Pool::get().run(n, fn);
+    }
+  };
+  run(int(tasks.size()), [&](int ti) {
     thread_local Scratch sc;
     const Split& t = tasks[ti];
     run_split(p, t, sc);
@@ -438,7 +453,7 @@ void run_flash(const Problem& p) {
   });
   if (n_splits == 1) return;
   // Merge the splits of each (b, kvh, tile): splits are consecutive in `tasks`.
-  Pool::get().run(groups, [&](int g) {
+  run(groups, [&](int g) {
     const Split& t = tasks[size_t(g) * n_splits];
     const int R = rep * t.nt;
     for (int r = 0; r < R; ++r) {
