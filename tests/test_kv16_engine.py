@@ -142,3 +142,31 @@ def test_checkpoints_of_float32_caches_miss_under_fp16(tmp_path, tiny_llama_dir)
         assert got.source == "none" and got.cached_tokens == 0
     finally:
         new.close(0)
+
+
+@needs_kernels
+@pytest.mark.parametrize("storage", ["fp16", "q8"])
+def test_fp16_live_kv_with_other_checkpoint_storage(tmp_path, tiny_llama_dir, storage):
+    profile = load_profile(str(write_profile(
+        tmp_path / "kv.yaml", tiny_llama_dir, model={"weights": "quantized"},
+        kv_cache={"format": "fp16", "checkpoint_format": storage}, cache={"ssd_dir": str(tmp_path / "ssd")})))
+    model = _routed(tiny_llama_dir)
+    toks = tokens(70, seed=5)
+    first = PromptCache(model, profile)
+    cache = first.new_cache()
+    prefill(model, cache, toks)
+    first.release(toks, cache)
+    assert first.close().durable
+    second = PromptCache(model, profile)  # empty RAM tier: the SSD file
+    try:
+        got = second.acquire(toks + [9])
+        assert got.source == "ssd" and got.cached_tokens == len(toks)
+        for a, b in zip(got.cache, cache, strict=True):
+            assert a.keys.dtype == mx.float16
+            ka, kb = np.array(a.keys[..., : len(toks), :], np.float32), np.array(b.keys[..., : len(toks), :], np.float32)
+            if storage == "fp16":
+                assert np.array_equal(ka, kb)
+            else:  # 8-bit groups: within a step of the group's range
+                assert np.abs(ka - kb).max() <= 0.02 * np.abs(kb).max()
+    finally:
+        second.close(0)
