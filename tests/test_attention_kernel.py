@@ -3,9 +3,15 @@
 float32/float16 K/V and odd lengths; key splitting (decode) is thread-count independent; the
 routed mlx_lm attention sends every shape it handles to the kernel; bad input raises."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from engine import kernels
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
@@ -123,6 +129,37 @@ def test_a_batch_row_equals_the_same_row_alone(S):
     for b in range(B):
         alone = kernels.flash_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], SCALE, mask=mask[b : b + 1])
         assert mx.array_equal(batch[b : b + 1], alone), f"row {b} of {B} at {S} keys"
+
+
+def _tile_results() -> dict:
+    """Many-query (register-tiled) calls over fp32/fp16 K/V, head sizes 64/128, odd lengths."""
+    out = {}
+    for D, Dv, L, S in ((64, 64, 70, 333), (128, 32, 131, 131), (64, 64, 40, 1000)):
+        for dt in (mx.float32, mx.float16):
+            q, k, v = _qkv(1, 9, 3, L, S, D=D, Dv=Dv, seed=L + S, kv_dtype=dt)
+            y = kernels.flash_attention(q, k, v, SCALE, causal_offset=S - L)
+            out[f"{D}-{Dv}-{L}-{S}-{dt}"] = np.array(y)
+    return out
+
+
+def test_prefill_tiles_bit_identical_across_instruction_sets(tmp_path):
+    # The AVX-512 tiles (src/attention_avx512.cpp) run the same FMA chains as the AVX2 ones.
+    here = _tile_results()
+    dump = tmp_path / "avx2.npz"
+    code = (
+        "import engine, numpy as np\n"
+        "from engine import kernels\n"
+        "from tests.test_attention_kernel import _tile_results\n"
+        "assert kernels.status()['isa'] == 'avx2', kernels.status()\n"
+        f"np.savez({str(dump)!r}, **_tile_results())\n"
+    )
+    env = dict(os.environ, MLXTERM_KERNEL_ISA="avx2", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    avx2 = np.load(dump)
+    assert sorted(avx2.files) == sorted(here)
+    for key, y in here.items():
+        np.testing.assert_array_equal(y, avx2[key], err_msg=key)
 
 
 def test_back_to_back_pool_jobs_of_different_sizes():

@@ -446,3 +446,39 @@ def test_tokens_match_an_independent_ctranslate2_reference(whisper, clips, name)
     assert [t for seg in window for t in seg.tokens if t < sp.eot] == ref_text[: sum(
         1 for seg in window for t in seg.tokens if t < sp.eot)]
     assert {round(b, 2) for seg in window for b in (seg.start, seg.end)} <= set(ref_stamps)
+
+
+@pytest.mark.skipif(not __import__("engine").kernels.available(), reason="CPU kernels unavailable")
+def test_fused_attention_matches_mlx_attention_in_encoder_and_decoder(monkeypatch):
+    # Encoder self-attention and decoder cross-attention (one window's K/V shared by 3 beams)
+    # through the fused kernel vs MLX's matmul + softmax path on the same random weights.
+    from engine.speech import whisper_model
+    from engine.speech.whisper_model import Whisper, WhisperDims
+
+    import mlx.core as mx
+
+    dims = WhisperDims(n_mels=8, n_audio_ctx=150, n_audio_state=64, n_audio_head=2, n_audio_layer=2,
+                       n_vocab=60, n_text_ctx=16, n_text_state=64, n_text_head=2, n_text_layer=2)
+    mx.random.seed(5)
+    model = Whisper(dims)
+    mx.eval(model.parameters())
+    mel = mx.random.normal((1, 300, 8))
+    tokens = mx.array([[1, 2, 3, 4], [1, 2, 5, 6], [1, 7, 8, 9]])
+
+    def run():
+        assert model.encoder.blocks[0].attn.fused == fused
+        feats = model.encoder(mel)
+        cross = model.decoder.cross_kv(feats)
+        hidden, cache = model.decoder(tokens, cross, None)  # causal prompt, then one step
+        step, _ = model.decoder(mx.array([[3], [4], [5]]), cross, cache)
+        mx.eval(feats, hidden, step)
+        return feats, hidden, step
+
+    fused = True
+    with_kernel = run()
+    fused = False
+    monkeypatch.setattr(whisper_model.kernels, "available", lambda: False)
+    with_mlx = run()
+    for a, b in zip(with_kernel, with_mlx, strict=True):
+        assert a.shape == b.shape
+        assert float(mx.abs(a - b).max()) < 1e-4 * max(1.0, float(mx.abs(b).max()))

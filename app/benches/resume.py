@@ -7,11 +7,13 @@ ssd = the same follow-up from a second engine whose RAM tier is empty (a new pro
 see the same), restoring the flushed checkpoint file.
 
 ``--long-context N`` runs the long-context arm instead: a cold prefill of N tokens and decode
-speed at that context vs at ~100 tokens, alternated (A/B/C/C/B/A) over three arms: ``flash``
-(the CPU kernels with the fused attention, engine/kernels/src/attention.cpp), ``softmax`` (the
-kernels with the previous round's attention: MLX matmuls + fused softmax, MLX at decode) and
-``today`` (fp32 weights + OpenBLAS + MLX's attention, no kernels); ``flash-kv16`` is ``flash``
-with float16 K/V caches (``make_cache(kv_dtype=float16)``). ``--arms`` picks a subset.
+speed at that context vs at ~100 tokens, alternated (A/B/C/C/B/A) over the arms: ``engine``
+(what the engine runs: the CPU kernels, the fused attention of engine/kernels/src/attention.cpp
+and the live KV format the prompt cache picks, float16 on the CPU by default), ``flash`` (the
+same with float32 K/V), ``flash-kv16`` (float16 K/V whatever the profile says), ``softmax``
+(the kernels with an earlier round's attention: MLX matmuls + fused softmax, MLX at decode) and
+``today`` (the original engine path: fp32 weights + OpenBLAS + MLX's attention, no kernels).
+``--arms`` picks a subset (default ``engine,today``: the issue's ratio, measured in one run).
 It first times the attention op alone at N keys (a prefill chunk and a decode step, the
 model's head shapes) for each implementation, so the attention share is visible.
 """
@@ -32,7 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--long-context", type=int, default=0, metavar="N",
                    help="run the long-context arm at N tokens instead (kernels vs fp32 path)")
     p.add_argument("--decode-tokens", type=int, default=32, help="long-context arm: tokens decoded")
-    p.add_argument("--arms", default="flash,flash-kv16,softmax,today", help="long-context arm: arms to run")
+    p.add_argument("--arms", default="engine,today",
+                   help="long-context arm: arms to run (engine, flash, flash-kv16, softmax, today)")
 
 
 def _attention_op(model, n_keys: int, kv_dtype) -> dict:
@@ -81,11 +84,13 @@ def _long_context(args) -> dict:
     import time
 
     from engine import kernels
+    from engine.checkpoints.fingerprint import live_kv_format
     from engine.generation.generate import generate_step
     from engine.generation.kv_cache import make_cache
     from engine.kernels import attention, hook
     from engine.model.catalog import resolve_source
     from engine.model.loader import load_bundle
+    from engine.model.weight_policy import backend
     from engine.profiles import load_profile
     from engine.sampling import SamplingParams
 
@@ -117,8 +122,8 @@ def _long_context(args) -> dict:
             finally:
                 attention.install()
         attention.install()
-        kv = mx.float16 if name == "flash-kv16" else None
-        prev, attention.impl = attention.impl, name.removesuffix("-kv16")
+        kv = mx.float16 if name == "flash-kv16" or (name == "engine" and engine_kv == "fp16") else None
+        prev, attention.impl = attention.impl, "flash" if name == "engine" else name.removesuffix("-kv16")
         try:
             return run_arm(fast, long_ids, kv), run_arm(fast, short_ids, kv)
         finally:
@@ -127,7 +132,11 @@ def _long_context(args) -> dict:
     if not kernels.available():
         return {"bench": "resume-long", "skipped": f"CPU kernels unavailable: {kernels.status()['reason']}"}
     hook.install(fast.model)
+    engine_kv = live_kv_format(profile.kv_cache, backend(), fast.model)  # as PromptCache.new_cache
     arms = [a for a in args.arms.split(",") if a]
+    unknown = set(arms) - {"engine", "flash", "flash-kv16", "softmax", "today"}
+    if unknown:
+        raise SystemExit(f"bench resume: unknown arm(s) {', '.join(sorted(unknown))}")
     op = {"kv_float32": _attention_op(fast.model, len(long_ids), mx.float32),
           "kv_float16": _attention_op(fast.model, len(long_ids), mx.float16)}
     order = arms + arms[::-1]
@@ -159,7 +168,7 @@ def _long_context(args) -> dict:
                 table.append(f"cold prefill speed-up today / {name}: {speedups[name]}x")
     table.append(f"attention op ms at {len(long_ids)} keys: {op}")
     return {"bench": "resume-long", "profile": profile.name, "context_tokens": len(long_ids),
-            "arms": out, "prefill_speedup": speedups, "attention_op_ms": op,
+            "engine_kv_format": engine_kv, "kernel_isa": kernels.status().get("isa"), "arms": out, "prefill_speedup": speedups, "attention_op_ms": op,
             "load_avg": list(os.getloadavg()), "summary": "\n".join(table)}
 
 def _conversation(engine, n_tokens: int, nonce: str) -> list[int]:

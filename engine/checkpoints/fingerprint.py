@@ -26,7 +26,7 @@ HASH_CACHE = "weights-sha256.json"
 class Fingerprint:
     weights_sha256: str
     weight_format: str  # quantized, fp32, fp16, bf16
-    kv_format: str  # live KV: "dense" (dtype follows the weights) or e.g. "q8-g64"
+    kv_format: str  # live KV: "dense" (dtype follows the weights), "fp16", or e.g. "q8-g64"
     checkpoint_format: str  # storage: same, fp16, q8, q4
     backend: str  # cpu, metal, cuda (kernels differ numerically)
     engine_version: str  # mlxterm, mlx-lm and checkpoint format versions
@@ -112,23 +112,44 @@ def make_fingerprint(model_path: Path, weight_format: str, kv_format: str = "den
     )
 
 
-def live_kv_format(kv_cache_config, backend: str) -> str:
-    """The live KV format a profile runs with (must agree with engine.serving.prompt_cache.new_cache)."""
-    if backend != "cpu" and kv_cache_config.format in ("q8", "q4"):
-        return f"{kv_cache_config.format}-g{kv_cache_config.group_size}"
-    return "dense"
+def live_kv_format(kv_cache_config, backend: str, model=None, weight_format: str | None = None) -> str:
+    """The live KV format a profile runs with; engine.serving.prompt_cache.new_cache makes its
+    caches from this answer, so checkpoints and live caches always agree.
+
+    GPUs run the quantized formats live. On the CPU, ``fp16`` (the schema's default) stores K/V
+    as float16 where the engine's fused attention reads them: for the loaded ``model``, when
+    its attention is routed there; without it, when the kernels are built and the weights
+    load as ``quantized``/``hybrid`` (the formats the loader routes). Half the bytes per decode
+    step at long context. Everything else on the CPU keeps K/V as computed ("dense").
+    Checkpoints made before fp16 KV existed carry "dense" and simply miss.
+    """
+    fmt = kv_cache_config.format
+    if backend != "cpu":
+        return f"{fmt}-g{kv_cache_config.group_size}" if fmt in ("q8", "q4") else "dense"
+    if fmt != "fp16":
+        return "dense"
+    from engine import kernels
+    from engine.kernels.attention import reads_fp16_kv
+
+    if model is not None:
+        ok = reads_fp16_kv(model)
+    else:
+        ok = kernels.available() and weight_format in ("quantized", "hybrid")
+    return "fp16" if ok else "dense"
 
 
-def fingerprint_for_profile(profile) -> Fingerprint:
-    """The fingerprint of ``profile``'s model as the engine would run it, without loading it."""
+def fingerprint_for_profile(profile, model=None) -> Fingerprint:
+    """The fingerprint of ``profile``'s model as the engine would run it: without loading it,
+    or for the loaded ``model`` (its attention decides the live KV format)."""
     from engine.model.catalog import resolve_source
     from engine.model.weight_policy import backend, choose_weights
 
     be = backend()
+    weights = choose_weights(profile.model.weights)
     return make_fingerprint(
         resolve_source(profile.model.source, profile.base_dir),
-        choose_weights(profile.model.weights),
-        live_kv_format(profile.kv_cache, be),
+        weights,
+        live_kv_format(profile.kv_cache, be, model, weights),
         profile.kv_cache.checkpoint_format,
         be,
     )

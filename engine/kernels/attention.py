@@ -40,6 +40,13 @@ if impl not in IMPLS:
     impl = "flash"
 
 
+def reads_fp16_kv(model) -> bool:
+    """True when ``model``'s attention runs here (a routed model of a patched mlx_lm module),
+    so its caches may hold float16 K/V: the fused kernel widens them in registers."""
+    base = type(model).__dict__.get("_routed_base")
+    return base is not None and base.__module__.rsplit(".", 1)[-1] in _MODULES and kernels.available()
+
+
 def routed(cls: type) -> type:
     """A subclass of model class ``cls`` whose forward pass uses this attention."""
 

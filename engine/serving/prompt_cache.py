@@ -8,9 +8,18 @@ for the exact token prefix it was computed from.
 
 from __future__ import annotations
 
-from engine.checkpoints import CheckpointStore, DurabilityReport, Restored, open_store
+from engine.checkpoints import (
+    CheckpointStore,
+    DurabilityReport,
+    Restored,
+    fingerprint_for_profile,
+    open_store,
+)
+from engine.checkpoints.fingerprint import live_kv_format
 from engine.generation.kv_cache import make_cache
 from engine.model.weight_policy import backend
+
+import mlx.core as mx
 
 Reuse = Restored
 
@@ -19,14 +28,20 @@ class PromptCache:
     def __init__(self, model, profile, store: CheckpointStore | None = None):
         self.model = model
         self.profile = profile
-        self.store = store or open_store(profile, self.new_cache)
+        # One decision (fingerprint.live_kv_format) for the live caches and the checkpoints.
+        self.kv_format = live_kv_format(profile.kv_cache, backend(), model)
+        if store is None:
+            store = open_store(profile, self.new_cache, fingerprint_for_profile(profile, model))
+        self.store = store
 
     def new_cache(self) -> list:
         kv = self.profile.kv_cache
-        # On the CPU backend live attention stays in float (quantized SDPA is far slower there);
-        # quantized formats apply to stored checkpoints. GPUs run the profile's format live.
-        bits = {"q8": 8, "q4": 4}.get(kv.format) if backend() != "cpu" else None
-        return make_cache(self.model, kv_bits=bits, kv_group_size=kv.group_size)
+        # GPUs run the profile's quantized formats live. On the CPU live attention stays in
+        # float (quantized SDPA is far slower there; quantized formats apply to stored
+        # checkpoints), float16 where the fused attention kernel reads it ("fp16").
+        bits = {"q8": 8, "q4": 4}.get(kv.format) if self.kv_format.startswith("q") else None
+        dtype = mx.float16 if self.kv_format == "fp16" else None
+        return make_cache(self.model, kv_bits=bits, kv_group_size=kv.group_size, kv_dtype=dtype)
 
     def acquire(self, prompt: list[int], session_id: str | None = None) -> Restored:
         return self.store.acquire(prompt, session_id)

@@ -30,9 +30,10 @@ def _numpy_path(x: mx.array) -> bool:
 
 
 def softmax(x: mx.array) -> mx.array:
-    """Softmax over the last axis (the engine's CPU kernel when present: vectorised exp on
-    the kernel pool, no numpy round trip)."""
-    if x.ndim == 4 and x.dtype == mx.float32 and kernels.available():
+    """Softmax over the last axis (large inputs: the engine's CPU kernel when present,
+    vectorised exp on the kernel pool, no numpy round trip; the decoder's per-token steps stay
+    in MLX, where a pool job costs more than the few thousand exponentials)."""
+    if _numpy_path(x) and x.ndim == 4 and kernels.available():
         return kernels.masked_softmax(x)
     if not _numpy_path(x):
         return mx.softmax(x, axis=-1, precise=True)

@@ -2,6 +2,13 @@
 
 Parameter names follow mlx-examples' Whisper port (``encoder.blocks.0.attn.query.weight``,
 ``mlp1``/``mlp2``...), so a directory written by its converter loads as is.
+
+On the CPU with the engine's kernels, the unmasked attentions -- the encoder's 1500 x 1500
+self-attention and the decoder's cross-attention over the window -- run in the fused attention
+kernel (engine/kernels/src/attention.cpp: no 1500 x 1500 score matrix, vectorised exp, every
+head's K/V block read once per query tile); their keys are then kept in the natural
+``(batch, heads, time, head_dim)`` layout the kernel reads. The decoder's small causal
+self-attention stays on MLX's matmuls (its cache keeps transposed keys).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from engine import kernels
 from engine.speech.fastmath import gelu, softmax
 
 import mlx.core as mx
@@ -51,14 +59,37 @@ class MultiHeadAttention(nn.Module):
         self.value = nn.Linear(n_state, n_state)
         self.out = nn.Linear(n_state, n_state)
 
-    def kv(self, x: mx.array) -> tuple[mx.array, mx.array]:
-        """Transposed keys ``(batch, heads, head_dim, time)`` and values ``(batch, heads, time, head_dim)``.
+    @property
+    def fused(self) -> bool:
+        """True when unmasked attention runs in the engine's fused kernel (see the module doc)."""
+        head_dim = self.query.weight.shape[0] // self.n_head
+        return (kernels.available() and mx.default_device() == mx.cpu and head_dim % 16 == 0
+                and self.query.weight.dtype == mx.float32)
+
+    def kv(self, x: mx.array, natural: bool = False) -> tuple[mx.array, mx.array]:
+        """Transposed keys ``(batch, heads, head_dim, time)`` (``natural``: ``(batch, heads,
+        time, head_dim)``, as ``attend`` reads them) and values ``(batch, heads, time, head_dim)``.
 
         Both are made contiguous: a strided operand makes every decoder step copy them.
         """
         b, t, _ = x.shape
-        k = self.key(x).reshape(b, t, self.n_head, -1).transpose(0, 2, 3, 1)
+        k = self.key(x).reshape(b, t, self.n_head, -1)
+        k = k.transpose(0, 2, 1, 3) if natural else k.transpose(0, 2, 3, 1)
         return mx.contiguous(k), mx.contiguous(self._heads(self.value(x)))
+
+    def attend(self, x: mx.array, k: mx.array, v: mx.array) -> mx.array:
+        """Unmasked attention of ``x`` over natural-layout ``k``/``v`` in the fused kernel; keys
+        of batch 1 serve every row of ``x`` (beams share the window's cross-attention K/V)."""
+        b, t, d = x.shape
+        h = self.n_head
+        q = self._heads(self.query(x))
+        shared = k.shape[0] == 1 and b > 1
+        if shared:  # the beams become more query rows of one problem
+            q = q.transpose(1, 0, 2, 3).reshape(1, h, b * t, -1)
+        out = kernels.flash_attention(q, k, v, (d // h) ** -0.5)
+        if shared:
+            out = out.reshape(h, b, t, -1).transpose(1, 0, 2, 3)
+        return self.out(out.transpose(0, 2, 1, 3).reshape(b, t, d))
 
     def _heads(self, x: mx.array) -> mx.array:
         b, t, _ = x.shape
@@ -118,8 +149,10 @@ class AudioEncoder(nn.Module):
         x = x + self.positional_embedding[:x.shape[1]]
         for block in self.blocks:
             h = block.attn_ln(x)
-            k, v = block.attn.kv(h)
-            x = x + block.attn(h, k, v)
+            if block.attn.fused:
+                x = x + block.attn.attend(h, *block.attn.kv(h, natural=True))
+            else:
+                x = x + block.attn(h, *block.attn.kv(h))
             x = x + block.mlp(x)
             if between_layers is not None:
                 between_layers()
@@ -140,8 +173,9 @@ class TextDecoder(nn.Module):
         self._embedding_t: mx.array | None = None
 
     def cross_kv(self, audio_features: mx.array) -> list[tuple[mx.array, mx.array]]:
-        """Cross-attention keys/values of every layer, computed once per 30-s window."""
-        return [block.cross_attn.kv(audio_features) for block in self.blocks]
+        """Cross-attention keys/values of every layer, computed once per 30-s window (keys in
+        the layout the layer's attention reads: see ``MultiHeadAttention.fused``)."""
+        return [block.cross_attn.kv(audio_features, natural=block.cross_attn.fused) for block in self.blocks]
 
     def __call__(self, tokens: mx.array, cross: list, cache: list | None = None):
         """Final hidden states for ``tokens`` (batch, n) and the updated self-attention cache.
@@ -166,7 +200,8 @@ class TextDecoder(nn.Module):
                 v = mx.concatenate([cache[i][1], v], axis=2)
             new_cache.append((k_t, v))
             x = x + block.attn(h, k_t, v, mask)
-            x = x + block.cross_attn(block.cross_attn_ln(x), *cross[i])
+            ca, hc = block.cross_attn, block.cross_attn_ln(x)
+            x = x + (ca.attend(hc, *cross[i]) if ca.fused else ca(hc, *cross[i]))
             x = x + block.mlp(x)
         return self.ln(x), new_cache
 

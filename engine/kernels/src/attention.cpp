@@ -5,9 +5,10 @@
 // stream dominates. Here a task owns the query rows of one (batch, KV head, query tile) --
 // every query head of that KV head, so a K/V block read from memory serves them all (GQA) --
 // and walks the keys in blocks of kBlock with an online softmax (running max m, sum l,
-// unnormalised output O rescaled when the max grows). Scores are 2-row x 4-key dot-product
-// tiles (eight FMA chains reduced by one horizontal-add tree), so K is read in its natural
-// (S, D) layout with no transpose. Causal tiles skip the key blocks no row can see; a key
+// unnormalised output O rescaled when the max grows). Decode-sized tasks (<= 8 rows) score
+// with 2-row x 4-key dot-product tiles (eight FMA chains reduced by one horizontal-add tree)
+// on K's natural (S, D) layout; many-row tasks (prefill) transpose each K block once and run
+// GEMM-style 6-row x 16-key register tiles (no horizontal sums, K loaded once per 6 rows). Causal tiles skip the key blocks no row can see; a key
 // mask shared by every query (the static caches' validity vector) ends the key range at the
 // last valid key, so a half-empty cache buffer costs nothing. When one batch row has fewer
 // (head, tile) tasks than kMinTasks (decode) the keys are also split, each split keeps its own
@@ -21,15 +22,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include <immintrin.h>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
+#include "attention_tiles.h"
 #include "pool.h"
+#include "qmm.h"
 #include "vmath.h"
 
 namespace mlxterm {
@@ -37,8 +42,13 @@ namespace mlxterm {
 namespace {
 
 constexpr int kBlock = 128;     // keys per block (scores: rows x kBlock floats)
-constexpr int kTileRows = 64;   // query rows per task (query heads of a KV head x positions)
+constexpr int kTileRows = 66;   // query rows per task (query heads of a KV head x positions;
+                                // 66 = 6 x 11: whole 6-row register tiles for 1, 2, 3 or 6 heads per KV head)
 constexpr int kMinTasks = 16;   // below this many tasks, split the keys too
+// Below this many multiply-adds (rows x keys x (D + Dv)) a call runs on the calling thread:
+// waking the pool costs more than the work (Whisper's per-token cross-attention, decode at
+// short context). Which thread runs a task never changes its result.
+constexpr size_t kInlineWork = size_t(1) << 18;
 const float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Problem {
@@ -59,7 +69,7 @@ struct Split {
 
 // Scratch of one task, reused across calls on the same thread.
 struct Scratch {
-  std::vector<float> q, o, s, m, l, kf, vf;
+  std::vector<float> q, o, s, m, l, kf, vf, kt;
 };
 
 inline void widen(const uint16_t* src, float* dst, int n) {
@@ -102,9 +112,9 @@ void scores(const float* Q, int R, const T* K, int n, int D, float* s) {
   }
 }
 
-// O[r] += sum_c P[r][c] V[c] for R rows (R <= 4), keys [0, n), Dv % 16 == 0.
+// O[r] += sum_c P[r][c] V[c] for R rows (R <= 6), keys [0, n), Dv % 16 == 0.
 template <int R, typename T>
-void accumulate(const float* P, const T* V, size_t vstride, int n, int Dv, float* O) {
+inline void accumulate(const float* P, const T* V, size_t vstride, int n, int Dv, float* O) {
   for (int c0 = 0; c0 < Dv; c0 += 16) {
     __m256 acc[R][2];
     for (int t = 0; t < R; ++t) {
@@ -127,6 +137,79 @@ void accumulate(const float* P, const T* V, size_t vstride, int n, int Dv, float
   }
 }
 
+// ---- Many-query tiles (prefill, long verify): GEMM-style register tiles ------------------
+// Scores: the K block is transposed once per block into Kt (D x kBlock, zero-padded to a
+// multiple of 16 keys), then kRowTile query rows x 16 keys live in 12 accumulators: per d, two
+// loads of Kt and kRowTile broadcasts of q feed 2 * kRowTile FMAs (no horizontal sums).
+// P @ V: kRowTile rows x 16 value columns per accumulator tile, V in its natural layout.
+// With AVX-512 (attention_avx512.cpp) the same chains run 6 rows x 64 keys / columns at once.
+constexpr int kRowTile = kAttnRowTile;
+
+bool use_avx512() {
+  static const bool yes = best_isa() == Isa::avx512vnni;
+  return yes;
+}
+
+inline void transpose8(const float* src, size_t sstride, float* dst, size_t dstride) {
+  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + sstride);
+  __m256 r2 = _mm256_loadu_ps(src + 2 * sstride), r3 = _mm256_loadu_ps(src + 3 * sstride);
+  __m256 r4 = _mm256_loadu_ps(src + 4 * sstride), r5 = _mm256_loadu_ps(src + 5 * sstride);
+  __m256 r6 = _mm256_loadu_ps(src + 6 * sstride), r7 = _mm256_loadu_ps(src + 7 * sstride);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  r0 = _mm256_shuffle_ps(t0, t2, 0x44), r1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  r2 = _mm256_shuffle_ps(t1, t3, 0x44), r3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  r4 = _mm256_shuffle_ps(t4, t6, 0x44), r5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  r6 = _mm256_shuffle_ps(t5, t7, 0x44), r7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(r0, r4, 0x20));
+  _mm256_storeu_ps(dst + dstride, _mm256_permute2f128_ps(r1, r5, 0x20));
+  _mm256_storeu_ps(dst + 2 * dstride, _mm256_permute2f128_ps(r2, r6, 0x20));
+  _mm256_storeu_ps(dst + 3 * dstride, _mm256_permute2f128_ps(r3, r7, 0x20));
+  _mm256_storeu_ps(dst + 4 * dstride, _mm256_permute2f128_ps(r0, r4, 0x31));
+  _mm256_storeu_ps(dst + 5 * dstride, _mm256_permute2f128_ps(r1, r5, 0x31));
+  _mm256_storeu_ps(dst + 6 * dstride, _mm256_permute2f128_ps(r2, r6, 0x31));
+  _mm256_storeu_ps(dst + 7 * dstride, _mm256_permute2f128_ps(r3, r7, 0x31));
+}
+
+// Kt[d][c] = K[c][d] for keys [0, n) (float K), columns [n, round16(n)) zero.
+void transpose_block(const float* K, int n, int D, float* Kt) {
+  const int n8 = n & ~7, npad = (n + 15) & ~15;
+  for (int c = 0; c < n8; c += 8)
+    for (int d = 0; d < D; d += 8) transpose8(K + size_t(c) * D + d, size_t(D), Kt + size_t(d) * kBlock + c, kBlock);
+  for (int d = 0; d < D; ++d) {
+    float* row = Kt + size_t(d) * kBlock;
+    for (int c = n8; c < n; ++c) row[c] = K[size_t(c) * D + d];
+    std::fill(row + n, row + npad, 0.0f);
+  }
+}
+
+// s[r][c] = Q[r] . K[c] for rows [0, Rp) (Rp % kRowTile == 0) and keys [0, round16(n)).
+void scores_tiled(const float* Q, int Rp, const float* Kt, int n, int D, float* s) {
+  const int npad = (n + 15) & ~15;
+  for (int r = 0; r < Rp; r += kRowTile) {
+    const float* q = Q + size_t(r) * D;
+    for (int c = 0; c < npad; c += 16) {
+      __m256 acc[kRowTile][2];
+      for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+      const float* kt = Kt + c;
+      for (int d = 0; d < D; ++d) {
+        const __m256 k0 = _mm256_loadu_ps(kt + size_t(d) * kBlock), k1 = _mm256_loadu_ps(kt + size_t(d) * kBlock + 8);
+        for (int t = 0; t < kRowTile; ++t) {
+          const __m256 b = _mm256_broadcast_ss(q + size_t(t) * D + d);
+          acc[t][0] = _mm256_fmadd_ps(b, k0, acc[t][0]);
+          acc[t][1] = _mm256_fmadd_ps(b, k1, acc[t][1]);
+        }
+      }
+      for (int t = 0; t < kRowTile; ++t) {
+        _mm256_storeu_ps(s + size_t(r + t) * kBlock + c, acc[t][0]);
+        _mm256_storeu_ps(s + size_t(r + t) * kBlock + c + 8, acc[t][1]);
+      }
+    }
+  }
+}
+
 // Visible key range [lo, hi) of query position i under the causal/window mask.
 inline void causal_range(const Problem& p, int i, int& lo, int& hi) {
   hi = std::min(p.S, i + p.offset + 1);
@@ -135,7 +218,9 @@ inline void causal_range(const Problem& p, int i, int& lo, int& hi) {
 
 // Mask the block's scores, update each row's running max / sum, rescale its output, and leave
 // exp(score - max) in the scores. False when no row sees any key of the block.
-bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n) {
+// wide: the exponentials run 16 lanes at a time (AVX-512; same values per element), summed
+// in the 8-lane order below either way.
+bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, bool wide = false) {
   const int Dv = p.Dv;
   const int bm = p.Bm == 1 ? 0 : t.b;
   bool any = false;
@@ -177,6 +262,11 @@ bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb,
     const __m256 vm = _mm256_set1_ps(m_new);
     __m256 vs = _mm256_setzero_ps();
     c = 0;
+    if (wide) {
+      const int n8 = n & ~7;
+      avx512::exp_shifted(s, n8, m_new);
+      for (; c < n8; c += 8) vs = _mm256_add_ps(vs, _mm256_loadu_ps(s + c));
+    }
     for (; c + 8 <= n; c += 8) {
       const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
       _mm256_storeu_ps(s + c, e);
@@ -192,10 +282,20 @@ bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb,
   return any;
 }
 
-// O[r] += P[r] @ V for every row, in groups of 4 rows.
+// O[r] += P[r] @ V for every row, in groups of 6 rows (tiled) or 4 (decode). An output
+// element is the same FMA chain over the keys whatever the grouping.
 template <typename T>
-void pv(Scratch& sc, int R, const T* V, int n, int Dv) {
+void pv(Scratch& sc, int R, const T* V, int n, int Dv, bool tiled = false) {
   int r = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    if (tiled && use_avx512()) {
+      r = R / kRowTile * kRowTile;
+      avx512::pv_tiled(sc.s.data(), kBlock, r, V, n, Dv, sc.o.data());
+    }
+  }
+  if (tiled)
+    for (; r + kRowTile <= R; r += kRowTile)
+      accumulate<kRowTile>(sc.s.data() + size_t(r) * kBlock, V, size_t(Dv), n, Dv, sc.o.data() + size_t(r) * Dv);
   for (; r + 4 <= R; r += 4)
     accumulate<4>(sc.s.data() + size_t(r) * kBlock, V, size_t(Dv), n, Dv, sc.o.data() + size_t(r) * Dv);
   const float* P = sc.s.data() + size_t(r) * kBlock;
@@ -212,9 +312,14 @@ void pv(Scratch& sc, int R, const T* V, int n, int Dv) {
 // (m, l) per row in sc.
 void run_split(const Problem& p, const Split& t, Scratch& sc) {
   const int rep = p.H / p.Hk, R = rep * t.nt, D = p.D, Dv = p.Dv;
-  sc.q.resize(size_t(R) * D);
+  // Many rows (prefill tiles, long verifies): register tiles over a transposed K block.
+  // Decode-sized tasks (a row of a batch, a verify's single-query rows) keep the dot-product
+  // path: which path runs depends on one batch row's shapes only.
+  const bool tiled = R > 8;
+  const int Rp = tiled ? (R + kRowTile - 1) / kRowTile * kRowTile : R;
+  sc.q.assign(size_t(Rp) * D, 0.0f);
   sc.o.assign(size_t(R) * Dv, 0.0f);
-  sc.s.resize(size_t(R) * kBlock);
+  sc.s.resize(size_t(Rp) * kBlock);
   sc.m.assign(R, kNegInf);
   sc.l.assign(R, 0.0f);
   const __m256 vscale = _mm256_set1_ps(p.scale);
@@ -242,23 +347,33 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     sc.kf.resize(size_t(kBlock) * D);
     sc.vf.resize(size_t(kBlock) * Dv);
   }
-  // float16 K/V: widened in registers when few rows read each block (decode), else widened
-  // once per block into scratch (prefill tiles re-read it for every row pair / row group).
-  const bool direct16 = p.half && R <= 8;
+  if (tiled) sc.kt.resize(size_t(kBlock) * D);
   for (int kb = klo; kb < khi; kb += kBlock) {
     const int n = std::min(kBlock, khi - kb);
-    if (direct16) {
-      scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data());
-    } else if (p.half) {
-      widen(k16 + size_t(kb) * D, sc.kf.data(), n * D);
-      widen(v16 + size_t(kb) * Dv, sc.vf.data(), n * Dv);
-      scores(sc.q.data(), R, sc.kf.data(), n, D, sc.s.data());
-    } else {
-      scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data());
+    if (tiled) {
+      // float16 K/V are widened once per block (every row group re-reads them).
+      const float* kblk = kf32 + size_t(kb) * D;
+      if (p.half) {
+        widen(k16 + size_t(kb) * D, sc.kf.data(), n * D);
+        kblk = sc.kf.data();
+      }
+      transpose_block(kblk, n, D, sc.kt.data());
+      if (use_avx512()) avx512::scores_tiled(sc.q.data(), Rp, sc.kt.data(), kBlock, (n + 15) & ~15, D, sc.s.data());
+      else scores_tiled(sc.q.data(), Rp, sc.kt.data(), n, D, sc.s.data());
+      if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;
+      if (p.half) {
+        widen(v16 + size_t(kb) * Dv, sc.vf.data(), n * Dv);
+        pv(sc, R, static_cast<const float*>(sc.vf.data()), n, Dv, true);
+      } else {
+        pv(sc, R, vf32 + size_t(kb) * Dv, n, Dv, true);
+      }
+      continue;
     }
+    // Decode: float16 K/V widened in registers as they are read.
+    if (p.half) scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data());
+    else scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data());
     if (!softmax_block(p, t, sc, R, kb, n)) continue;
-    if (direct16) pv(sc, R, v16 + size_t(kb) * Dv, n, Dv);
-    else if (p.half) pv(sc, R, static_cast<const float*>(sc.vf.data()), n, Dv);
+    if (p.half) pv(sc, R, v16 + size_t(kb) * Dv, n, Dv);
     else pv(sc, R, vf32 + size_t(kb) * Dv, n, Dv);
   }
 }
@@ -307,7 +422,17 @@ void run_flash(const Problem& p) {
   std::vector<float> part;
   const size_t part_stride = size_t(R_max) * (p.Dv + 2);
   if (n_splits > 1) part.resize(tasks.size() * part_stride);
-  Pool::get().run(int(tasks.size()), [&](int ti) {
+  size_t work = 0;
+  for (const Split& t : tasks) work += size_t(rep) * t.nt * size_t(t.s1 - t.s0);
+  const bool inline_ = work * size_t(p.D + p.Dv) < kInlineWork;
+  auto run = [inline_](int n, const std::function<void(int)>& fn) {
+    if (inline_) {
+      for (int i = 0; i < n; ++i) fn(i);
+    } else {
+      Pool::get().run(n, fn);
+    }
+  };
+  run(int(tasks.size()), [&](int ti) {
     thread_local Scratch sc;
     const Split& t = tasks[ti];
     run_split(p, t, sc);
@@ -328,7 +453,7 @@ void run_flash(const Problem& p) {
   });
   if (n_splits == 1) return;
   // Merge the splits of each (b, kvh, tile): splits are consecutive in `tasks`.
-  Pool::get().run(groups, [&](int g) {
+  run(groups, [&](int g) {
     const Split& t = tasks[size_t(g) * n_splits];
     const int R = rep * t.nt;
     for (int r = 0; r < R; ++r) {

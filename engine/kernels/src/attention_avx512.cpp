@@ -1,0 +1,114 @@
+// The fused attention's many-query register tiles with 512-bit vectors (flags set in
+// CMakeLists.txt; chosen at run time by attention.cpp when ops.cpp's best_isa() allows it).
+// Same arithmetic as the AVX2 tiles in attention.cpp: every score is one FMA chain over d and
+// every output element one FMA chain over the keys, in the same order, so both give the same
+// bits; only more of them run per instruction (6 rows x 64 keys / 64 value columns).
+#include <immintrin.h>
+
+#include <cstddef>
+
+#include "attention_tiles.h"
+
+namespace mlxterm::avx512 {
+
+namespace {
+
+// s[r][c] for rows [r0, r0 + 6) and keys [c, c + 16 * NC).
+template <int NC>
+inline void score_tile(const float* q, int D, const float* Kt, int kstride, float* s, int sstride) {
+  __m512 acc[kAttnRowTile][NC];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (int d = 0; d < D; ++d) {
+    __m512 k[NC];
+    for (int j = 0; j < NC; ++j) k[j] = _mm512_loadu_ps(Kt + size_t(d) * kstride + 16 * j);
+    for (int t = 0; t < kAttnRowTile; ++t) {
+      const __m512 b = _mm512_set1_ps(q[size_t(t) * D + d]);
+      for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_fmadd_ps(b, k[j], acc[t][j]);
+    }
+  }
+  for (int t = 0; t < kAttnRowTile; ++t)
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(s + size_t(t) * sstride + 16 * j, acc[t][j]);
+}
+
+// O[r][c0, c0 + 16 * NC) += sum_c P[r][c] V[c][...] for rows [0, 6).
+template <int NC>
+inline void pv_tile(const float* P, int pstride, const float* V, int Dv, int n, float* O) {
+  __m512 acc[kAttnRowTile][NC];
+  for (int t = 0; t < kAttnRowTile; ++t)
+    for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_loadu_ps(O + size_t(t) * Dv + 16 * j);
+  for (int c = 0; c < n; ++c) {
+    __m512 v[NC];
+    for (int j = 0; j < NC; ++j) v[j] = _mm512_loadu_ps(V + size_t(c) * Dv + 16 * j);
+    for (int t = 0; t < kAttnRowTile; ++t) {
+      const __m512 p = _mm512_set1_ps(P[size_t(t) * pstride + c]);
+      for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_fmadd_ps(p, v[j], acc[t][j]);
+    }
+  }
+  for (int t = 0; t < kAttnRowTile; ++t)
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O + size_t(t) * Dv + 16 * j, acc[t][j]);
+}
+
+// vmath.h's exp_neg, 16 lanes: the same operations per element.
+inline __m512 exp_neg16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f);
+  const __mmask16 valid = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(valid, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+}
+
+}  // namespace
+
+void exp_shifted(float* s, int n, float m) {
+  const __m512 vm = _mm512_set1_ps(m);
+  int c = 0;
+  for (; c + 16 <= n; c += 16) _mm512_storeu_ps(s + c, exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(s + c), vm)));
+  if (c < n) {  // 8 left
+    const __mmask16 k = 0xFF;
+    _mm512_mask_storeu_ps(s + c, k, exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + c), vm)));
+  }
+}
+
+void scores_tiled(const float* Q, int Rp, const float* Kt, int kstride, int npad, int D, float* s) {
+  for (int r = 0; r < Rp; r += kAttnRowTile) {
+    const float* q = Q + size_t(r) * D;
+    float* srow = s + size_t(r) * kstride;
+    int c = 0;
+    for (; c + 64 <= npad; c += 64) score_tile<4>(q, D, Kt + c, kstride, srow + c, kstride);
+    switch ((npad - c) / 16) {
+      case 3: score_tile<3>(q, D, Kt + c, kstride, srow + c, kstride); break;
+      case 2: score_tile<2>(q, D, Kt + c, kstride, srow + c, kstride); break;
+      case 1: score_tile<1>(q, D, Kt + c, kstride, srow + c, kstride); break;
+      default: break;
+    }
+  }
+}
+
+void pv_tiled(const float* P, int pstride, int R6, const float* V, int n, int Dv, float* O) {
+  for (int r = 0; r < R6; r += kAttnRowTile) {
+    const float* p = P + size_t(r) * pstride;
+    float* o = O + size_t(r) * Dv;
+    int c0 = 0;
+    for (; c0 + 64 <= Dv; c0 += 64) pv_tile<4>(p, pstride, V + c0, Dv, n, o + c0);
+    switch ((Dv - c0) / 16) {
+      case 3: pv_tile<3>(p, pstride, V + c0, Dv, n, o + c0); break;
+      case 2: pv_tile<2>(p, pstride, V + c0, Dv, n, o + c0); break;
+      case 1: pv_tile<1>(p, pstride, V + c0, Dv, n, o + c0); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace mlxterm::avx512
