@@ -34,7 +34,7 @@ import logging
 import os
 import time
 
-from engine.generation.batch import BatchKV, batchable, batched_logits, fill, prefill_together
+from engine.generation.batch import BatchKV, batchable, batched_logits, prefill_together
 from engine.generation.constraints import additive_mask
 from engine.generation.generate import PREFILL_CHUNK, generate_step, prefill
 from engine.generation.kv_cache import StaticKVCache
@@ -390,7 +390,7 @@ class Scheduler:
                 for r, cache in zip(group, caches, strict=True):
                     r.cache = cache
             else:  # the body's logits are never read: the decode lanes feed the last token
-                fill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n])
+                prefill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n], logits=False)
             for r in group:
                 r.filled += n
                 total = len(r.prompt) - r.cached
@@ -430,23 +430,18 @@ class Scheduler:
         step, which feeds its last prompt token together with the running rows' tokens (a
         separate prefill model, "hybrid" weights, feeds it alone as the serial lane would)."""
         row.start_sampler()
+        first = None
         if self.prefill_model is not self.model:
             logits = prefill(self.prefill_model, row.cache, row.prompt[-1:])
             row.filled += 1
-            y, logprobs = row.draw(logits)
-            tok = int(y.item())
-            if row.constraint is not None:
-                row.constraint.advance(tok)
-            row.pending = tok
-            self.kv.add(row.cache)
-            row.cache = None
-            self.rows.append(row)
-            self._after_token(row, tok, logprobs)
-            return
-        row.pending = row.prompt[-1]
+            first = row.draw(logits)
+        else:
+            row.pending = row.prompt[-1]
         self.kv.add(row.cache)
         row.cache = None
         self.rows.append(row)
+        if first is not None:
+            self._took(row, *first)
 
     def _alone(self) -> bool:
         """One batched row left, nothing joining or leaving: it can decode in the serial lane."""
@@ -563,13 +558,15 @@ class Scheduler:
             self.rows = [rows[i] for i in keep]
         for r, y, logprobs in drawn:
             r.shared(len(live))
-            tok = int(y.item())
-            if r.constraint is not None:
-                r.constraint.advance(tok)
-            r.pending = tok
-            self._after_token(r, tok, logprobs)
+            self._took(r, y, logprobs)
 
-    def _after_token(self, row: Row, tok: int, logprobs: mx.array) -> None:
+    def _took(self, row: Row, y: mx.array, logprobs: mx.array) -> None:
+        """A batched row drew ``y``: advance its constraint, make it the token the next step
+        feeds, stream it (and answer the request if it ends it)."""
+        tok = int(y.item())
+        if row.constraint is not None:
+            row.constraint.advance(tok)
+        row.pending = tok
         row.batched = True
         finish = row.accept(tok, logprobs)
         if finish is not None:
