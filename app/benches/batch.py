@@ -7,7 +7,8 @@ batched, serial per round (medians over runs):
   batched  submit all N at once; they decode together (engine.serving.scheduler)
 Every prompt carries a fresh nonce so no arm reuses another's checkpoint. Reported per arm:
 aggregate tok/s = completion tokens of all N / wall time from first submit to last Done
-(prefill included); CPU ms per token (this process's CPU time over the arm / its tokens:
+(prefill included); batched_traces = how often the compiled batched step was traced so
+far for the model (once per rows x buffer-length shape, not per step); CPU ms per token (this process's CPU time over the arm / its tokens:
 less sensitive than wall time to other processes on a shared machine); aggregate decode tok/s = tokens after each request's first / the time at
 least one request was past its first token (so prefill before any stream is left out);
 per-request TTFT and inter-token latency (client side: first streamed
@@ -165,6 +166,7 @@ def _interactive(engine, cap: int, max_tokens: int) -> dict:
 def run(args) -> dict:
     import os
 
+    from engine.generation import batch
     from engine.profiles import load_profile, profile_to_dict
     from engine.runtime import Engine
 
@@ -183,6 +185,7 @@ def run(args) -> dict:
             yaml.safe_dump(data, f)
         engine = Engine.load(prof_path)
         cap = engine.profile.batch.cap
+        traces0 = batch.traces()
         rows = []
         try:
             _run_arm(engine, "batched", 2, 8)  # warm-up: compile the solo step, touch weights
@@ -208,6 +211,7 @@ def run(args) -> dict:
                 row["decode_speedup"] = round(row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2)
                 # CPU time per token (prefill included): what the arms cost on a shared machine.
                 row["cpu_speedup"] = round(row["serial"]["cpu_ms_per_token"] / row["batched"]["cpu_ms_per_token"], 2)
+                row["batched_traces"] = batch.traces() - traces0  # compiles of the batched step so far
                 rows.append(row)
             interactive = _interactive(engine, cap, args.max_tokens)
         finally:

@@ -233,6 +233,11 @@ def forward_for(model, layers: list[RowsKVCache]) -> _Forward:
     return fwd
 
 
+def traces() -> int:
+    """How many times batched forwards were traced (compiled) in this process, all models."""
+    return sum(f.traces for per_model in _forwards.values() for f in per_model.values())
+
+
 def batched_logits(model, tokens: list[int], kv: BatchKV) -> mx.array:
     """Feed one token per row (at each row's position); (rows, vocab) logits of the next
     position. The rows' positions advance by one."""
