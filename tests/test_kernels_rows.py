@@ -21,16 +21,16 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {
 N, K = 77, 384  # N not a multiple of the 8-row weight groups: a partial group in every chunk
 
 
-def _weights(bits: int, gs: int, seed: int):
+def _weights(bits: int, gs: int, seed: int, k: int = K):
     rng = np.random.default_rng(seed)
-    w = mx.array(rng.standard_normal((N, K)).astype(np.float32))
+    w = mx.array(rng.standard_normal((N, k)).astype(np.float32))
     return mx.quantize(w, group_size=gs, bits=bits)
 
 
 def _int8_reference(x: np.ndarray, wq, s, b, gs: int, bits: int) -> np.ndarray:
     """float64 out[m, n] of the kernel's int8 scheme (prepare_x's rounding emulated in float32)."""
     x = x.astype(np.float32)
-    M = x.shape[0]
+    M, K = x.shape
     blocks = x.reshape(M, K // 32, 32)
     amax = np.abs(blocks).max(axis=2)
     d = (amax / np.float32(127.0)).astype(np.float32)
@@ -70,6 +70,20 @@ def test_every_row_count_up_to_16_gives_each_row_its_solo_bits(bits, gs):
     y = kernels.quantized_matmul(x[mx.array(order)], wq, s, b, gs, bits)
     for r, i in enumerate(order):
         assert mx.array_equal(y[r], solo[i]), (order, i)
+
+
+@pytest.mark.parametrize("bits", [4, 5, 8])
+def test_an_odd_number_of_blocks_per_row(bits):
+    """4-bit weights are unpacked two blocks at a time; a last single block takes the other way."""
+    k = 13 * 32
+    wq, s, b = _weights(bits, 32, seed=13, k=k)
+    xs = np.random.default_rng(bits).standard_normal((6, k)).astype(np.float32)
+    x = mx.array(xs)
+    y = kernels.quantized_matmul(x, wq, s, b, 32, bits)
+    ref = _int8_reference(xs, wq, s, b, 32, bits)
+    assert np.abs(np.array(y, dtype=np.float64) - ref).max() / np.abs(ref).max() < 2e-6
+    for i in range(6):
+        assert mx.array_equal(kernels.quantized_matmul(x[i : i + 1], wq, s, b, 32, bits)[0], y[i])
 
 
 @pytest.mark.parametrize("M", [1, 2, 7, 8, 9, 15])
