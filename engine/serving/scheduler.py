@@ -427,11 +427,15 @@ class Scheduler:
 
     def _join_batch(self, row: Row) -> None:
         """Add a prefilled row to the batch; its first reply token comes from the next batched
-        step, which feeds its last prompt token together with the running rows' tokens (a
-        separate prefill model, "hybrid" weights, feeds it alone as the serial lane would)."""
+        step, which feeds its last prompt token together with the running rows' tokens. It is
+        fed alone, exactly as the serial lane feeds it, when a separate prefill model ("hybrid"
+        weights) must feed it, or when the row outranks every running row (a chat turn while
+        agent or background rows decode): its first token then does not wait for a step of
+        the whole batch."""
         row.start_sampler()
         first = None
-        if self.prefill_model is not self.model:
+        urgent = bool(self.rows) and row.priority > max(r.priority for r in self.rows)
+        if self.prefill_model is not self.model or urgent:
             logits = prefill(self.prefill_model, row.cache, row.prompt[-1:])
             row.filled += 1
             first = row.draw(logits)
