@@ -23,7 +23,8 @@ Newcomers at the same position with the same prompt length left (e.g. one templa
 restored, equal-length prompts, long prompts' 512-token chunks) prefill in one forward
 (``prefill_together``), each with exactly the chunks its solo run uses; and a
 joiner's last prompt token is fed by the next batched step with the running rows rather than
-by a forward of its own.
+by a forward of its own -- unless the joiner outranks every running row (a chat turn while
+agent or background rows decode), whose first token should not wait for a whole batch step.
 """
 
 from __future__ import annotations
