@@ -451,3 +451,45 @@ def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, e
             assert handles[1].result(60).completion_token_ids == _solo(solo, short).completion_token_ids
     finally:
         spec_eng.close()
+
+
+def test_a_chat_turn_joining_background_rows_gets_its_first_token_from_its_own_forward(
+    tmp_path, tiny_llama_dir, engines, monkeypatch
+):
+    """An interactive request outranking every running row feeds its last prompt token alone
+    (as the serial lane does) instead of waiting for the batch's next step; its tokens are
+    still its solo run's."""
+    from engine.serving import scheduler
+
+    solo, _ = engines
+    chat = dict(prompt=_prompt(solo, "quick question"), params=solo.sampling(max_tokens=12))
+    ref = _solo(solo, chat)
+    one_token_feeds = []
+    real = scheduler.prefill
+
+    def counting(model, cache, tokens, *a, **kw):
+        if len(tokens) == 1 and kw.get("logits", True):
+            one_token_feeds.append(tokens[0])
+        return real(model, cache, tokens, *a, **kw)
+
+    monkeypatch.setattr(scheduler, "prefill", counting)
+    with _engine(tmp_path, tiny_llama_dir, "urgent") as eng:
+        s = eng.sampling
+        bg = [
+            eng.submit(GenerationRequest(_prompt(eng, f"background {i}"), s(max_tokens=300), constraint=NoEos(eng),
+                                         priority=Priority.BACKGROUND))
+            for i in range(2)
+        ]
+        for h in bg:
+            it = iter(h)
+            while not isinstance(next(it), TextDelta):
+                pass
+        one_token_feeds.clear()
+        done = eng.submit(_request(eng, chat, priority=Priority.INTERACTIVE)).result(60)
+        for h in bg:
+            h.cancel()
+        for h in bg:
+            h.result(60)
+    assert done.lane == "batched" and done.batch_max == 3
+    assert one_token_feeds == [chat["prompt"][-1]]
+    assert done.completion_token_ids == ref.completion_token_ids

@@ -7,7 +7,9 @@ batched, serial per round (medians over runs):
   batched  submit all N at once; they decode together (engine.serving.scheduler)
 Every prompt carries a fresh nonce so no arm reuses another's checkpoint. Reported per arm:
 aggregate tok/s = completion tokens of all N / wall time from first submit to last Done
-(prefill included); aggregate decode tok/s = tokens after each request's first / the time at
+(prefill included); batched_traces = how often the compiled batched step was traced so
+far for the model (once per rows x buffer-length shape, not per step); CPU ms per token (this process's CPU time over the arm / its tokens:
+less sensitive than wall time to other processes on a shared machine); aggregate decode tok/s = tokens after each request's first / the time at
 least one request was past its first token (so prefill before any stream is left out);
 per-request TTFT and inter-token latency (client side: first streamed
 text to Done over the tokens in between). Then the interactive check: the TTFT of a short
@@ -76,7 +78,7 @@ def _run_arm(engine, arm: str, n: int, max_tokens: int) -> dict:
     prompts = [_prompt(engine, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)]) for i in range(n)]
     params = engine.sampling(temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.0)
     timed: list[_Timed | None] = [None] * n
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if arm == "serial":
         for i, p in enumerate(prompts):
             timed[i] = _Timed(engine.submit(GenerationRequest(p, params)))
@@ -95,12 +97,14 @@ def _run_arm(engine, arm: str, n: int, max_tokens: int) -> dict:
         for t in timed:
             t.t_submit = t0
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0  # every thread of this process: the engine's work
     tokens = sum(t.done.usage.completion_tokens for t in timed)
     decode_tokens = sum(max(t.done.usage.completion_tokens - 1, 0) for t in timed)
     return {
         "wall_s": wall,
         "tokens": tokens,
         "tok_s": tokens / wall,
+        "cpu_ms_per_token": cpu * 1000 / max(tokens, 1),
         "decode_tok_s": decode_tokens / _union([(t.t_first, t.t_done) for t in timed]),
         "ttft_ms": [round(t.ttft_ms, 1) for t in timed],
         "itl_ms": [round(t.itl_ms, 2) for t in timed],
@@ -162,6 +166,7 @@ def _interactive(engine, cap: int, max_tokens: int) -> dict:
 def run(args) -> dict:
     import os
 
+    from engine.generation import batch
     from engine.profiles import load_profile, profile_to_dict
     from engine.runtime import Engine
 
@@ -180,6 +185,7 @@ def run(args) -> dict:
             yaml.safe_dump(data, f)
         engine = Engine.load(prof_path)
         cap = engine.profile.batch.cap
+        traces0 = batch.traces()
         rows = []
         try:
             _run_arm(engine, "batched", 2, 8)  # warm-up: compile the solo step, touch weights
@@ -193,6 +199,7 @@ def run(args) -> dict:
                     row[arm] = {
                         "tok_s": round(statistics.median(r["tok_s"] for r in runs), 1),
                         "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 1),
+                        "cpu_ms_per_token": round(statistics.median(r["cpu_ms_per_token"] for r in runs), 2),
                         "tokens": runs[-1]["tokens"],
                         "ttft_ms_median": round(statistics.median(x for r in runs for x in r["ttft_ms"]), 1),
                         "ttft_ms_max": round(max(x for r in runs for x in r["ttft_ms"]), 1),
@@ -202,6 +209,9 @@ def run(args) -> dict:
                     }
                 row["speedup"] = round(row["batched"]["tok_s"] / row["serial"]["tok_s"], 2)
                 row["decode_speedup"] = round(row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2)
+                # CPU time per token (prefill included): what the arms cost on a shared machine.
+                row["cpu_speedup"] = round(row["serial"]["cpu_ms_per_token"] / row["batched"]["cpu_ms_per_token"], 2)
+                row["batched_traces"] = batch.traces() - traces0  # compiles of the batched step so far
                 rows.append(row)
             interactive = _interactive(engine, cap, args.max_tokens)
         finally:

@@ -1,26 +1,35 @@
-"""Batched decode: rows of different lengths share one forward pass per token.
+"""Batched decode: rows of different lengths share one compiled forward pass per token.
 
-``BatchKV`` holds per-layer ``mlx_lm`` ``BatchKVCache``s: each row's history is
-right-aligned in a common buffer, and the left padding is masked out of attention while
-RoPE runs at each row's own position, so a row's logits match its solo run. Rows join
-(``add``: a prefilled per-request cache) and leave (``take`` then ``keep``) between steps;
-the model sees standard mlx_lm attention inputs (array masks), nothing model-specific.
+``BatchKV`` holds one ``RowsKVCache`` per layer: every row's history sits at the buffer
+positions of its own token positions (row ``i``'s key for position ``p`` at index ``p``,
+rows left-aligned, the buffer a multiple of ``StaticKVCache.step`` long), exactly where its
+solo ``StaticKVCache`` holds it. A step writes each row's new key/value at that row's position
+and attends under a per-row key mask (``index <= position``), with RoPE at each row's own
+position -- the solo compiled step's layout with a batch dimension, so every row's logits are
+its solo run's bits (the CPU kernels' matmul and attention results do not depend on the other
+rows). Buffers keep the rows' KV dtype (float16 KV stays float16).
+
+Because the layout is static, the step is one ``mx.compile``d forward (``batched_logits``),
+traced once per (rows, buffer length) and reused as rows join and leave; sampling stays
+per row in the scheduler. Rows join (``add``: a prefilled per-request cache) and leave
+(``take`` then ``keep``) between steps.
 
 ``prefill_together`` runs equal-length prompt chunks of several requests as one forward (their
 caches merged for the call, then split back), so newcomers arriving together do not prefill
 one after another.
 
-Sliding-window layers (Gemma) join with the positions their ring still holds; in the batch
-they keep every new position and the model's window mask (buffer distance = position
-distance) hides what falls out of the window; ``take`` turns them back into rings.
+Sliding-window layers (Gemma) keep every position too, under the window's mask (index =
+position, so the mask is the window); ``take`` turns them back into rings.
 """
 
 from __future__ import annotations
 
+import weakref
+
 from engine.generation.kv_cache import StaticKVCache, WindowKVCache
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import KVCache
 
 
 def batchable(cache: list) -> bool:
@@ -28,90 +37,221 @@ def batchable(cache: list) -> bool:
     return all(type(c) in (StaticKVCache, WindowKVCache) for c in cache)
 
 
-def _plain(c, upto: int) -> KVCache:
-    """The first ``upto`` positions of a layer cache (those it still holds) as a plain KVCache."""
-    kv = KVCache()
+def _held(c, upto: int) -> tuple[mx.array | None, mx.array | None, int]:
+    """(keys, values, first position) of the positions < ``upto`` a layer cache still holds."""
     if isinstance(c, WindowKVCache):
         ordered = c.state  # time-ordered, ending at position c.offset - 1
-        if ordered:
-            keep = ordered[0].shape[2] - (c.offset - upto)
-            kv.keys, kv.values = ordered[0][..., :keep, :], ordered[1][..., :keep, :]
-            kv.offset = keep
-        return kv
-    kv.keys, kv.values, kv.offset = c.keys, c.values, upto
-    return kv
+        if not ordered:
+            return None, None, upto
+        n = ordered[0].shape[2] - (c.offset - upto)
+        return ordered[0][..., :n, :], ordered[1][..., :n, :], upto - n
+    if c.keys is None or upto == 0:
+        return None, None, upto
+    return c.keys[..., :upto, :], c.values[..., :upto, :], 0
+
+
+def _capacity(n: int) -> int:
+    step = StaticKVCache.step
+    return max(step, ((n + step - 1) // step) * step)
+
+
+class RowsKVCache:
+    """One layer's K/V for the rows of a batch, (rows, heads, capacity, dim), row-aligned by
+    position. ``offset`` is the (rows,) position array the next token is written at (RoPE
+    offsets); mlx_lm's attention reads it through ``update_and_fetch`` and ``make_mask``."""
+
+    def __init__(self, window: int | None = None, dtype: mx.Dtype | None = None) -> None:
+        self.window = window
+        self.dtype = dtype  # the rows' cache dtype setting (None: as computed)
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset: mx.array | None = None
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """Write each row's one new key/value at that row's position."""
+        B, H, _, Dk = keys.shape
+        if self.keys is None:  # every row joined with an empty history: first step allocates
+            dtype = self.dtype or keys.dtype
+            self.keys = mx.zeros((B, H, StaticKVCache.step, Dk), dtype)
+            self.values = mx.zeros((B, H, StaticKVCache.step, values.shape[3]), dtype)
+        keys, values = keys.astype(self.keys.dtype), values.astype(self.values.dtype)
+        at = self.offset.reshape(B, 1, 1, 1)
+        self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(at, keys.shape), keys, axis=2)
+        self.values = mx.put_along_axis(self.values, mx.broadcast_to(at, values.shape), values, axis=2)
+        return self.keys, self.values
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        """(rows, 1, 1, capacity): key index <= the row's position (and inside its window)."""
+        k = mx.arange(self.keys.shape[2] if self.keys is not None else StaticKVCache.step)[None]
+        p = self.offset[:, None]
+        mask = k <= p
+        window = window_size or self.window
+        if window:
+            mask = mask & (k > p - window)
+        return mask[:, None, None, :]
 
 
 class BatchKV:
     """Layer caches for the rows decoding together, in row order."""
 
     def __init__(self) -> None:
-        self.layers: list[BatchKVCache] | None = None
-        self.windows: list[int | None] = []  # per layer: sliding window size, or None
-        self.rows = 0
+        self.layers: list[RowsKVCache] | None = None
+        self.positions: list[int] = []  # per row: the position its pending token goes to
+
+    @property
+    def rows(self) -> int:
+        return len(self.positions)
 
     def add(self, cache: list, upto: int | None = None) -> None:
         """Append a row holding ``cache``'s first ``upto`` tokens (default: all it holds)."""
         upto = cache[0].offset if upto is None else upto
-        one = []
-        for c in cache:
-            layer = BatchKVCache.merge([_plain(c, upto)])
-            layer.offset = mx.array([upto])  # RoPE position, even where a window dropped the past
-            one.append(layer)
-        self.windows = [getattr(c, "window", None) for c in cache]
         if self.layers is None:
-            self.layers = one
-        else:
-            for mine, theirs in zip(self.layers, one, strict=True):
-                mine.extend(theirs)
-        self.rows += 1
+            self.layers = [RowsKVCache(getattr(c, "window", None), getattr(c, "dtype", None)) for c in cache]
+        cap = _capacity(max(self.positions + [upto]) + 1)
+        for layer, c in zip(self.layers, cache, strict=True):
+            k, v, first = _held(c, upto)
+            if k is None and layer.keys is None:
+                continue
+            like = layer.keys if layer.keys is not None else k
+            like_v = layer.values if layer.values is not None else v
+            H, Dk, Dv = like.shape[1], like.shape[3], like_v.shape[3]
+            if k is None:
+                row_k = mx.zeros((1, H, cap, Dk), like.dtype)
+                row_v = mx.zeros((1, H, cap, Dv), like.dtype)
+            else:
+                n = k.shape[2]
+                row_k = mx.pad(k, [(0, 0), (0, 0), (first, cap - first - n), (0, 0)])
+                row_v = mx.pad(v, [(0, 0), (0, 0), (first, cap - first - n), (0, 0)])
+            if layer.keys is None:  # the first rows had no history: zeros for them
+                layer.keys = mx.zeros((self.rows, H, cap, Dk), row_k.dtype)
+                layer.values = mx.zeros((self.rows, H, cap, Dv), row_v.dtype)
+            layer.keys = mx.concatenate([_resized(layer.keys, cap), row_k.astype(layer.keys.dtype)])
+            layer.values = mx.concatenate([_resized(layer.values, cap), row_v.astype(layer.values.dtype)])
+        self.positions.append(upto)
+        self._sync()
 
     def take(self, i: int) -> list:
-        """Row ``i``'s history as fresh per-request caches (for checkpoints or the solo lane)."""
+        """Row ``i``'s history as fresh per-request caches (for checkpoints or the solo lane);
+        they store K/V in the dtype the row came with."""
+        pos = self.positions[i]
         out = []
-        for layer, window in zip(self.layers or [], self.windows, strict=True):
-            kv = layer.extract(i)
-            if window is None:
-                c = StaticKVCache()
-                c.keys, c.values, c.offset = kv.keys, kv.values, kv.offset
+        for layer in self.layers or []:
+            if layer.window is None:
+                c = StaticKVCache(layer.dtype)
+                if layer.keys is not None and pos:
+                    c.keys = mx.contiguous(layer.keys[i : i + 1, :, :pos])
+                    c.values = mx.contiguous(layer.values[i : i + 1, :, :pos])
+                    c.offset = pos
             else:
-                n = min(window, kv.offset)
-                c = WindowKVCache(window)
-                c.restore_ordered(kv.keys[..., -n:, :], kv.values[..., -n:, :], int(layer.offset[i].item()))
+                c = WindowKVCache(layer.window, layer.dtype)
+                n = min(layer.window, pos)
+                if layer.keys is not None and n:
+                    c.restore_ordered(layer.keys[i : i + 1, :, pos - n : pos], layer.values[i : i + 1, :, pos - n : pos], pos)
             out.append(c)
         return out
 
     def keep(self, rows: list[int]) -> None:
         """Drop every row not listed (list order becomes the new row order)."""
         if not rows:
-            self.layers, self.rows = None, 0
+            self.layers, self.positions = None, []
             return
-        if len(rows) == self.rows and rows == list(range(self.rows)):
+        if rows == list(range(self.rows)):
             return
         idx = mx.array(rows, dtype=mx.int32)
+        self.positions = [self.positions[i] for i in rows]
+        cap = _capacity(max(self.positions) + 1)
         for layer in self.layers or []:
-            layer.filter(idx)
-        self.rows = len(rows)
+            if layer.keys is not None:
+                layer.keys = _resized(layer.keys[idx], cap)
+                layer.values = _resized(layer.values[idx], cap)
+        self._sync()
+
+    def advance(self) -> None:
+        """Every row's token was fed: next positions, buffers grown when a row reaches the end."""
+        self.positions = [p + 1 for p in self.positions]
+        cap = _capacity(max(self.positions) + 1)
+        for layer in self.layers or []:
+            if layer.keys is not None and layer.keys.shape[2] < cap:
+                layer.keys, layer.values = _resized(layer.keys, cap), _resized(layer.values, cap)
+        self._sync()
+
+    def _sync(self) -> None:
+        offset = mx.array(self.positions, dtype=mx.int32)
+        for layer in self.layers or []:
+            layer.offset = offset
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self.layers or [])
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers or [] if layer.keys is not None)
+
+
+def _resized(a: mx.array, cap: int) -> mx.array:
+    """``a`` with its position axis cut or zero-padded to ``cap``."""
+    n = a.shape[2]
+    if n == cap:
+        return a
+    if n > cap:
+        return a[:, :, :cap]
+    return mx.pad(a, [(0, 0), (0, 0), (0, cap - n), (0, 0)])
+
+
+class _Forward:
+    """The batched forward ``(tokens, positions, kv) -> (logits, kv)`` of one model and layer
+    layout, compiled: ``mx.compile`` traces it once per input shape (rows, capacity) and keeps
+    every trace, so rows joining and leaving reuse earlier traces. ``traces`` counts them."""
+
+    def __init__(self, model, layers: list[RowsKVCache]):
+        self.model = model
+        self.scratch = [RowsKVCache(c.window, c.dtype) for c in layers]
+        self.traces = 0
+        self.compiled = mx.compile(self._traced)
+
+    def _traced(self, tokens, offset, kv):
+        self.traces += 1  # runs only while tracing
+        for c, (k, v) in zip(self.scratch, kv, strict=True):
+            c.keys, c.values, c.offset = k, v, offset
+        logits = self.model(tokens[:, None], cache=self.scratch)[:, -1, :]
+        out = [(c.keys, c.values) for c in self.scratch]
+        for c in self.scratch:
+            c.keys = c.values = c.offset = None  # drop tracer arrays
+        return logits, out
+
+
+_forwards: dict[int, dict] = {}
+
+
+def forward_for(model, layers: list[RowsKVCache]) -> _Forward:
+    """The (cached) compiled batched forward for ``model`` and this layer layout."""
+    per_model = _forwards.get(id(model))
+    if per_model is None:
+        per_model = _forwards[id(model)] = {}
+        weakref.finalize(model, _forwards.pop, id(model), None)
+    key = tuple((c.window, c.dtype) for c in layers)
+    fwd = per_model.get(key)
+    if fwd is None:
+        fwd = per_model[key] = _Forward(model, layers)
+    return fwd
+
+
+def traces() -> int:
+    """How many times batched forwards were traced (compiled) in this process, all models."""
+    return sum(f.traces for per_model in _forwards.values() for f in per_model.values())
 
 
 def batched_logits(model, tokens: list[int], kv: BatchKV) -> mx.array:
-    """Feed one token per row; (rows, vocab) logits of the next position."""
-    x = mx.array(tokens, dtype=mx.int32)[:, None]
-    return model(x, cache=kv.layers)[:, -1, :]
-
-
-def fill(model, cache: list, tokens: list[int]) -> None:
-    """Feed ``tokens`` into one request's ``cache`` without computing logits: only the caches
-    are evaluated, so the output projection over every position (vocab x hidden per token,
-    ~20-27% of a small model's prefill) and the last layer's MLP are never run. The KV values
-    are the ones ``prefill`` computes (same forward); use it for prompt chunks whose logits
-    nobody reads."""
-    model(mx.array(tokens, dtype=mx.int32)[None], cache=cache)
-    mx.eval([c.state for c in cache])
+    """Feed one token per row (at each row's position); (rows, vocab) logits of the next
+    position. The rows' positions advance by one."""
+    x = mx.array(tokens, dtype=mx.int32)
+    layers = kv.layers or []
+    if any(c.keys is None for c in layers):  # no history in any row yet: shapes unknown
+        logits = model(x[:, None], cache=layers)[:, -1, :]
+    else:
+        fwd = forward_for(model, layers)
+        logits, out = fwd.compiled(x, layers[0].offset, [(c.keys, c.values) for c in layers])
+        for c, (k, v) in zip(layers, out, strict=True):
+            c.keys, c.values = k, v
+    kv.advance()
+    return logits
 
 
 def prefill_together(model, caches: list[list], chunks: list[list[int]]) -> list[list]:

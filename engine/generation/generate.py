@@ -35,23 +35,26 @@ def prefill(
     chunk: int = PREFILL_CHUNK,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-) -> mx.array:
-    """Run ``tokens`` through the model into ``cache``; return the last position's logits."""
+    logits: bool = True,
+) -> mx.array | None:
+    """Run ``tokens`` through the model into ``cache``; return the last position's logits
+    (``logits=False``: only the caches are computed, for prompt bodies nobody reads the
+    logits of -- the output head and the last layer's MLP never run; returns None)."""
     total = len(tokens)
     done = 0
-    logits = None
+    out = None
     while done < total:
         n = min(chunk, total - done)
-        logits = last_logits(model, mx.array(tokens[done : done + n])[None], cache)
+        out = last_logits(model, mx.array(tokens[done : done + n])[None], cache)
         done += n
         # Only the final chunk's logits are used: evaluating just the caches of the others
         # leaves their output head (and last layer's MLP) uncomputed.
-        mx.eval([c.state for c in cache], *([logits] if done == total else []))
+        mx.eval([c.state for c in cache], *([out] if done == total and logits else []))
         if progress:
             progress(done, total)
         if should_stop and should_stop() and done < total:
             break
-    return logits
+    return out if logits else None
 
 
 # Families whose forward is ``head(model.model(inputs, cache))`` with nothing after the head

@@ -23,7 +23,8 @@ Newcomers at the same position with the same prompt length left (e.g. one templa
 restored, equal-length prompts, long prompts' 512-token chunks) prefill in one forward
 (``prefill_together``), each with exactly the chunks its solo run uses; and a
 joiner's last prompt token is fed by the next batched step with the running rows rather than
-by a forward of its own.
+by a forward of its own -- unless the joiner outranks every running row (a chat turn while
+agent or background rows decode), whose first token should not wait for a whole batch step.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import logging
 import os
 import time
 
-from engine.generation.batch import BatchKV, batchable, batched_logits, fill, prefill_together
+from engine.generation.batch import BatchKV, batchable, batched_logits, prefill_together
 from engine.generation.constraints import additive_mask
 from engine.generation.generate import PREFILL_CHUNK, generate_step, prefill
 from engine.generation.kv_cache import StaticKVCache
@@ -390,7 +391,7 @@ class Scheduler:
                 for r, cache in zip(group, caches, strict=True):
                     r.cache = cache
             else:  # the body's logits are never read: the decode lanes feed the last token
-                fill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n])
+                prefill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n], logits=False)
             for r in group:
                 r.filled += n
                 total = len(r.prompt) - r.cached
@@ -427,26 +428,25 @@ class Scheduler:
 
     def _join_batch(self, row: Row) -> None:
         """Add a prefilled row to the batch; its first reply token comes from the next batched
-        step, which feeds its last prompt token together with the running rows' tokens (a
-        separate prefill model, "hybrid" weights, feeds it alone as the serial lane would)."""
+        step, which feeds its last prompt token together with the running rows' tokens. It is
+        fed alone, exactly as the serial lane feeds it, when a separate prefill model ("hybrid"
+        weights) must feed it, or when the row outranks every running row (a chat turn while
+        agent or background rows decode): its first token then does not wait for a step of
+        the whole batch."""
         row.start_sampler()
-        if self.prefill_model is not self.model:
+        first = None
+        urgent = bool(self.rows) and row.priority > max(r.priority for r in self.rows)
+        if self.prefill_model is not self.model or urgent:
             logits = prefill(self.prefill_model, row.cache, row.prompt[-1:])
             row.filled += 1
-            y, logprobs = row.draw(logits)
-            tok = int(y.item())
-            if row.constraint is not None:
-                row.constraint.advance(tok)
-            row.pending = tok
-            self.kv.add(row.cache)
-            row.cache = None
-            self.rows.append(row)
-            self._after_token(row, tok, logprobs)
-            return
-        row.pending = row.prompt[-1]
+            first = row.draw(logits)
+        else:
+            row.pending = row.prompt[-1]
         self.kv.add(row.cache)
         row.cache = None
         self.rows.append(row)
+        if first is not None:
+            self._took(row, *first)
 
     def _alone(self) -> bool:
         """One batched row left, nothing joining or leaving: it can decode in the serial lane."""
@@ -563,13 +563,15 @@ class Scheduler:
             self.rows = [rows[i] for i in keep]
         for r, y, logprobs in drawn:
             r.shared(len(live))
-            tok = int(y.item())
-            if r.constraint is not None:
-                r.constraint.advance(tok)
-            r.pending = tok
-            self._after_token(r, tok, logprobs)
+            self._took(r, y, logprobs)
 
-    def _after_token(self, row: Row, tok: int, logprobs: mx.array) -> None:
+    def _took(self, row: Row, y: mx.array, logprobs: mx.array) -> None:
+        """A batched row drew ``y``: advance its constraint, make it the token the next step
+        feeds, stream it (and answer the request if it ends it)."""
+        tok = int(y.item())
+        if row.constraint is not None:
+            row.constraint.advance(tok)
+        row.pending = tok
         row.batched = True
         finish = row.accept(tok, logprobs)
         if finish is not None:

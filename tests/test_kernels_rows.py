@@ -1,0 +1,142 @@
+"""The decode-sized quantized matmul (M < 16 rows, int8 activations) on several rows at once:
+every row's outputs are bit-identical to the same row computed alone, whatever the other
+rows are and however many, on every instruction set and thread count, and they match a
+float64 reference of the int8 scheme (activations quantized per 32-block, exact integer
+block dot products, per-block scales, affine biases on the quantized activations' sums)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from engine import kernels
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
+
+N, K = 77, 384  # N not a multiple of the 8-row weight groups: a partial group in every chunk
+
+
+def _weights(bits: int, gs: int, seed: int, k: int = K):
+    rng = np.random.default_rng(seed)
+    w = mx.array(rng.standard_normal((N, k)).astype(np.float32))
+    return mx.quantize(w, group_size=gs, bits=bits)
+
+
+def _int8_reference(x: np.ndarray, wq, s, b, gs: int, bits: int) -> np.ndarray:
+    """float64 out[m, n] of the kernel's int8 scheme (prepare_x's rounding emulated in float32)."""
+    x = x.astype(np.float32)
+    M, K = x.shape
+    blocks = x.reshape(M, K // 32, 32)
+    amax = np.abs(blocks).max(axis=2)
+    d = (amax / np.float32(127.0)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint((blocks * inv[:, :, None]).astype(np.float32)).astype(np.int64)  # round to even
+    ints = np.array(mx.dequantize(wq, mx.ones_like(s), mx.zeros_like(b), group_size=gs, bits=bits))
+    ints = ints.astype(np.int64).reshape(N, K // 32, 32)
+    dots = np.einsum("mbk,nbk->mnb", q, ints).astype(np.float64)  # exact block dot products
+    scale = np.repeat(np.array(s, dtype=np.float64), gs // 32, axis=1)  # (N, blocks)
+    out = np.einsum("mnb,nb,mb->mn", dots, scale, d.astype(np.float64))
+    bsum = d.astype(np.float64) * q.sum(axis=2)  # (M, blocks): sums of the quantized activations
+    gsum = bsum.reshape(M, K // gs, gs // 32).sum(axis=2)
+    return out + gsum @ np.array(b, dtype=np.float64).T
+
+
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("gs", [32, 64, 128])
+def test_every_row_count_up_to_16_gives_each_row_its_solo_bits(bits, gs):
+    wq, s, b = _weights(bits, gs, seed=bits * 100 + gs)
+    rng = np.random.default_rng(gs + bits)
+    xs = rng.standard_normal((16, K)).astype(np.float32)
+    xs[3] *= 40.0  # rows of very different magnitude share the matmul
+    xs[5, :64] = 0.0  # all-zero activation blocks
+    x = mx.array(xs)
+    solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, gs, bits)[0] for i in range(16)]
+    ref = _int8_reference(xs, wq, s, b, gs, bits)
+    for i in range(16):
+        err = np.abs(np.array(solo[i], dtype=np.float64) - ref[i]).max() / np.abs(ref[i]).max()
+        assert err < 2e-6, (i, err)
+    for m in range(2, 16):
+        y = kernels.quantized_matmul(x[:m], wq, s, b, gs, bits)
+        for i in range(m):
+            assert mx.array_equal(y[i], solo[i]), (m, i)
+    # The same rows in another order, with other companions: still their solo bits.
+    order = [9, 3, 14, 0, 7, 5, 11]
+    y = kernels.quantized_matmul(x[mx.array(order)], wq, s, b, gs, bits)
+    for r, i in enumerate(order):
+        assert mx.array_equal(y[r], solo[i]), (order, i)
+
+
+@pytest.mark.parametrize("bits", [4, 5, 8])
+def test_an_odd_number_of_blocks_per_row(bits):
+    """4-bit weights are unpacked two blocks at a time; a last single block takes the other way."""
+    k = 13 * 32
+    wq, s, b = _weights(bits, 32, seed=13, k=k)
+    xs = np.random.default_rng(bits).standard_normal((6, k)).astype(np.float32)
+    x = mx.array(xs)
+    y = kernels.quantized_matmul(x, wq, s, b, 32, bits)
+    ref = _int8_reference(xs, wq, s, b, 32, bits)
+    assert np.abs(np.array(y, dtype=np.float64) - ref).max() / np.abs(ref).max() < 2e-6
+    for i in range(6):
+        assert mx.array_equal(kernels.quantized_matmul(x[i : i + 1], wq, s, b, 32, bits)[0], y[i])
+
+
+@pytest.mark.parametrize("M", [1, 2, 7, 8, 9, 15])
+def test_one_and_two_threads_give_the_same_bits(M):
+    wq, s, b = _weights(5, 32, seed=M)
+    x = mx.random.normal((M, K), key=mx.random.key(M))
+    before = kernels.status()["threads"]
+    try:
+        kernels.set_threads(1)
+        one = kernels.quantized_matmul(x, wq, s, b, 32, 5)
+        mx.eval(one)
+        kernels.set_threads(2)
+        two = kernels.quantized_matmul(x, wq, s, b, 32, 5)
+        mx.eval(two)
+    finally:
+        kernels.set_threads(before)
+    assert mx.array_equal(one, two)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avxvnni"])
+def test_narrower_instruction_sets_keep_rows_independent(isa):
+    """AVX2 (maddubs, 4-row tiles) and AVX-VNNI: rows alone = rows among 1..15, and the same
+    bits as the widest instruction set (the integer dot products are exact on every path;
+    AVX2 runs 8-bit weights shifted by 128, so only its 4/5-bit results are compared)."""
+    code = (
+        "import sys\n"
+        "import mlx.core as mx\n"
+        "from engine import kernels\n"
+        "from tests.test_kernels_rows import _weights, K\n"
+        "print(kernels.status()['isa'])\n"
+        "for bits in (4, 5, 8):\n"
+        "    wq, s, b = _weights(bits, 64, seed=bits)\n"
+        "    x = mx.random.normal((15, K), key=mx.random.key(bits))\n"
+        "    solo = [kernels.quantized_matmul(x[i:i + 1], wq, s, b, 64, bits)[0] for i in range(15)]\n"
+        "    for m in (2, 3, 4, 5, 8, 15):\n"
+        "        y = kernels.quantized_matmul(x[:m], wq, s, b, 64, bits)\n"
+        "        assert all(mx.array_equal(y[i], solo[i]) for i in range(m)), (bits, m)\n"
+        "    mx.save(sys.argv[1] + f'/{bits}.npy', mx.stack(solo))\n"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        outs, names = {}, {}
+        for arm in (isa, ""):
+            d = os.path.join(tmp, arm or "best")
+            os.makedirs(d)
+            env = dict(os.environ, MLXTERM_KERNEL_ISA=arm)
+            r = subprocess.run([sys.executable, "-c", code, d], env=env, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            outs[arm] = [mx.load(os.path.join(d, f"{bits}.npy")) for bits in (4, 5, 8)]
+            names[arm] = r.stdout.strip()
+        if isa == "avx2":
+            assert names[isa] == "avx2"
+        compared = 2 if isa == "avx2" else 3
+        for a, c in list(zip(outs[isa], outs[""], strict=True))[:compared]:
+            assert mx.array_equal(a, c)
