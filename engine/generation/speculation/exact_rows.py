@@ -57,10 +57,13 @@ def _step_attention(inner):
         L = queries.shape[2]
         K, V = cache.keys, cache.values  # the whole buffer, as the compiled step sees it
         first = cache.offset - L  # position of row 0 (the cache already holds all L rows)
-        keys = mx.arange(K.shape[2])
+        masks = _local.masks.get((K.shape[2], first, L))
+        if masks is None:  # built once per forward, shared by its layers
+            keys = mx.arange(K.shape[2])
+            masks = _local.masks[(K.shape[2], first, L)] = [keys <= first + i for i in range(L)]
         # One single-query call per row with the step's own key-validity mask: the step's
         # problem exactly, on the buffer as it is (a batch of L rows would need L copies of K/V).
-        rows = [inner(queries[:, :, i : i + 1], K, V, cache, scale, keys <= first + i, sinks) for i in range(L)]
+        rows = [inner(queries[:, :, i : i + 1], K, V, cache, scale, masks[i], sinks) for i in range(L)]
         return mx.concatenate(rows, axis=2)
 
     attention._step_inner = inner
@@ -76,9 +79,9 @@ def step_shaped() -> Iterator[None]:
             # wrap whatever is installed now (engine.kernels.attention re-installs on load)
             if not hasattr(mod.scaled_dot_product_attention, "_step_inner"):
                 mod.scaled_dot_product_attention = _step_attention(mod.scaled_dot_product_attention)
-    prev = getattr(_local, "on", False)
-    _local.on = True
+    prev, prev_masks = getattr(_local, "on", False), getattr(_local, "masks", None)
+    _local.on, _local.masks = True, {}
     try:
         yield
     finally:
-        _local.on = prev
+        _local.on, _local.masks = prev, prev_masks
