@@ -202,6 +202,23 @@ def test_ngram_index_is_incremental():
         assert inc.continuation([3], k) == whole.continuation([3], k)
 
 
+def test_lookup_keeps_copying_the_block_it_matched():
+    """Two near-identical blocks: once the reply copies the first, drafts follow the first (the
+    latest occurrence of a short n-gram is the second); after the reply parts from it, n-grams again."""
+    context = [10, 1, 2, 3, 4, 5, 6, 7, 8, 20, 1, 2, 3, 4, 5, 6, 9, 8, 30]
+    d = LookupDrafter(1, 4)
+    d.reset(context)
+    assert d.propose(10, 3) == [1, 2, 3]
+    d.commit([10, 1, 2, 3])  # all accepted; the target's next token is 4
+    assert d.propose(4, 3) == [5, 6, 7]  # the copied block, not the latest "1 2 3 4" (-> 5 6 9)
+    d.commit([4, 5])  # 5 accepted, 6 rejected: the target wrote 9
+    assert d.propose(9, 2) == [8, 30]  # parted from the block: n-gram lookup again ("9" -> 8 30)
+    d.commit([9])
+    plain = LookupDrafter(1, 4)
+    plain.reset(context + [10, 1, 2, 3])
+    assert plain.propose(4, 3) == [5, 6, 9]  # the control: n-grams alone take the latest block
+
+
 def test_prompt_lookup_on_a_repeating_model(models):
     """Real lookup drafts: the tiny models settle into loops, which lookup then copies."""
     model = models["llama"]
