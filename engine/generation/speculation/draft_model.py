@@ -10,8 +10,8 @@ most likely be rejected, and each rejected row still costs verification work).
 With a checkpoint store (``use_store``; the speculator opens one under the draft model's own
 fingerprint) the draft KV is checkpointed with the session's: ``release`` saves exactly the
 tokens the target committed (the cache cut back past rejected drafts) when the session's
-turn is checkpointed, and ``acquire`` restores the longest stored prefix when a request
-starts (e.g. in a fresh process), so the draft model does not re-read the restored context.
+turn is checkpointed, and the longest stored prefix of a request's prompt is restored at its
+first draft (e.g. in a fresh process), so the draft model does not re-read the restored context.
 A corrupt file is discarded with the store's warning, a missing one logs a warning; either
 way the draft model re-prefills and the output does not change.
 """
@@ -44,7 +44,7 @@ class DraftModelDrafter:
         self.context: list[int] = []  # the target's committed context
         self.store = None  # engine.checkpoints.CheckpointStore for the draft KV, if any
         self.fed = 0  # tokens prefilled through the draft model (its cost outside drafting)
-        self.restored = 0  # tokens the last acquire() restored from a checkpoint
+        self._restore: tuple[list[int], str | None, int] | None = None  # acquire()'s, until the first draft
         self.stats = None  # the current request's SpecStats (draft_prefilled is counted here)
         self._discarded = 0  # the store's discarded-file count at the last acquire
 
@@ -62,16 +62,24 @@ class DraftModelDrafter:
     def acquire(self, prompt: list[int], session_id: str | None, target_cached: int) -> None:
         """A request for ``prompt`` starts; the target restored ``target_cached`` tokens of it.
 
-        Restores the draft KV from a checkpoint when that covers more than the live cache.
+        The draft KV is restored (from a checkpoint, when that covers more than the live cache)
+        at the request's first draft, so a request that never drafts costs nothing here.
         """
-        self.restored = 0
+        self._restore = (list(prompt), session_id, target_cached)
+
+    def _restore_checkpoint(self) -> None:
+        prompt, session_id, target_cached = self._restore
+        self._restore = None
+        if self.context[: len(prompt)] != prompt:  # another request's (batched rows do not draft)
+            return
         live = self._common(prompt)
         if self.store is None or live >= target_cached or len(prompt) < 2:
             return
         found = self.store.acquire(prompt, session_id)
         if found.cached_tokens > live:
             self.cache, self.cached = found.cache, list(prompt[: found.cached_tokens])
-            self.restored = found.cached_tokens
+            if self.stats is not None:
+                self.stats.draft_restored = found.cached_tokens
         discarded = self.store.ssd.discarded if self.store.ssd is not None else 0
         have = max(live, found.cached_tokens)
         # The draft KV lags the target's by the few tokens it never fed (the last pending
@@ -124,6 +132,8 @@ class DraftModelDrafter:
     def propose(self, pending: int, k: int, hidden: mx.array | None = None) -> list[int]:
         if k <= 0:
             return []
+        if self._restore is not None:
+            self._restore_checkpoint()
         logits = self._sync(self.context + [pending])
         step = decode_step_for(self.model, self.cache, _GREEDY, self.vocab)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

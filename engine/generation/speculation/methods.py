@@ -79,7 +79,7 @@ class Speculator:
             drafter = self._drafter
         stats = SpecStats(self.mode)
         if isinstance(drafter, DraftModelDrafter):
-            stats.draft_restored, stats.draft_prefilled = drafter.restored, 0
+            stats.draft_restored, stats.draft_prefilled = 0, 0
             drafter.stats = stats
         return Speculation(drafter, self.policy, stats)
 
