@@ -8,9 +8,7 @@ costs nothing measurable when there is no match. Once a draft is accepted the dr
 copying from the same place (the whole run since is the match) while the target's tokens
 follow it, and looks up n-grams again only when they part: code repeats near-identical
 blocks, and the latest occurrence of a short n-gram is often the block just written rather
-than the one being copied. Where the target's token differs from the copy's, the next draft
-first guesses a one-token substitution (a renamed identifier) and copies on after it; a
-rejected guess ends the copy.
+than the one being copied.
 
 An agent copies file text into a tool call as a JSON string (``"old_text": "def f():\\n
 return \\"x\\""``): escaped newlines and quotes tokenize differently from the raw file the
@@ -97,7 +95,6 @@ class LookupDrafter:
         self._escaped_index: NgramIndex | None = None
         self._drafted: tuple[NgramIndex, int] | None = None  # (index, position) of the last draft
         self._copy: tuple[NgramIndex, int] | None = None  # where the next pending token should be
-        self._guessing = False  # the last draft guessed a one-token substitution in the copy
 
     def reset(self, context: list[int]) -> None:
         self.index = NgramIndex(self.min_n, self.max_n)
@@ -105,7 +102,6 @@ class LookupDrafter:
         self._context = context
         self._escaped_index = None
         self._drafted = self._copy = None
-        self._guessing = False
 
     def propose(self, pending: int, k: int, hidden: mx.array | None = None) -> list[int]:
         if self._copy is not None:
@@ -113,15 +109,11 @@ class LookupDrafter:
             # any n-gram (code repeats near-identical blocks; the latest occurrence of a short
             # n-gram is often the block just written, not the one being copied).
             idx, p = self._copy
-            if p < len(idx.tokens) and (idx.tokens[p] == pending or not self._guessing):
-                # On a one-token difference from a confirmed copy, guess a substitution (a
-                # renamed identifier, another digit) and go on copying after it, once.
-                self._guessing = idx.tokens[p] != pending
+            if p < len(idx.tokens) and idx.tokens[p] == pending:
                 draft = idx.tokens[p + 1 : p + 1 + k]
                 if draft:
                     self._drafted = (idx, p + 1)
                     return draft
-        self._guessing = False
         recent = self.index.tokens[-self.max_n :] + [pending]
         n, start, draft = self.index.find(recent, k, [pending])
         src = (self.index, start)
@@ -140,8 +132,8 @@ class LookupDrafter:
         # ``tokens`` = the pending token + the accepted drafts: the copy goes on where the
         # accepted drafts end (the next pending token must equal the source's token there)
         self._copy = None
-        if self._drafted is not None and not (self._guessing and len(tokens) == 1):
-            idx, start = self._drafted  # (a rejected substitution guess ends the copy)
+        if self._drafted is not None:
+            idx, start = self._drafted
             self._copy = (idx, start + len(tokens) - 1)
         self._drafted = None
         self.index.extend(tokens)
