@@ -202,6 +202,23 @@ def test_ngram_index_is_incremental():
         assert inc.continuation([3], k) == whole.continuation([3], k)
 
 
+def test_lookup_keeps_copying_the_block_it_matched():
+    """Two near-identical blocks: once the reply copies the first, drafts follow the first (the
+    latest occurrence of a short n-gram is the second); after the reply parts from it, n-grams again."""
+    context = [10, 1, 2, 3, 4, 5, 6, 7, 8, 20, 1, 2, 3, 4, 5, 6, 9, 8, 30]
+    d = LookupDrafter(1, 4)
+    d.reset(context)
+    assert d.propose(10, 3) == [1, 2, 3]
+    d.commit([10, 1, 2, 3])  # all accepted; the target's next token is 4
+    assert d.propose(4, 3) == [5, 6, 7]  # the copied block, not the latest "1 2 3 4" (-> 5 6 9)
+    d.commit([4, 5])  # 5 accepted, 6 rejected: the target wrote 9
+    assert d.propose(9, 2) == [8, 30]  # parted from the block: n-gram lookup again ("9" -> 8 30)
+    d.commit([9])
+    plain = LookupDrafter(1, 4)
+    plain.reset(context + [10, 1, 2, 3])
+    assert plain.propose(4, 3) == [5, 6, 9]  # the control: n-grams alone take the latest block
+
+
 def test_prompt_lookup_on_a_repeating_model(models):
     """Real lookup drafts: the tiny models settle into loops, which lookup then copies."""
     model = models["llama"]
@@ -369,6 +386,65 @@ def test_speculative_turn_checkpoint_resumes_in_a_fresh_process(tmp_path, tiny_l
     assert s2["cache"]["source"] == "ssd" and s2["usage"]["cached_tokens"] > s1["usage"]["prompt_tokens"]
     assert (s1["text"], s2["text"]) == (p1["text"], p2["text"])
     assert s2["usage"] == p2["usage"]
+
+
+def _draft_dir(home: Path, profile: Path) -> Path:
+    from engine.checkpoints import make_fingerprint
+    from engine.model.weight_policy import choose_weights
+
+    prof = load_profile(str(profile))
+    key = make_fingerprint(Path(prof.speculation.draft_model), choose_weights(prof.model.weights), "draft", "same").key
+    found = [d for d in home.rglob(key) if d.is_dir()]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_draft_model_kv_is_checkpointed_with_the_session(tmp_path, tiny_llama_dir):
+    """The draft model's KV is saved with the session's checkpoint (exactly the committed tokens)
+    and restored in a fresh process, so the draft model does not re-read the context; a corrupt
+    or missing draft checkpoint means one warning and a re-prefill, with the same output."""
+    import shutil
+
+    other = make_model_dir(tmp_path / "draft-llama", LLAMA_CONFIG, seed=5)
+    profile = write_profile(tmp_path / "spec.yaml", tiny_llama_dir, speculation={
+        "mode": "draft", "draft_model": str(other), "num_draft_tokens": 4, "draft_min_prob": 0.05})
+    home = tmp_path / "home"
+    first = _turn(home, profile, "s1", "the quick brown fox")
+    s1 = first["speculation"]
+    assert s1["rounds"] > 0 and s1["draft_restored"] == 0 and s1["draft_prefilled"] >= first["usage"]["prompt_tokens"]
+    for name in ("corrupt", "missing"):
+        shutil.copytree(home, tmp_path / f"home-{name}")
+    files = list(_draft_dir(home, profile).glob("*.safetensors"))
+    assert len(files) == 1
+
+    def second(h: Path) -> tuple[dict, str]:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "MLXTERM_HOME": str(h)}
+        cmd = [sys.executable, "-m", "app", "generate", "--profile", str(profile), "--session", "s1",
+               "--prompt", "and then?", "--temperature", "0", "--max-tokens", "24", "--json"]
+        done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), done.stderr
+
+    ok, err = second(home)
+    s2 = ok["speculation"]
+    assert ok["cache"]["source"] == "ssd" and "warning" not in err.lower()
+    # restored: everything of turn 1 the target kept, past turn 1's prompt; only the new turn's
+    # tokens (and turn 1's unfed last token or so) go through the draft model
+    assert s2["draft_restored"] > first["usage"]["prompt_tokens"]
+    new_tokens = ok["usage"]["prompt_tokens"] - s2["draft_restored"]
+    assert s2["draft_prefilled"] <= new_tokens + ok["usage"]["completion_tokens"]
+    bad = _draft_dir(tmp_path / "home-corrupt", profile)
+    for f in bad.glob("*.safetensors"):
+        f.write_bytes(f.read_bytes()[:-64] + b"\0" * 64)
+    for f in _draft_dir(tmp_path / "home-missing", profile).glob("*.safetensors"):
+        f.unlink()
+    for name in ("corrupt", "missing"):
+        got, err = second(tmp_path / f"home-{name}")
+        assert got["text"] == ok["text"] and got["usage"] == ok["usage"], name
+        assert got["speculation"]["draft_restored"] == 0, name
+        assert got["speculation"]["draft_prefilled"] >= got["usage"]["prompt_tokens"] - 1, name
+        warnings = [line for line in err.splitlines() if "checkpoint" in line.lower()]
+        assert len(warnings) == 1, (name, err)
 
 
 async def test_tui_status_bar_shows_acceptance_while_a_speculative_preset_streams(tmp_path, tiny_llama_dir):

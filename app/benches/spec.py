@@ -6,6 +6,8 @@ weights serve both; the plain arm opts out per request), greedy so tokens must b
     ``edit_file`` step after ``read_file``, repeat a quoted passage
   free-form (the lookup profile): a short story -- lookup finds little, a miss must cost ~nothing
   code (the draft-pair profile, e.g. Qwen2.5-Coder 0.5B drafting for 1.5B): write a function
+  agent edit_file step on a model that copies the old text (``--edit-profile``, e.g.
+    qwen2.5-coder-1.5b-lookup; the 0.5B copies one line of it)
 Also the verify-cost curve of each target: one forward over 1, 2, 4, 8, 12, 15, 16 new rows
 after a 256-token context (attending as a verify does), and the draft length that maximises
 expected tokens per unit of cost (at most ``max_verify_rows() - 1`` drafts).
@@ -37,6 +39,9 @@ PASSAGE = (
 def add_arguments(p) -> None:
     p.add_argument("--profile", default="qwen2.5-coder-0.5b-lookup", help="lookup profile (copy-heavy, free-form; '' to skip)")
     p.add_argument("--pair-profile", default="qwen2.5-coder-1.5b-draft", help="draft-model profile ('' to skip)")
+    p.add_argument("--edit-profile", default="",
+                   help="also run the agent edit_file step (opened up to old_text) on this lookup profile, "
+                        "e.g. qwen2.5-coder-1.5b-lookup: a model that copies the function it edits")
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--pair-max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=1, help="each round runs plain, spec, spec, plain")
@@ -90,9 +95,16 @@ def edit_step_messages(code: str) -> tuple[list[dict], list[dict]]:
     return messages, schemas
 
 
+def edit_step_prompt(engine, opened: str = "") -> list[int]:
+    """The agent's edit_file step, the reply opened up to ``old_text`` (+ ``opened``): a model
+    that edits copies the old function into a JSON string (the lookup's escaped index)."""
+    msgs, tools = edit_step_messages(source_file())
+    return engine.chat_prompt(msgs, tools=tools) + engine.tokenizer.encode(
+        '<tool_call>\n{"name": "edit_file", "arguments": {"path": "inventory.py", "old_text": "' + opened)
+
+
 def scenarios(engine, max_tokens: int) -> dict[str, list[int]]:
     code = source_file()
-    edit_msgs, edit_tools = edit_step_messages(code)
     return {
         "copy_rewrite_300_lines": engine.chat_prompt([{
             "role": "user",
@@ -100,8 +112,8 @@ def scenarios(engine, max_tokens: int) -> dict[str, list[int]]:
                        "Reply with the complete updated file and nothing else."}]),
         # the reply opens the edit_file call up to old_text (a 0.5B does not choose the tool on
         # its own); what is measured is the copy: old_text and new_text as JSON strings
-        "copy_edit_file_step": engine.chat_prompt(edit_msgs, tools=edit_tools) + engine.tokenizer.encode(
-            '<tool_call>\n{"name": "edit_file", "arguments": {"path": "inventory.py", "old_text": "def compute_total_3('),
+        # Qwen 0.5B copies one line here (docs/benchmarks.md): not a copy-heavy step for it
+        "copy_edit_file_step": edit_step_prompt(engine, "def compute_total_3("),
         "copy_quote_passage": engine.chat_prompt([{
             "role": "user", "content": f"Repeat this passage word for word:\n\n{PASSAGE}\n\n{PASSAGE}"}]),
         "free_form_story": engine.chat_prompt([{"role": "user", "content": STORY}]),
@@ -191,6 +203,7 @@ def compare(engine, prompt: list[int], max_tokens: int, rounds: int) -> dict:
         "mean_accepted_length": st["mean_accepted_length"],
         "rounds": st["rounds"],
         "plain_steps": st["plain_steps"],
+        "reply_head": plain[0].text[:200],  # what the model wrote (is it a copy?)
         "plain_runs_tps": [d.timings.decode_tps for d in plain],
         "spec_runs_tps": [d.timings.decode_tps for d in spec],
     }
@@ -208,15 +221,22 @@ def run(args) -> dict:
     table = ["| scenario | profile | tokens | plain tok/s | spec tok/s | speedup | acceptance | mean accepted | identical |",
              "|---|---|---|---|---|---|---|---|---|"]
     jobs = [(args.profile, None, args.max_tokens)] if args.profile else []
+    if args.edit_profile:
+        jobs.append((args.edit_profile, "copy_edit_file_step_copying_model", args.max_tokens))
     if args.pair_profile:
         jobs.append((args.pair_profile, "code_generation_pair", args.pair_max_tokens))
     for profile, only, max_tokens in jobs:
         eng = Engine.load(profile)
         try:
-            result["curves"][profile] = {"model": eng.model_name, "weights": eng.weight_format,
-                                         **verify_curve(eng, rows)}
-            prompts = ({only: eng.chat_prompt([{"role": "user", "content": CODE}])} if only
-                       else scenarios(eng, max_tokens))
+            if only != "copy_edit_file_step_copying_model":
+                result["curves"][profile] = {"model": eng.model_name, "weights": eng.weight_format,
+                                             **verify_curve(eng, rows)}
+            if only == "code_generation_pair":
+                prompts = {only: eng.chat_prompt([{"role": "user", "content": CODE}])}
+            elif only:
+                prompts = {only: edit_step_prompt(eng)}
+            else:
+                prompts = scenarios(eng, max_tokens)
             for name, prompt in prompts.items():
                 r = compare(eng, prompt, max_tokens, args.rounds)
                 r["profile"] = profile

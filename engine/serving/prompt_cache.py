@@ -3,7 +3,9 @@
 ``acquire`` returns a cache already holding the longest stored prefix of the new prompt
 (session checkpoint first, then any checkpoint, RAM tier then SSD tier; see
 engine.checkpoints); ``release`` checkpoints the cache after a turn. KV is only ever reused
-for the exact token prefix it was computed from.
+for the exact token prefix it was computed from. A ``companion`` (the speculator, when a draft
+model keeps its own KV) is told of every acquire and release, so its checkpoints follow the
+session's.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class PromptCache:
         if store is None:
             store = open_store(profile, self.new_cache, fingerprint_for_profile(profile, model))
         self.store = store
+        self.companion = None  # has acquire(prompt, session_id, cached) / release / flush / close
 
     def new_cache(self) -> list:
         kv = self.profile.kv_cache
@@ -44,13 +47,22 @@ class PromptCache:
         return make_cache(self.model, kv_bits=bits, kv_group_size=kv.group_size, kv_dtype=dtype)
 
     def acquire(self, prompt: list[int], session_id: str | None = None) -> Restored:
-        return self.store.acquire(prompt, session_id)
+        found = self.store.acquire(prompt, session_id)
+        if self.companion is not None:
+            self.companion.acquire(prompt, session_id, found.cached_tokens)
+        return found
 
     def release(self, tokens: list[int], cache: list, session_id: str | None = None) -> None:
         self.store.release(tokens, cache, session_id)
+        if self.companion is not None:
+            self.companion.release(tokens, session_id)
 
     def flush(self, timeout: float | None = None) -> DurabilityReport:
+        if self.companion is not None:
+            self.companion.flush(timeout)
         return self.store.flush(timeout)
 
     def close(self, timeout: float | None = None) -> DurabilityReport:
+        if self.companion is not None:
+            self.companion.close(timeout)
         return self.store.close(timeout)

@@ -41,6 +41,7 @@ class Runner:
         self.default_params = _params_from_profile(profile)
         self.cache = PromptCache(self.model, profile)
         self.speculator = Speculator(profile, bundle)
+        self.cache.companion = self.speculator  # a draft model's KV is checkpointed with the session's
         note = blas_note()
         if note:
             log.warning(note)

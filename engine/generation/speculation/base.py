@@ -59,6 +59,10 @@ class SpecStats:
     plain_steps: int = 0  # single-token steps (no draft for that position)
     disabled: str | None = None  # why speculation did not run for this request, if it did not
     accepted_lengths: list[int] = field(default_factory=list, repr=False)
+    # draft model only: tokens its KV was restored with from a checkpoint at the request's
+    # start, and tokens it had to read (prefill) itself during the request
+    draft_restored: int | None = None
+    draft_prefilled: int | None = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -78,6 +82,8 @@ class SpecStats:
             "rounds": self.rounds,
             "plain_steps": self.plain_steps,
             "disabled": self.disabled,
+            **({"draft_restored": self.draft_restored, "draft_prefilled": self.draft_prefilled}
+               if self.draft_restored is not None else {}),
         }
 
 

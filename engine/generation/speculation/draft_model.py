@@ -6,10 +6,19 @@ an agent step extends the previous one), so only new tokens are fed. Drafting ru
 draft model's compiled greedy step ``k`` times as one lazy chain, then cuts the draft where
 the draft model's top probability falls below ``min_prob`` (a guess it is unsure of will
 most likely be rejected, and each rejected row still costs verification work).
+
+With a checkpoint store (``use_store``; the speculator opens one under the draft model's own
+fingerprint) the draft KV is checkpointed with the session's: ``release`` saves exactly the
+tokens the target committed (the cache cut back past rejected drafts) when the session's
+turn is checkpointed, and the longest stored prefix of a request's prompt is restored at its
+first draft (e.g. in a fresh process), so the draft model does not re-read the restored context.
+A corrupt file is discarded with the store's warning, a missing one logs a warning; either
+way the draft model re-prefills and the output does not change.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 from engine.generation.generate import decode_step_for, prefill
@@ -18,6 +27,7 @@ from engine.generation.sampling import SamplingParams
 
 import mlx.core as mx
 
+log = logging.getLogger(__name__)
 _GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, repetition_context=1)
 
 
@@ -32,6 +42,67 @@ class DraftModelDrafter:
         self.cache = make_cache(model)
         self.cached: list[int] = []  # the tokens whose K/V the draft cache holds, in order
         self.context: list[int] = []  # the target's committed context
+        self.store = None  # engine.checkpoints.CheckpointStore for the draft KV, if any
+        self.fed = 0  # tokens prefilled through the draft model (its cost outside drafting)
+        self._restore: tuple[list[int], str | None, int] | None = None  # acquire()'s, until the first draft
+        self.stats = None  # the current request's SpecStats (draft_prefilled is counted here)
+        self._discarded = 0  # the store's discarded-file count at the last acquire
+
+    def use_store(self, store) -> None:
+        self.store = store
+
+    def _common(self, tokens: list[int]) -> int:
+        n = 0
+        for a, b in zip(self.cached, tokens, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def acquire(self, prompt: list[int], session_id: str | None, target_cached: int) -> None:
+        """A request for ``prompt`` starts; the target restored ``target_cached`` tokens of it.
+
+        The draft KV is restored (from a checkpoint, when that covers more than the live cache)
+        at the request's first draft, so a request that never drafts costs nothing here.
+        """
+        self._restore = (list(prompt), session_id, target_cached)
+
+    def _restore_checkpoint(self) -> None:
+        prompt, session_id, target_cached = self._restore
+        self._restore = None
+        if self.context[: len(prompt)] != prompt:  # another request's (batched rows do not draft)
+            return
+        live = self._common(prompt)
+        if self.store is None or live >= target_cached or len(prompt) < 2:
+            return
+        found = self.store.acquire(prompt, session_id)
+        if found.cached_tokens > live:
+            self.cache, self.cached = found.cache, list(prompt[: found.cached_tokens])
+            if self.stats is not None:
+                self.stats.draft_restored = found.cached_tokens
+        discarded = self.store.ssd.discarded if self.store.ssd is not None else 0
+        have = max(live, found.cached_tokens)
+        # The draft KV lags the target's by the few tokens it never fed (the last pending
+        # token, plain steps); warn only when most of the restored context must be re-read,
+        # and not twice for a corrupt file (the store warned when it discarded it).
+        if 2 * have < target_cached and discarded == self._discarded:
+            log.warning("speculation: no draft-model KV checkpoint for %d of the %d restored tokens; "
+                        "the draft model re-reads them (output unchanged)", target_cached - have, target_cached)
+        self._discarded = discarded
+
+    def release(self, tokens: list[int], session_id: str | None) -> None:
+        """The target checkpointed ``tokens``: checkpoint the draft KV for the same tokens."""
+        if self.store is None:
+            return
+        n = self._common(tokens)
+        if n < len(self.cached):  # drop rejected drafts' K/V: save exactly the committed tokens
+            if any(isinstance(c, WindowKVCache) for c in self.cache):
+                return  # a wrapped ring cannot be cut back
+            for c in self.cache:
+                c.offset = n
+            self.cached = self.cached[:n]
+        if n > 0:
+            self.store.release(tokens[:n], self.cache, session_id)
 
     def reset(self, context: list[int]) -> None:
         self.context = list(context)
@@ -52,12 +123,17 @@ class DraftModelDrafter:
         if same == 0:
             self.cache = make_cache(self.model)
         logits = prefill(self.model, self.cache, target[same:])
+        self.fed += len(target) - same
+        if self.stats is not None:
+            self.stats.draft_prefilled += len(target) - same
         self.cached = list(target)
         return logits
 
     def propose(self, pending: int, k: int, hidden: mx.array | None = None) -> list[int]:
         if k <= 0:
             return []
+        if self._restore is not None:
+            self._restore_checkpoint()
         logits = self._sync(self.context + [pending])
         step = decode_step_for(self.model, self.cache, _GREEDY, self.vocab)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

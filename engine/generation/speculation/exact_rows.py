@@ -11,10 +11,12 @@ two things (checked bit for bit in tests/test_speculation_kernels.py):
   paths in MLX (and in engine.kernels.attention), and the int8 quantization of the next layer's
   input turns their last-bit differences into logit differences of ~0.5. Inside
   ``step_shaped()`` a verify forward's full-attention layers instead attend the way the
-  compiled decode step does -- each query alone (as a batch of L single-query problems),
-  over the cache's whole buffer with a key-validity mask -- which gives the step's bits.
-  Reading the keys once per row costs little next to the weights at the context lengths a
-  verify runs at (the bench's verify-cost curve includes it).
+  compiled decode step does -- each query alone, over the cache's whole buffer with the step's
+  key-validity mask -- which gives the step's bits. A single multi-row call cannot: the fused
+  kernel's last key block has another length per row, and its vector and scalar exp paths
+  round differently (measured: up to ~4e-9 per attention output, enough after int8 rounding).
+  One call per row reads the buffer in place; the previous batch-of-L-rows form had to copy
+  K/V L times (the kernel takes contiguous K/V), which cost ~2x the attention at 3k tokens.
 
 Sliding-window layers (Gemma) and quantized KV caches keep the multi-row attention: their
 rows match the step to float rounding, not bit for bit.
@@ -54,13 +56,15 @@ def _step_attention(inner):
             return inner(queries, keys, values, cache, scale, mask, sinks)
         L = queries.shape[2]
         K, V = cache.keys, cache.values  # the whole buffer, as the compiled step sees it
-        C = K.shape[2]
         first = cache.offset - L  # position of row 0 (the cache already holds all L rows)
-        rows = queries.transpose(2, 1, 0, 3)  # (L, H, 1, D): L single-query problems
-        valid = (mx.arange(C)[None, :] <= (first + mx.arange(L))[:, None]).reshape(L, 1, 1, C)
-        out = inner(rows, mx.broadcast_to(K, (L, *K.shape[1:])), mx.broadcast_to(V, (L, *V.shape[1:])),
-                    cache, scale, valid, sinks)
-        return out.transpose(2, 1, 0, 3)
+        masks = _local.masks.get((K.shape[2], first, L))
+        if masks is None:  # built once per forward, shared by its layers
+            keys = mx.arange(K.shape[2])
+            masks = _local.masks[(K.shape[2], first, L)] = [keys <= first + i for i in range(L)]
+        # One single-query call per row with the step's own key-validity mask: the step's
+        # problem exactly, on the buffer as it is (a batch of L rows would need L copies of K/V).
+        rows = [inner(queries[:, :, i : i + 1], K, V, cache, scale, masks[i], sinks) for i in range(L)]
+        return mx.concatenate(rows, axis=2)
 
     attention._step_inner = inner
     return attention
@@ -75,9 +79,9 @@ def step_shaped() -> Iterator[None]:
             # wrap whatever is installed now (engine.kernels.attention re-installs on load)
             if not hasattr(mod.scaled_dot_product_attention, "_step_inner"):
                 mod.scaled_dot_product_attention = _step_attention(mod.scaled_dot_product_attention)
-    prev = getattr(_local, "on", False)
-    _local.on = True
+    prev, prev_masks = getattr(_local, "on", False), getattr(_local, "masks", None)
+    _local.on, _local.masks = True, {}
     try:
         yield
     finally:
-        _local.on = prev
+        _local.on, _local.masks = prev, prev_masks

@@ -4,7 +4,11 @@ Copy-heavy replies (rewriting a file, an edit's old text, quoting) repeat long r
 context; the tokens that followed the same n-gram last time are a free draft. ``NgramIndex``
 maps every n-gram (n from ``max_n`` down to ``min_n``) to the position just after its
 latest occurrence, updated as tokens are committed, so a lookup is a few dict probes and
-costs nothing measurable when there is no match.
+costs nothing measurable when there is no match. Once a draft is accepted the drafter keeps
+copying from the same place (the whole run since is the match) while the target's tokens
+follow it, and looks up n-grams again only when they part: code repeats near-identical
+blocks, and the latest occurrence of a short n-gram is often the block just written rather
+than the one being copied.
 
 An agent copies file text into a tool call as a JSON string (``"old_text": "def f():\\n
 return \\"x\\""``): escaped newlines and quotes tokenize differently from the raw file the
@@ -42,6 +46,11 @@ class NgramIndex:
 
         ``tail`` (the uncommitted end of ``recent``) continues a match that runs into it.
         """
+        n, _, out = self.find(recent, k, tail)
+        return n, out
+
+    def find(self, recent: list[int], k: int, tail: list[int] = ()) -> tuple[int, int, list[int]]:
+        """``lookup`` plus where the draft starts in ``tokens``."""
         recent = recent[-self.max_n :]
         for n in range(min(self.max_n, len(recent)), self.min_n - 1, -1):
             end = self._last.get(tuple(recent[-n:]))
@@ -51,8 +60,8 @@ class NgramIndex:
             if len(out) < k:
                 out = out + list(tail[: k - len(out)])  # the match ran into the uncommitted tail
             if out:
-                return n, out
-        return 0, []
+                return n, end, out
+        return 0, 0, []
 
     def continuation(self, tail: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the longest n-gram ending ``tokens + tail`` before.
@@ -84,24 +93,47 @@ class LookupDrafter:
         self.index = NgramIndex(min_n, max_n)
         self._context: list[int] = []
         self._escaped_index: NgramIndex | None = None
+        self._drafted: tuple[NgramIndex, int] | None = None  # (index, position) of the last draft
+        self._copy: tuple[NgramIndex, int] | None = None  # where the next pending token should be
 
     def reset(self, context: list[int]) -> None:
         self.index = NgramIndex(self.min_n, self.max_n)
         self.index.extend(context)
         self._context = context
         self._escaped_index = None
+        self._drafted = self._copy = None
 
     def propose(self, pending: int, k: int, hidden: mx.array | None = None) -> list[int]:
+        if self._copy is not None:
+            # Still copying: the run so far matched the source up to here, a longer match than
+            # any n-gram (code repeats near-identical blocks; the latest occurrence of a short
+            # n-gram is often the block just written, not the one being copied).
+            idx, p = self._copy
+            if p < len(idx.tokens) and idx.tokens[p] == pending:
+                draft = idx.tokens[p + 1 : p + 1 + k]
+                if draft:
+                    self._drafted = (idx, p + 1)
+                    return draft
         recent = self.index.tokens[-self.max_n :] + [pending]
-        n, draft = self.index.lookup(recent, k, [pending])
-        if self.escaped is None or (n == self.max_n and len(draft) == k):
-            return draft
-        if self._escaped_index is None:  # once per request, at the first imperfect match
-            self._escaped_index = NgramIndex(self.min_n, self.max_n)
-            self._escaped_index.extend(self.escaped(self._context))
-        en, esc = self._escaped_index.lookup(recent, k)
-        # the longer n-gram is the likelier copy; on a tie the longer draft
-        return esc if (en, len(esc)) > (n, len(draft)) else draft
+        n, start, draft = self.index.find(recent, k, [pending])
+        src = (self.index, start)
+        if self.escaped is not None and not (n == self.max_n and len(draft) == k):
+            if self._escaped_index is None:  # once per request, at the first imperfect match
+                self._escaped_index = NgramIndex(self.min_n, self.max_n)
+                self._escaped_index.extend(self.escaped(self._context))
+            en, estart, esc = self._escaped_index.find(recent, k)
+            # the longer n-gram is the likelier copy; on a tie the longer draft
+            if (en, len(esc)) > (n, len(draft)):
+                draft, src = esc, (self._escaped_index, estart)
+        self._drafted = src if draft else None
+        return draft
 
     def commit(self, tokens: list[int]) -> None:
+        # ``tokens`` = the pending token + the accepted drafts: the copy goes on where the
+        # accepted drafts end (the next pending token must equal the source's token there)
+        self._copy = None
+        if self._drafted is not None:
+            idx, start = self._drafted
+            self._copy = (idx, start + len(tokens) - 1)
+        self._drafted = None
         self.index.extend(tokens)

@@ -16,6 +16,18 @@ from engine.generation.speculation.mtp import make_mtp_drafter
 _VOCAB_PROBE = "def main():\n    print('hello, world')  # 123 ü → ok\n"
 
 
+def _draft_store(profile, path, weight_format: str, model):
+    """The draft model's checkpoint store: the profile's RAM/SSD settings, the draft model's own
+    fingerprint (so its files sit in their own directory under the same SSD root; the KV tag
+    "draft" keeps them apart from the same model's checkpoints as a target)."""
+    from engine.checkpoints import CheckpointStore, make_fingerprint, ssd_root
+    from engine.generation.kv_cache import make_cache
+
+    cache = profile.cache
+    return CheckpointStore(make_fingerprint(path, weight_format, "draft", "same"), lambda: make_cache(model),
+                           ram_bytes=cache.ram_bytes, ssd_dir=ssd_root(profile), ssd_bytes=cache.ssd_bytes)
+
+
 class Speculator:
     def __init__(self, profile, bundle):
         spec = profile.speculation
@@ -24,6 +36,7 @@ class Speculator:
         self._spec = spec
         self._drafter = None
         self.draft_name: str | None = None
+        self._store = None  # the draft model's checkpoint store (mode: draft)
         # lookup also drafts from the context's JSON-escaped tokens (an agent's tool-call strings)
         self._escaper = json_escaper(bundle.tokenizer) if spec.mode == "lookup" else None
         if spec.mode == "draft":
@@ -51,7 +64,10 @@ class Speculator:
                 f"tokenizer (vocabulary {dw} vs {tw} tokens, same ids for sample text: {same_text}); "
                 "a draft model must use the same vocabulary")
         self.draft_name = path.name
-        return DraftModelDrafter(draft.model, dw, self._spec.draft_min_prob)
+        drafter = DraftModelDrafter(draft.model, dw, self._spec.draft_min_prob)
+        self._store = _draft_store(profile, path, draft.loaded.weight_format, draft.model)
+        drafter.use_store(self._store)
+        return drafter
 
     def new(self) -> Speculation | None:
         """Everything one request needs, or None when the profile does not speculate."""
@@ -61,4 +77,25 @@ class Speculator:
             drafter = LookupDrafter(self._spec.lookup_ngram, self._spec.lookup_max_ngram, self._escaper)
         else:
             drafter = self._drafter
-        return Speculation(drafter, self.policy, SpecStats(self.mode))
+        stats = SpecStats(self.mode)
+        if isinstance(drafter, DraftModelDrafter):
+            stats.draft_restored, stats.draft_prefilled = 0, 0
+            drafter.stats = stats
+        return Speculation(drafter, self.policy, stats)
+
+    # -- the draft model's KV checkpoints, beside the target's (engine.serving.prompt_cache) ----
+    def acquire(self, prompt: list[int], session_id: str | None, target_cached: int) -> None:
+        if isinstance(self._drafter, DraftModelDrafter):
+            self._drafter.acquire(prompt, session_id, target_cached)
+
+    def release(self, tokens: list[int], session_id: str | None) -> None:
+        if isinstance(self._drafter, DraftModelDrafter):
+            self._drafter.release(tokens, session_id)
+
+    def close(self, timeout: float | None = None) -> None:
+        if self._store is not None:
+            self._store.close(timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        if self._store is not None:
+            self._store.flush(timeout)
