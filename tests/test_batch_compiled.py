@@ -20,7 +20,7 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.utils import load_model
 
-from tests.tiny_models import VOCAB
+from tests.tiny_models import VOCAB, hooked_quantized
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="CPU kernels not built/available")
 
@@ -30,13 +30,7 @@ TOKENS = 14
 
 @pytest.fixture(scope="module")
 def qmodels(tiny_llama_dir, tiny_qwen2_dir):
-    out = {}
-    for name, d in (("llama", tiny_llama_dir), ("qwen2", tiny_qwen2_dir)):
-        model = load_model(d)[0]
-        nn.quantize(model, group_size=32, bits=4)
-        assert hook.install(model) > 0
-        out[name] = model
-    return out
+    return {"llama": hooked_quantized(tiny_llama_dir), "qwen2": hooked_quantized(tiny_qwen2_dir)}
 
 
 def _prompts() -> list[list[int]]:

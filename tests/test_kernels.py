@@ -67,7 +67,7 @@ def test_bad_shapes_raise():
 
 
 @needs_ext
-@pytest.mark.parametrize("M", [1, 5, 40])
+@pytest.mark.parametrize("M", [1, 2, 5, 7, 8, 9, 15, 40])  # every multi-row tiling, and dense
 def test_one_and_two_threads_are_bit_identical(M):
     x, wq, s, b, _ = _case(M, 301, 512, 5, 32, seed=M)
     before = kernels.status()["threads"]

@@ -86,23 +86,6 @@ def test_an_odd_number_of_blocks_per_row(bits):
         assert mx.array_equal(kernels.quantized_matmul(x[i : i + 1], wq, s, b, 32, bits)[0], y[i])
 
 
-@pytest.mark.parametrize("M", [1, 2, 7, 8, 9, 15])
-def test_one_and_two_threads_give_the_same_bits(M):
-    wq, s, b = _weights(5, 32, seed=M)
-    x = mx.random.normal((M, K), key=mx.random.key(M))
-    before = kernels.status()["threads"]
-    try:
-        kernels.set_threads(1)
-        one = kernels.quantized_matmul(x, wq, s, b, 32, 5)
-        mx.eval(one)
-        kernels.set_threads(2)
-        two = kernels.quantized_matmul(x, wq, s, b, 32, 5)
-        mx.eval(two)
-    finally:
-        kernels.set_threads(before)
-    assert mx.array_equal(one, two)
-
-
 @pytest.mark.parametrize("isa", ["avx2", "avxvnni"])
 def test_narrower_instruction_sets_keep_rows_independent(isa):
     """AVX2 (maddubs, 4-row tiles) and AVX-VNNI: rows alone = rows among 1..15, and the same

@@ -12,29 +12,20 @@ from engine.generation.generate import decode_step_for, generate_step, prefill
 from engine.generation.kv_cache import make_cache
 from engine.generation.sampling import make_sampler
 from engine.generation.speculation.exact_rows import kernel_rows, max_verify_rows, step_shaped
-from engine.kernels import hook
 from engine.sampling import SamplingParams
 
 import mlx.core as mx
-import mlx.nn as nn
 import pytest
-from mlx_lm.utils import load_model
 
 from tests.test_speculation import PROMPT, Oracle, _spec
-from tests.tiny_models import VOCAB
+from tests.tiny_models import VOCAB, hooked_quantized
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="CPU kernels not built/available")
 
 
 @pytest.fixture(scope="module")
 def qmodels(tiny_llama_dir, tiny_qwen2_dir):
-    out = {}
-    for name, d in (("llama", tiny_llama_dir), ("qwen2", tiny_qwen2_dir)):
-        model = load_model(d)[0]
-        nn.quantize(model, group_size=32, bits=4)
-        assert hook.install(model) > 0
-        out[name] = model
-    return out
+    return {"llama": hooked_quantized(tiny_llama_dir), "qwen2": hooked_quantized(tiny_qwen2_dir)}
 
 
 def test_int8_matmul_rows_do_not_depend_on_the_row_count_below_the_cap():

@@ -122,3 +122,16 @@ def write_profile(path: Path, model_dir: Path, **sections) -> Path:
         data.setdefault(key, {}).update(value)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def hooked_quantized(model_dir: Path):
+    """The model in ``model_dir``, quantized to 4 bits (group 32) and routed to the CPU kernels."""
+    from engine.kernels import hook
+
+    import mlx.nn as nn
+    from mlx_lm.utils import load_model
+
+    model = load_model(model_dir)[0]
+    nn.quantize(model, group_size=32, bits=4)
+    assert hook.install(model) > 0
+    return model
