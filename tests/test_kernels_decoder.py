@@ -1,13 +1,10 @@
 """The decoder-layer primitives (engine/kernels/src/decoder.cpp): ``norm_qkv_rope`` and
 ``attn_out_mlp`` against the single fused ops they replace (bit for bit) and a float64
 reference of the layer, 1 vs 2 threads, mx.compile with an array offset, and the hook's
-routing of llama/qwen2 decoder layers (decode-sized inputs on the CPU only, off with
-MLXTERM_NO_FUSED, bit-identical to the layer op by op: the compiled decode step, a row of a
-batch and a speculative verify forward see the same numbers as before)."""
-
-import os
-import subprocess
-import sys
+routing of llama/qwen2 decoder layers (decode-sized inputs on the CPU only, bit-identical
+to the layer op by op: the compiled decode step, a row of a batch and a speculative verify
+forward see the same numbers as before). The MLXTERM_NO_FUSED switch is tested for the layers
+and the single ops at once in test_kernels_fused."""
 
 from engine import kernels
 from engine.kernels import hook
@@ -306,22 +303,6 @@ def test_routing_rules(fused_on, monkeypatch):
     m2 = _llama(layers=1)
     monkeypatch.setattr(kernels, "available", lambda: False)
     assert hook.install(m2) == 0 and _block_types(m2) == {"TransformerBlock"}
-
-
-@needs_ext
-def test_env_switch_keeps_the_layer_op_by_op():
-    code = (
-        "import mlx.nn as nn\n"
-        "from mlx_lm.models import llama\n"
-        "from engine.kernels import hook\n"
-        "a = llama.ModelArgs(model_type='llama', hidden_size=64, num_hidden_layers=1, intermediate_size=96,"
-        " num_attention_heads=2, rms_norm_eps=1e-5, vocab_size=32)\n"
-        "m = llama.Model(a); nn.quantize(m, group_size=32, bits=4); hook.install(m)\n"
-        "print(type(m.layers[0]).__name__)\n"
-    )
-    env = dict(os.environ, MLXTERM_NO_FUSED="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["TransformerBlock"]
 
 
 @needs_ext

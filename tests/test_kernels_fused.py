@@ -1,6 +1,7 @@
 """The decode step's fused CPU primitives (engine/kernels/src/fused.cpp): RMSNorm and RoPE
 against MLX's own ops and a float64 reference, thread-count independence, mx.compile with an
-array offset (the compiled decode step), the hook routing and its off switch."""
+array offset (the compiled decode step), the hook routing and its off switch (which also keeps
+the decoder layers of test_kernels_decoder op by op)."""
 
 import os
 import subprocess
@@ -185,16 +186,21 @@ def test_hook_leaves_other_dtypes_and_subclasses_to_mlx(monkeypatch):
 
 @needs_ext
 def test_env_switch_keeps_mlx_ops():
+    # MLXTERM_NO_FUSED leaves the single ops (RMSNorm, RoPE) and the decoder layers as MLX has them.
     code = (
         "import mlx.nn as nn\n"
+        "from mlx_lm.models import llama\n"
         "from engine.kernels import hook\n"
         "h = nn.Module(); h.n = nn.RMSNorm(8); h.r = nn.RoPE(8)\n"
+        "a = llama.ModelArgs(model_type='llama', hidden_size=64, num_hidden_layers=1, intermediate_size=96,"
+        " num_attention_heads=2, rms_norm_eps=1e-5, vocab_size=32)\n"
+        "h.m = llama.Model(a); nn.quantize(h.m, group_size=32, bits=4)\n"
         "hook.install(h)\n"
-        "print(type(h.n).__name__, type(h.r).__name__)\n"
+        "print(type(h.n).__name__, type(h.r).__name__, type(h.m.layers[0]).__name__)\n"
     )
     env = dict(os.environ, MLXTERM_NO_FUSED="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["RMSNorm", "RoPE"]
+    assert out.stdout.split() == ["RMSNorm", "RoPE", "TransformerBlock"]
 
 
 def _qlinear(n_out: int, n_in: int, bits: int, seed: int) -> nn.QuantizedLinear:
