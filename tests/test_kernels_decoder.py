@@ -17,16 +17,24 @@ import pytest
 needs_ext = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
 
-def _llama(bits_o: int = 4, bits_down: int = 4, layers: int = 2):
-    from mlx_lm.models import llama
+def _random_model(arch: str, seed: int, layers: int, **args) -> nn.Module:
+    """A random-weight mlx_lm ``arch`` model: 128 wide, 4 query heads, 96 tokens, tied embeddings."""
+    import importlib
 
-    args = llama.ModelArgs(
-        model_type="llama", hidden_size=128, num_hidden_layers=layers, intermediate_size=192,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=96,
-        rope_theta=10000.0, tie_word_embeddings=True,
+    module = importlib.import_module(f"mlx_lm.models.{arch}")
+    margs = module.ModelArgs(
+        model_type=arch, hidden_size=128, num_hidden_layers=layers, num_attention_heads=4,
+        vocab_size=96, tie_word_embeddings=True, **args,
     )
-    mx.random.seed(3)
-    m = llama.Model(args)
+    mx.random.seed(seed)
+    return module.Model(margs)
+
+
+def _llama(bits_o: int = 4, bits_down: int = 4, layers: int = 2):
+    m = _random_model(
+        "llama", 3, layers, intermediate_size=192, num_key_value_heads=2, rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+    )
     nn.quantize(m, group_size=32, bits=4)
     for layer in m.layers:  # mixed formats, as K-quant GGUFs load
         layer.self_attn.o_proj = _requant(layer.self_attn.o_proj, bits_o)
@@ -36,15 +44,10 @@ def _llama(bits_o: int = 4, bits_down: int = 4, layers: int = 2):
 
 
 def _qwen2(layers: int = 2):
-    from mlx_lm.models import qwen2
-
-    args = qwen2.ModelArgs(
-        model_type="qwen2", hidden_size=128, num_hidden_layers=layers, intermediate_size=160,
-        num_attention_heads=4, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=96,
-        rope_theta=1e6, tie_word_embeddings=True,
+    m = _random_model(
+        "qwen2", 4, layers, intermediate_size=160, num_key_value_heads=1, rms_norm_eps=1e-6,
+        rope_theta=1e6,
     )
-    mx.random.seed(4)
-    m = qwen2.Model(args)
     for layer in m.layers:  # q/k/v carry biases in qwen2: give them non-zero values
         for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
             p.bias = mx.random.normal(p.bias.shape) * 0.5
