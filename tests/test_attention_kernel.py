@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.isa_parity import assert_same_under_isa
+from tests.kernel_checks import assert_same_under_isa, on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
@@ -101,16 +101,8 @@ def test_one_and_two_threads_are_bit_identical(shape):
     # Decode at long context splits the keys across tasks and merges: the split must not
     # depend on the thread count.
     q, k, v = _qkv(*shape)
-    before = kernels.status()["threads"]
-    try:
-        kernels.set_threads(1)
-        one = kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
-        mx.eval(one)
-        kernels.set_threads(2)
-        two = kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
-        mx.eval(two)
-    finally:
-        kernels.set_threads(before)
+    one, two = on_one_and_two_threads(
+        lambda: kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3]))
     assert mx.array_equal(one, two)
 
 

@@ -14,6 +14,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from tests.kernel_checks import on_one_and_two_threads
+
 needs_ext = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
 
@@ -242,16 +244,8 @@ def test_threads_and_compile_are_bit_identical(fused_on):
                                  mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         return q, k, v, o
 
-    before = kernels.status()["threads"]
-    outs = []
-    try:
-        for n in (1, 2):
-            kernels.set_threads(n)
-            outs.append(both(x, a, mx.array(9)))
-            mx.eval(outs[-1])
-    finally:
-        kernels.set_threads(before)
-    assert all(mx.array_equal(u, w) for u, w in zip(outs[0], outs[1], strict=True))
+    one, two = on_one_and_two_threads(lambda: both(x, a, mx.array(9)))
+    assert all(mx.array_equal(u, w) for u, w in zip(one, two, strict=True))
     compiled = mx.compile(both)
     for pos in (9, 10, 700):  # one trace serves every position
         got, ref = compiled(x, a, mx.array(pos)), both(x, a, mx.array(pos))
@@ -327,18 +321,10 @@ def test_log_softmax_matches_reference_and_mlx(shape):
 @needs_ext
 def test_log_softmax_rows_threads_compile_and_bad_input():
     x = mx.random.normal((4, 3000), key=mx.random.key(11)) * 4
-    before = kernels.status()["threads"]
-    outs = []
-    try:
-        for n in (1, 2):
-            kernels.set_threads(n)
-            outs.append(kernels.log_softmax(x))
-            mx.eval(outs[-1])
-    finally:
-        kernels.set_threads(before)
-    assert mx.array_equal(outs[0], outs[1])
-    assert mx.array_equal(kernels.log_softmax(x[2:3]), outs[0][2:3])  # a row alone = that row of many
-    assert mx.array_equal(mx.compile(kernels.log_softmax)(x), outs[0])
+    one, two = on_one_and_two_threads(lambda: kernels.log_softmax(x))
+    assert mx.array_equal(one, two)
+    assert mx.array_equal(kernels.log_softmax(x[2:3]), one[2:3])  # a row alone = that row of many
+    assert mx.array_equal(mx.compile(kernels.log_softmax)(x), one)
     with pytest.raises(ValueError):
         kernels.log_softmax(x.astype(mx.float16))
 

@@ -15,6 +15,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from tests.kernel_checks import on_one_and_two_threads
+
 needs_ext = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
 
@@ -111,17 +113,9 @@ def test_rope_bad_input():
 def test_one_and_two_threads_are_bit_identical():
     x = mx.random.normal((1, 9, 300, 64), key=mx.random.key(4))  # enough rows for several chunks
     w = mx.random.normal((64,), key=mx.random.key(5))
-    before = kernels.status()["threads"]
-    outs = []
-    try:
-        for n in (1, 2):
-            kernels.set_threads(n)
-            a, b = kernels.rms_norm(x, w, 1e-5), kernels.rope(x, 64, traditional=False, base=1e4, scale=1.0, offset=9)
-            mx.eval(a, b)
-            outs.append((a, b))
-    finally:
-        kernels.set_threads(before)
-    assert mx.array_equal(outs[0][0], outs[1][0]) and mx.array_equal(outs[0][1], outs[1][1])
+    one, two = on_one_and_two_threads(
+        lambda: (kernels.rms_norm(x, w, 1e-5), kernels.rope(x, 64, traditional=False, base=1e4, scale=1.0, offset=9)))
+    assert mx.array_equal(one[0], two[0]) and mx.array_equal(one[1], two[1])
 
 
 @needs_ext
@@ -234,18 +228,10 @@ def test_quantized_swiglu_matches_its_parts(bits, M, exact):
 def test_quantized_swiglu_threads_compile_and_bad_shapes():
     g, u = _qlinear(300, 128, 4, 3), _qlinear(300, 128, 4, 4)
     x = mx.random.normal((1, 1, 128), key=mx.random.key(5))
-    before = kernels.status()["threads"]
-    outs = []
-    try:
-        for n in (1, 2):
-            kernels.set_threads(n)
-            outs.append(kernels.quantized_swiglu(x, g, u))
-            mx.eval(outs[-1])
-    finally:
-        kernels.set_threads(before)
-    assert mx.array_equal(outs[0], outs[1])
+    one, two = on_one_and_two_threads(lambda: kernels.quantized_swiglu(x, g, u))
+    assert mx.array_equal(one, two)
     compiled = mx.compile(lambda x: kernels.quantized_swiglu(x, g, u))
-    assert mx.array_equal(compiled(x), outs[0]) and mx.array_equal(compiled(x + 1), kernels.quantized_swiglu(x + 1, g, u))
+    assert mx.array_equal(compiled(x), one) and mx.array_equal(compiled(x + 1), kernels.quantized_swiglu(x + 1, g, u))
     with pytest.raises(ValueError):
         kernels.quantized_swiglu(x, g, _qlinear(64, 128, 4, 5))
     with pytest.raises(ValueError):

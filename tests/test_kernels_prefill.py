@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.isa_parity import assert_same_under_isa
+from tests.kernel_checks import assert_same_under_isa
 
 needs_ext = pytest.mark.skipif(not kernels.available(), reason="CPU kernels not built")
 

@@ -1,4 +1,5 @@
-"""Bit-identity of kernel results across instruction sets, for the kernel tests.
+"""Bit-identity checks shared by the kernel tests: across kernel-pool thread counts and across
+instruction sets.
 
 The extension picks its instruction set once per process (``MLXTERM_KERNEL_ISA``), so the
 narrower one runs in a subprocess: it calls the same results function (a module-level function
@@ -13,10 +14,32 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+from engine import kernels
+
+import mlx.core as mx
 import numpy as np
 
+T = TypeVar("T")
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def on_one_and_two_threads(fn: Callable[[], T]) -> tuple[T, T]:
+    """``fn()`` evaluated with the kernel pool at 1 thread, then at 2 (the caller compares the
+    two); the pool's thread count is restored."""
+    before = kernels.status()["threads"]
+    outs = []
+    try:
+        for n in (1, 2):
+            kernels.set_threads(n)
+            out = fn()
+            mx.eval(out)
+            outs.append(out)
+    finally:
+        kernels.set_threads(before)
+    return outs[0], outs[1]
 
 
 def assert_same_under_isa(
