@@ -1,14 +1,15 @@
 """Let finished threads leave the OS before the interpreter finalizes.
 
 ``Thread.join`` returns once the Python side of a thread is done, but the OS thread still runs
-its C++ ``thread_local`` destructors after that. One of MLX's Python binding (its per-thread
-state, such as the random key sequence) takes the GIL to drop a Python reference. If the main
+its C++ ``thread_local`` destructors after that. MLX's Python binding keeps a per-thread random
+key sequence (made by the first draw without an explicit key) whose destructor takes the GIL to
+drop a Python reference, unless the thread ended with ``mx.clear_streams()`` (the engine and
+dictation threads do; asyncio's executor workers and other helper threads cannot). If the main
 thread has begun finalizing meanwhile, taking the GIL ends the thread with ``pthread_exit`` from
 inside that ``noexcept`` destructor: ``std::terminate``, "terminate called without an active
-exception", exit 134. That is how quitting the TUI under load aborted (an engine or executor
-thread that had run MLX work was still in its exit path). So the exit paths take a snapshot of
-the threads before they close them and wait, with the GIL released, for the OS threads of the
-finished ones to be gone before they return to the interpreter.
+exception", exit 134. That is how quitting the TUI under load aborted. So the exit paths take a
+snapshot of the threads before they close them and wait, with the GIL released, for the OS
+threads of the finished ones to be gone before they return to the interpreter.
 """
 
 from __future__ import annotations
