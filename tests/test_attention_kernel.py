@@ -3,16 +3,13 @@
 float32/float16 K/V and odd lengths; key splitting (decode) is thread-count independent; the
 routed mlx_lm attention sends every shape it handles to the kernel; bad input raises."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from engine import kernels
 
 import mlx.core as mx
 import numpy as np
 import pytest
+
+from tests.kernel_checks import assert_same_under_isa, on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
@@ -104,16 +101,8 @@ def test_one_and_two_threads_are_bit_identical(shape):
     # Decode at long context splits the keys across tasks and merges: the split must not
     # depend on the thread count.
     q, k, v = _qkv(*shape)
-    before = kernels.status()["threads"]
-    try:
-        kernels.set_threads(1)
-        one = kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
-        mx.eval(one)
-        kernels.set_threads(2)
-        two = kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
-        mx.eval(two)
-    finally:
-        kernels.set_threads(before)
+    one, two = on_one_and_two_threads(
+        lambda: kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3]))
     assert mx.array_equal(one, two)
 
 
@@ -144,22 +133,7 @@ def _tile_results() -> dict:
 
 def test_prefill_tiles_bit_identical_across_instruction_sets(tmp_path):
     # The AVX-512 tiles (src/attention_avx512.cpp) run the same FMA chains as the AVX2 ones.
-    here = _tile_results()
-    dump = tmp_path / "avx2.npz"
-    code = (
-        "import engine, numpy as np\n"
-        "from engine import kernels\n"
-        "from tests.test_attention_kernel import _tile_results\n"
-        "assert kernels.status()['isa'] == 'avx2', kernels.status()\n"
-        f"np.savez({str(dump)!r}, **_tile_results())\n"
-    )
-    env = dict(os.environ, MLXTERM_KERNEL_ISA="avx2", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    avx2 = np.load(dump)
-    assert sorted(avx2.files) == sorted(here)
-    for key, y in here.items():
-        np.testing.assert_array_equal(y, avx2[key], err_msg=key)
+    assert_same_under_isa(_tile_results, tmp_path)
 
 
 def test_back_to_back_pool_jobs_of_different_sizes():

@@ -88,6 +88,15 @@ def _solo(eng, spec: dict) -> Done:
     return done
 
 
+def _streaming(handle, deltas: int = 1):
+    """Wait until ``handle`` has streamed ``deltas`` pieces of text; returns its event iterator."""
+    it = iter(handle)
+    for _ in range(deltas):
+        while not isinstance(next(it), TextDelta):
+            pass
+    return it
+
+
 def _stream(handle) -> tuple[str, Done, list]:
     text, done, events = [], None, []
     for ev in handle:
@@ -126,9 +135,7 @@ def test_mixed_batch_rows_match_their_solo_runs(engines):
     handles = [eng.submit(_request(eng, spec)) for spec in specs]
     doomed = eng.submit(_request(eng, long_spec))
     # Wait until the batch streams, then a restored row joins and a row is cancelled.
-    it = iter(handles[0])
-    while not isinstance(next(it), TextDelta):
-        pass
+    _streaming(handles[0])
     joiner = eng.submit(_request(eng, follow, session_id="s1"))
     seen = 0
     for ev in doomed:
@@ -220,9 +227,7 @@ def test_priorities_order_admission(tmp_path, tiny_llama_dir):
     with _engine(tmp_path, tiny_llama_dir, "cap1", batch={"cap": 1}) as eng:
         s = eng.sampling
         blocker = eng.submit(GenerationRequest(_prompt(eng, "block"), s(max_tokens=400), constraint=NoEos(eng)))
-        it = iter(blocker)
-        while not isinstance(next(it), TextDelta):
-            pass
+        _streaming(blocker)
         order = []
         handles = {}
         for name, prio in (("bg", Priority.BACKGROUND), ("agent", Priority.AGENT), ("chat", Priority.INTERACTIVE)):
@@ -249,9 +254,7 @@ def test_kv_budget_makes_a_request_wait_not_fail(tmp_path, tiny_llama_dir):
     with _engine(tmp_path, tiny_llama_dir, "budget", batch={"kv_budget": 240 * 1024}) as eng:
         p = _prompt(eng, "budget")
         a = eng.submit(GenerationRequest(p, eng.sampling(max_tokens=400), constraint=NoEos(eng)))
-        it = iter(a)
-        while not isinstance(next(it), TextDelta):
-            pass
+        _streaming(a)
         b = eng.submit(GenerationRequest(p, eng.sampling(max_tokens=80)))
         first = next(iter(b))
         assert isinstance(first, Queued) and "memory" in first.reason
@@ -308,10 +311,7 @@ def test_sliding_window_rows_batch_and_match_solo_runs(tmp_path, tiny_gemma_dir)
         refs = [_solo(solo, s) for s in specs]
         assert len(refs[0].completion_token_ids) == 60
         first = eng.submit(_request(eng, specs[0]))
-        it = iter(first)
-        for _ in range(3):  # the first row streams in the serial lane
-            while not isinstance(next(it), TextDelta):
-                pass
+        _streaming(first, 3)  # the first row streams in the serial lane
         handles = [first] + [eng.submit(_request(eng, s)) for s in specs[1:]]
         for h, ref in zip(handles, refs, strict=True):
             done = h.result(60)
@@ -358,9 +358,7 @@ async def test_status_bar_counts_requests_sharing_the_engine(tiny_profile):
         params = eng.sampling(max_tokens=400, temperature=1.0, seed=2)
         handles = [eng.submit(GenerationRequest(_prompt(eng, f"bg {i}"), params)) for i in range(3)]
         for h in handles:  # all three are decoding
-            it = iter(h)
-            while not isinstance(next(it), TextDelta):
-                pass
+            _streaming(h)
         bar.refresh_shared()
         assert str(label.render()).strip() == "3 requests share the engine"
         for h in handles:
@@ -481,9 +479,7 @@ def test_a_chat_turn_joining_background_rows_gets_its_first_token_from_its_own_f
             for i in range(2)
         ]
         for h in bg:
-            it = iter(h)
-            while not isinstance(next(it), TextDelta):
-                pass
+            _streaming(h)
         one_token_feeds.clear()
         done = eng.submit(_request(eng, chat, priority=Priority.INTERACTIVE)).result(60)
         for h in bg:

@@ -14,7 +14,7 @@ from engine.serving.events import TextDelta
 
 import pytest
 
-from tests.test_batch import _prompt, _request
+from tests.test_batch import _prompt, _request, _streaming
 
 TASKS = Path(__file__).resolve().parent.parent / "assets" / "tasks"
 
@@ -64,9 +64,7 @@ def test_smollm2_mixed_batch_matches_solo_runs(smol_pair):
 
     handles = [eng.submit(_request(eng, spec)) for spec in specs]
     doomed = eng.submit(_request(eng, doomed_spec))
-    it = iter(handles[0])
-    while not isinstance(next(it), TextDelta):
-        pass
+    _streaming(handles[0])
     joiner = eng.submit(_request(eng, follow, session_id="e2e"))
     seen = 0
     for ev in doomed:

@@ -13,6 +13,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from tests.kernel_checks import on_one_and_two_threads
+
 needs_ext = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
 
@@ -70,16 +72,7 @@ def test_bad_shapes_raise():
 @pytest.mark.parametrize("M", [1, 2, 5, 7, 8, 9, 15, 40])  # every multi-row tiling, and dense
 def test_one_and_two_threads_are_bit_identical(M):
     x, wq, s, b, _ = _case(M, 301, 512, 5, 32, seed=M)
-    before = kernels.status()["threads"]
-    try:
-        kernels.set_threads(1)
-        one = kernels.quantized_matmul(x, wq, s, b, 32, 5)
-        mx.eval(one)
-        kernels.set_threads(2)
-        two = kernels.quantized_matmul(x, wq, s, b, 32, 5)
-        mx.eval(two)
-    finally:
-        kernels.set_threads(before)
+    one, two = on_one_and_two_threads(lambda: kernels.quantized_matmul(x, wq, s, b, 32, 5))
     assert mx.array_equal(one, two)
 
 

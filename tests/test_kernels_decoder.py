@@ -1,13 +1,10 @@
 """The decoder-layer primitives (engine/kernels/src/decoder.cpp): ``norm_qkv_rope`` and
 ``attn_out_mlp`` against the single fused ops they replace (bit for bit) and a float64
 reference of the layer, 1 vs 2 threads, mx.compile with an array offset, and the hook's
-routing of llama/qwen2 decoder layers (decode-sized inputs on the CPU only, off with
-MLXTERM_NO_FUSED, bit-identical to the layer op by op: the compiled decode step, a row of a
-batch and a speculative verify forward see the same numbers as before)."""
-
-import os
-import subprocess
-import sys
+routing of llama/qwen2 decoder layers (decode-sized inputs on the CPU only, bit-identical
+to the layer op by op: the compiled decode step, a row of a batch and a speculative verify
+forward see the same numbers as before). The MLXTERM_NO_FUSED switch is tested for the layers
+and the single ops at once in test_kernels_fused."""
 
 from engine import kernels
 from engine.kernels import hook
@@ -17,19 +14,29 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from tests.kernel_checks import on_one_and_two_threads
+
 needs_ext = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
 
-def _llama(bits_o: int = 4, bits_down: int = 4, layers: int = 2):
-    from mlx_lm.models import llama
+def _random_model(arch: str, seed: int, layers: int, **args) -> nn.Module:
+    """A random-weight mlx_lm ``arch`` model: 128 wide, 4 query heads, 96 tokens, tied embeddings."""
+    import importlib
 
-    args = llama.ModelArgs(
-        model_type="llama", hidden_size=128, num_hidden_layers=layers, intermediate_size=192,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=96,
-        rope_theta=10000.0, tie_word_embeddings=True,
+    module = importlib.import_module(f"mlx_lm.models.{arch}")
+    margs = module.ModelArgs(
+        model_type=arch, hidden_size=128, num_hidden_layers=layers, num_attention_heads=4,
+        vocab_size=96, tie_word_embeddings=True, **args,
     )
-    mx.random.seed(3)
-    m = llama.Model(args)
+    mx.random.seed(seed)
+    return module.Model(margs)
+
+
+def _llama(bits_o: int = 4, bits_down: int = 4, layers: int = 2):
+    m = _random_model(
+        "llama", 3, layers, intermediate_size=192, num_key_value_heads=2, rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+    )
     nn.quantize(m, group_size=32, bits=4)
     for layer in m.layers:  # mixed formats, as K-quant GGUFs load
         layer.self_attn.o_proj = _requant(layer.self_attn.o_proj, bits_o)
@@ -39,15 +46,10 @@ def _llama(bits_o: int = 4, bits_down: int = 4, layers: int = 2):
 
 
 def _qwen2(layers: int = 2):
-    from mlx_lm.models import qwen2
-
-    args = qwen2.ModelArgs(
-        model_type="qwen2", hidden_size=128, num_hidden_layers=layers, intermediate_size=160,
-        num_attention_heads=4, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=96,
-        rope_theta=1e6, tie_word_embeddings=True,
+    m = _random_model(
+        "qwen2", 4, layers, intermediate_size=160, num_key_value_heads=1, rms_norm_eps=1e-6,
+        rope_theta=1e6,
     )
-    mx.random.seed(4)
-    m = qwen2.Model(args)
     for layer in m.layers:  # q/k/v carry biases in qwen2: give them non-zero values
         for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
             p.bias = mx.random.normal(p.bias.shape) * 0.5
@@ -242,16 +244,8 @@ def test_threads_and_compile_are_bit_identical(fused_on):
                                  mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         return q, k, v, o
 
-    before = kernels.status()["threads"]
-    outs = []
-    try:
-        for n in (1, 2):
-            kernels.set_threads(n)
-            outs.append(both(x, a, mx.array(9)))
-            mx.eval(outs[-1])
-    finally:
-        kernels.set_threads(before)
-    assert all(mx.array_equal(u, w) for u, w in zip(outs[0], outs[1], strict=True))
+    one, two = on_one_and_two_threads(lambda: both(x, a, mx.array(9)))
+    assert all(mx.array_equal(u, w) for u, w in zip(one, two, strict=True))
     compiled = mx.compile(both)
     for pos in (9, 10, 700):  # one trace serves every position
         got, ref = compiled(x, a, mx.array(pos)), both(x, a, mx.array(pos))
@@ -309,22 +303,6 @@ def test_routing_rules(fused_on, monkeypatch):
 
 
 @needs_ext
-def test_env_switch_keeps_the_layer_op_by_op():
-    code = (
-        "import mlx.nn as nn\n"
-        "from mlx_lm.models import llama\n"
-        "from engine.kernels import hook\n"
-        "a = llama.ModelArgs(model_type='llama', hidden_size=64, num_hidden_layers=1, intermediate_size=96,"
-        " num_attention_heads=2, rms_norm_eps=1e-5, vocab_size=32)\n"
-        "m = llama.Model(a); nn.quantize(m, group_size=32, bits=4); hook.install(m)\n"
-        "print(type(m.layers[0]).__name__)\n"
-    )
-    env = dict(os.environ, MLXTERM_NO_FUSED="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["TransformerBlock"]
-
-
-@needs_ext
 @pytest.mark.parametrize("shape", [(1, 49152), (3, 1000), (2, 5, 37), (1, 7)])
 def test_log_softmax_matches_reference_and_mlx(shape):
     x = mx.random.normal(shape, key=mx.random.key(len(shape))) * 6
@@ -343,18 +321,10 @@ def test_log_softmax_matches_reference_and_mlx(shape):
 @needs_ext
 def test_log_softmax_rows_threads_compile_and_bad_input():
     x = mx.random.normal((4, 3000), key=mx.random.key(11)) * 4
-    before = kernels.status()["threads"]
-    outs = []
-    try:
-        for n in (1, 2):
-            kernels.set_threads(n)
-            outs.append(kernels.log_softmax(x))
-            mx.eval(outs[-1])
-    finally:
-        kernels.set_threads(before)
-    assert mx.array_equal(outs[0], outs[1])
-    assert mx.array_equal(kernels.log_softmax(x[2:3]), outs[0][2:3])  # a row alone = that row of many
-    assert mx.array_equal(mx.compile(kernels.log_softmax)(x), outs[0])
+    one, two = on_one_and_two_threads(lambda: kernels.log_softmax(x))
+    assert mx.array_equal(one, two)
+    assert mx.array_equal(kernels.log_softmax(x[2:3]), one[2:3])  # a row alone = that row of many
+    assert mx.array_equal(mx.compile(kernels.log_softmax)(x), one)
     with pytest.raises(ValueError):
         kernels.log_softmax(x.astype(mx.float16))
 

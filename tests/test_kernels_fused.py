@@ -1,6 +1,7 @@
 """The decode step's fused CPU primitives (engine/kernels/src/fused.cpp): RMSNorm and RoPE
 against MLX's own ops and a float64 reference, thread-count independence, mx.compile with an
-array offset (the compiled decode step), the hook routing and its off switch."""
+array offset (the compiled decode step), the hook routing and its off switch (which also keeps
+the decoder layers of test_kernels_decoder op by op)."""
 
 import os
 import subprocess
@@ -13,6 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+
+from tests.kernel_checks import on_one_and_two_threads
 
 needs_ext = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
@@ -110,17 +113,9 @@ def test_rope_bad_input():
 def test_one_and_two_threads_are_bit_identical():
     x = mx.random.normal((1, 9, 300, 64), key=mx.random.key(4))  # enough rows for several chunks
     w = mx.random.normal((64,), key=mx.random.key(5))
-    before = kernels.status()["threads"]
-    outs = []
-    try:
-        for n in (1, 2):
-            kernels.set_threads(n)
-            a, b = kernels.rms_norm(x, w, 1e-5), kernels.rope(x, 64, traditional=False, base=1e4, scale=1.0, offset=9)
-            mx.eval(a, b)
-            outs.append((a, b))
-    finally:
-        kernels.set_threads(before)
-    assert mx.array_equal(outs[0][0], outs[1][0]) and mx.array_equal(outs[0][1], outs[1][1])
+    one, two = on_one_and_two_threads(
+        lambda: (kernels.rms_norm(x, w, 1e-5), kernels.rope(x, 64, traditional=False, base=1e4, scale=1.0, offset=9)))
+    assert mx.array_equal(one[0], two[0]) and mx.array_equal(one[1], two[1])
 
 
 @needs_ext
@@ -185,16 +180,21 @@ def test_hook_leaves_other_dtypes_and_subclasses_to_mlx(monkeypatch):
 
 @needs_ext
 def test_env_switch_keeps_mlx_ops():
+    # MLXTERM_NO_FUSED leaves the single ops (RMSNorm, RoPE) and the decoder layers as MLX has them.
     code = (
         "import mlx.nn as nn\n"
+        "from mlx_lm.models import llama\n"
         "from engine.kernels import hook\n"
         "h = nn.Module(); h.n = nn.RMSNorm(8); h.r = nn.RoPE(8)\n"
+        "a = llama.ModelArgs(model_type='llama', hidden_size=64, num_hidden_layers=1, intermediate_size=96,"
+        " num_attention_heads=2, rms_norm_eps=1e-5, vocab_size=32)\n"
+        "h.m = llama.Model(a); nn.quantize(h.m, group_size=32, bits=4)\n"
         "hook.install(h)\n"
-        "print(type(h.n).__name__, type(h.r).__name__)\n"
+        "print(type(h.n).__name__, type(h.r).__name__, type(h.m.layers[0]).__name__)\n"
     )
     env = dict(os.environ, MLXTERM_NO_FUSED="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["RMSNorm", "RoPE"]
+    assert out.stdout.split() == ["RMSNorm", "RoPE", "TransformerBlock"]
 
 
 def _qlinear(n_out: int, n_in: int, bits: int, seed: int) -> nn.QuantizedLinear:
@@ -228,18 +228,10 @@ def test_quantized_swiglu_matches_its_parts(bits, M, exact):
 def test_quantized_swiglu_threads_compile_and_bad_shapes():
     g, u = _qlinear(300, 128, 4, 3), _qlinear(300, 128, 4, 4)
     x = mx.random.normal((1, 1, 128), key=mx.random.key(5))
-    before = kernels.status()["threads"]
-    outs = []
-    try:
-        for n in (1, 2):
-            kernels.set_threads(n)
-            outs.append(kernels.quantized_swiglu(x, g, u))
-            mx.eval(outs[-1])
-    finally:
-        kernels.set_threads(before)
-    assert mx.array_equal(outs[0], outs[1])
+    one, two = on_one_and_two_threads(lambda: kernels.quantized_swiglu(x, g, u))
+    assert mx.array_equal(one, two)
     compiled = mx.compile(lambda x: kernels.quantized_swiglu(x, g, u))
-    assert mx.array_equal(compiled(x), outs[0]) and mx.array_equal(compiled(x + 1), kernels.quantized_swiglu(x + 1, g, u))
+    assert mx.array_equal(compiled(x), one) and mx.array_equal(compiled(x + 1), kernels.quantized_swiglu(x + 1, g, u))
     with pytest.raises(ValueError):
         kernels.quantized_swiglu(x, g, _qlinear(64, 128, 4, 5))
     with pytest.raises(ValueError):

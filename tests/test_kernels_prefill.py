@@ -2,16 +2,14 @@
 results to the AVX2 6x16 one (same FMA chain per output element), for every bit width, row
 remainder, partial panel and K-block split; both match dequantize + matmul."""
 
-import os
-import subprocess
-import sys
-
 import engine  # noqa: F401
 from engine import kernels
 
 import mlx.core as mx
 import numpy as np
 import pytest
+
+from tests.kernel_checks import assert_same_under_isa
 
 needs_ext = pytest.mark.skipif(not kernels.available(), reason="CPU kernels not built")
 
@@ -36,19 +34,4 @@ def _results(bits_list=(4, 5, 8)) -> dict[str, np.ndarray]:
 
 @needs_ext
 def test_panel_path_bit_identical_across_instruction_sets(tmp_path):
-    here = _results()
-    dump = tmp_path / "avx2.npz"
-    code = (
-        "import engine, sys, numpy as np\n"
-        "from engine import kernels\n"
-        "from tests.test_kernels_prefill import _results\n"
-        "assert kernels.status()['isa'] == 'avx2', kernels.status()\n"
-        f"np.savez({str(dump)!r}, **_results())\n"
-    )
-    env = dict(os.environ, MLXTERM_KERNEL_ISA="avx2")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    avx2 = np.load(dump)
-    assert sorted(avx2.files) == sorted(here)
-    for key, y in here.items():
-        np.testing.assert_array_equal(y, avx2[key], err_msg=key)
+    assert_same_under_isa(_results, tmp_path)

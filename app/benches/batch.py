@@ -7,12 +7,13 @@ batched, serial per round (medians over runs):
   batched  submit all N at once; they decode together (engine.serving.scheduler)
 Every prompt carries a fresh nonce so no arm reuses another's checkpoint. Reported per arm:
 aggregate tok/s = completion tokens of all N / wall time from first submit to last Done
-(prefill included); batched_traces = how often the compiled batched step was traced so
-far for the model (once per rows x buffer-length shape, not per step); CPU ms per token (this process's CPU time over the arm / its tokens:
-less sensitive than wall time to other processes on a shared machine); aggregate decode tok/s = tokens after each request's first / the time at
-least one request was past its first token (so prefill before any stream is left out);
-per-request TTFT and inter-token latency (client side: first streamed
-text to Done over the tokens in between). Then the interactive check: the TTFT of a short
+(prefill included); CPU ms per token (this process's CPU time over the arm / its tokens: less
+sensitive than wall time to other processes on a shared machine); aggregate decode tok/s =
+tokens after each request's first / the time at least one request was past its first token
+(so prefill before any stream is left out); per-request TTFT and inter-token latency (client
+side: first streamed text to Done over the tokens in between). Per row, batched_traces = how
+often the compiled batched step was traced so far for the model (once per rows x
+buffer-length shape, not per step). Then the interactive check: the TTFT of a short
 chat request submitted while cap-1 background rows decode, vs the same request on an idle
 engine.
 """

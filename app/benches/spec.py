@@ -23,6 +23,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 STORY = "Write a short story (about 200 words) about a lighthouse keeper who finds a message in a bottle."
 CODE = ("Write a Python function `column_means(path)` that reads a CSV file with a header row and "
@@ -220,23 +221,24 @@ def run(args) -> dict:
                     "load_average": os.getloadavg(), "rounds": args.rounds, "scenarios": {}, "curves": {}}
     table = ["| scenario | profile | tokens | plain tok/s | spec tok/s | speedup | acceptance | mean accepted | identical |",
              "|---|---|---|---|---|---|---|---|---|"]
-    jobs = [(args.profile, None, args.max_tokens)] if args.profile else []
+    # (profile, its scenarios' prompts, tokens per reply, whether to measure its verify curve)
+    jobs: list[tuple[str, Callable[[Engine], dict[str, list[int]]], int, bool]] = []
+    if args.profile:
+        jobs.append((args.profile, lambda eng: scenarios(eng, args.max_tokens), args.max_tokens, True))
     if args.edit_profile:
-        jobs.append((args.edit_profile, "copy_edit_file_step_copying_model", args.max_tokens))
+        jobs.append((args.edit_profile, lambda eng: {"copy_edit_file_step_copying_model": edit_step_prompt(eng)},
+                     args.max_tokens, False))
     if args.pair_profile:
-        jobs.append((args.pair_profile, "code_generation_pair", args.pair_max_tokens))
-    for profile, only, max_tokens in jobs:
+        jobs.append((args.pair_profile,
+                     lambda eng: {"code_generation_pair": eng.chat_prompt([{"role": "user", "content": CODE}])},
+                     args.pair_max_tokens, True))
+    for profile, prompts_of, max_tokens, curve in jobs:
         eng = Engine.load(profile)
         try:
-            if only != "copy_edit_file_step_copying_model":
+            if curve:
                 result["curves"][profile] = {"model": eng.model_name, "weights": eng.weight_format,
                                              **verify_curve(eng, rows)}
-            if only == "code_generation_pair":
-                prompts = {only: eng.chat_prompt([{"role": "user", "content": CODE}])}
-            elif only:
-                prompts = {only: edit_step_prompt(eng)}
-            else:
-                prompts = scenarios(eng, max_tokens)
+            prompts = prompts_of(eng)
             for name, prompt in prompts.items():
                 r = compare(eng, prompt, max_tokens, args.rounds)
                 r["profile"] = profile

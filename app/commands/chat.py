@@ -33,22 +33,4 @@ def run(args) -> int:
         return run_plain(args.profile, args.session)
     from app.tui.app import run_tui
 
-    return _exit_after_teardown(run_tui(args.profile, args.session))
-
-
-def _exit_after_teardown(code: int) -> int:
-    """End the process once the TUI has shut down: engine threads closed, stores committed,
-    checkpoints flushed (``MlxtermApp.on_unmount``), then the atexit handlers. The C++ static
-    teardown that would follow can abort the process ("terminate called without an active
-    exception", exit 134) when a thread that ran MLX work is still alive -- seen under load on
-    quit -- so it is skipped: nothing is left for it to save."""
-    import atexit
-    import logging
-    import os
-    import sys
-
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return run_tui(args.profile, args.session)

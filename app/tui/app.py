@@ -8,6 +8,7 @@ the engine factory (tests run agent mode on ``agents.scripted.ScriptedEngine``).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import WorkerFailed
 
+from app.threads import wait_for_os_exit
 from app.tui import logs, settings
 from app.tui.board import BoardService
 from app.tui.controller import ChatController
@@ -65,6 +67,7 @@ class MlxtermApp(App[int]):
         self.memory_probe = memory_probe
         self.autoload = autoload
         self.crash_message: str | None = None
+        self.threads_at_exit: list[threading.Thread] = []  # see on_unmount
 
     def on_mount(self) -> None:
         theme = self.settings.get("theme", settings.DARK)
@@ -96,6 +99,9 @@ class MlxtermApp(App[int]):
         return None
 
     async def on_unmount(self) -> None:
+        # The threads to see out of the OS before the interpreter finalizes (run_tui,
+        # app.threads): the engines' closed here, asyncio's executor workers joined after.
+        self.threads_at_exit = threading.enumerate()
         self.board.close()  # cancels running cards (they are requeued as resumable)
         self.controller.close()  # stops the engine thread (cancels nothing: replies are done)
 
@@ -148,6 +154,7 @@ def run_tui(profile: str | None = None, session_id: str | None = None) -> int:
         code = app.run()
     finally:
         restore()
+    wait_for_os_exit(app.threads_at_exit)
     if app.crash_message:
         print(f"mlxterm: {app.crash_message}", file=sys.stderr)
         return 1

@@ -9,11 +9,13 @@ The session id goes to stderr so ``--session ID`` can continue the chat later.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TextIO
 
 from engine.errors import MlxtermError
 from engine.serving.events import ReasoningDelta, TextDelta
 
+from app.threads import wait_for_os_exit
 from app.tui.controller import ChatController
 from app.tui.format import clean, done_meta, turn_summary
 from app.tui.slash import SLASH_COMMANDS, literal, parse_slash
@@ -117,7 +119,9 @@ def run_plain(profile: str | None, session_id: str | None, stdin: TextIO | None 
         if chat.session_id:
             chat.note(f"session {chat.session_id} (continue with: mlxterm chat --session "
                       f"{chat.session_id})")
+        threads = threading.enumerate()
         controller.close()
+        wait_for_os_exit(threads)  # the engine thread out of the OS before finalizing (app.threads)
     return 0
 
 
