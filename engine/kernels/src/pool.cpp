@@ -1,5 +1,6 @@
 #include "pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <sched.h>
 
@@ -8,7 +9,14 @@ namespace mlxterm {
 namespace {
 // How long an idle worker spins before sleeping. Measured: past ~20 us a spinning worker
 // competes with the thread that runs the ops between two matmuls (norms, RoPE, softmax).
-constexpr auto kSpin = std::chrono::microseconds(20);
+// MLXTERM_POOL_SPIN_US overrides it (A/B measurements).
+std::chrono::microseconds spin_time() {
+  static const auto us = [] {
+    const char* env = std::getenv("MLXTERM_POOL_SPIN_US");
+    return std::chrono::microseconds(env ? std::max(0, std::atoi(env)) : 20);
+  }();
+  return us;
+}
 
 int default_threads() {
   if (const char* env = std::getenv("MLXTERM_KERNEL_THREADS")) {
@@ -94,6 +102,7 @@ void Pool::run(int n_chunks, const std::function<void(int)>& fn) {
 
 void Pool::worker() {
   uint64_t seen = 0;
+  const auto spin = spin_time();
   for (;;) {
     auto t0 = std::chrono::steady_clock::now();
     uint64_t gen;
@@ -102,7 +111,7 @@ void Pool::worker() {
       gen = ticket_.load(std::memory_order_acquire) >> 32;
       if (gen != seen || quit_.load(std::memory_order_relaxed)) break;
       _mm_pause();
-      if ((++spins & 63) == 0 && std::chrono::steady_clock::now() - t0 > kSpin) {
+      if ((++spins & 63) == 0 && std::chrono::steady_clock::now() - t0 > spin) {
         std::unique_lock<std::mutex> lk(mu_);
         sleepers_.fetch_add(1, std::memory_order_acq_rel);
         cv_.wait(lk, [&] {
