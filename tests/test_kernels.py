@@ -85,7 +85,8 @@ def test_half_scales_only_when_exact_and_while_current():
     lin.scales, lin.biases = _half_exact(lin.scales), _half_exact(lin.biases)
     assert kernels.half_scales(lin)
     w, s, b = kernels.qparams(lin)
-    assert s.dtype == b.dtype == mx.float16 and mx.array_equal(s.astype(mx.float32), lin.scales).item()
+    assert s.dtype == b.dtype == mx.float16
+    assert mx.array_equal(s.astype(mx.float32), lin.scales).item()
     assert "_kernel_half" not in dict(nn.utils.tree_flatten(lin.parameters()))  # not a parameter
     lin.scales = lin.scales * 2  # new weights: the stale copies are not used
     assert kernels.qparams(lin)[1] is lin.scales

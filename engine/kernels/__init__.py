@@ -204,7 +204,8 @@ def half_scales(lin: Any) -> bool:
     if b is None or s.dtype != mx.float32 or b.dtype != mx.float32:
         return False
     s16, b16 = s.astype(mx.float16), b.astype(mx.float16)
-    if not (mx.array_equal(s16.astype(mx.float32), s) and mx.array_equal(b16.astype(mx.float32), b)).item():
+    same = mx.array_equal(s16.astype(mx.float32), s) and mx.array_equal(b16.astype(mx.float32), b)
+    if not same.item():
         return False
     mx.eval(s16, b16)
     object.__setattr__(lin, "_kernel_half", (s, b, s16, b16))  # not a parameter
