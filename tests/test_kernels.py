@@ -45,6 +45,55 @@ def test_quantized_matmul_matches_dequantize_matmul(bits, gs, M):
     assert _rel(fast, ref) < (1e-6 if M >= 16 else 1.5e-2)
 
 
+def _half_exact(a: mx.array) -> mx.array:
+    return a.astype(mx.float16).astype(mx.float32)
+
+
+@needs_ext
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("M", [1, 8, 15, 16, 33])
+def test_float16_scales_give_the_float32_bits(bits, M):
+    """float16 scales/biases (read as such by the decode path, widened by the others) are
+    the same numbers as their float32 values, so every path gives the same bits."""
+    x, wq, s, b, _ = _case(M, 75, 320, bits, 32, seed=bits + M)
+    s, b = _half_exact(s), _half_exact(b)
+    s16, b16 = s.astype(mx.float16), b.astype(mx.float16)
+    for exact in (False, True):
+        y32 = kernels.quantized_matmul(x, wq, s, b, 32, bits, exact)
+        y16 = kernels.quantized_matmul(x, wq, s16, b16, 32, bits, exact)
+        assert mx.array_equal(y32, y16).item(), (bits, M, exact)
+
+
+@needs_ext
+@pytest.mark.parametrize("M", [1, 5, 20])
+def test_float16_scales_in_the_fused_swiglu(M):
+    gate = nn.QuantizedLinear(256, 96, bias=False, group_size=32, bits=4)
+    up = nn.QuantizedLinear(256, 96, bias=False, group_size=32, bits=4)
+    for lin in (gate, up):
+        lin.scales, lin.biases = _half_exact(lin.scales), _half_exact(lin.biases)
+    x = mx.random.normal((M, 256), key=mx.random.key(M))
+    ref = [kernels.quantized_swiglu(x, gate, up, exact) for exact in (False, True)]
+    assert kernels.half_scales(gate) and kernels.half_scales(up)
+    assert kernels.qparams(gate)[1].dtype == mx.float16
+    for exact, r in zip((False, True), ref, strict=True):
+        assert mx.array_equal(kernels.quantized_swiglu(x, gate, up, exact), r).item()
+
+
+@needs_ext
+def test_half_scales_only_when_exact_and_while_current():
+    lin = nn.QuantizedLinear(128, 40, group_size=32, bits=4)
+    assert not kernels.half_scales(lin)  # random float32 scales do not fit float16
+    assert kernels.qparams(lin)[1].dtype == mx.float32
+    lin.scales, lin.biases = _half_exact(lin.scales), _half_exact(lin.biases)
+    assert kernels.half_scales(lin)
+    w, s, b = kernels.qparams(lin)
+    assert s.dtype == b.dtype == mx.float16
+    assert mx.array_equal(s.astype(mx.float32), lin.scales).item()
+    assert "_kernel_half" not in dict(nn.utils.tree_flatten(lin.parameters()))  # not a parameter
+    lin.scales = lin.scales * 2  # new weights: the stale copies are not used
+    assert kernels.qparams(lin)[1] is lin.scales
+
+
 @needs_ext
 def test_batched_and_non_contiguous_inputs():
     x, wq, s, b, _ = _case(6, 40, 256, 4, 32)
@@ -239,6 +288,7 @@ def test_narrower_instruction_sets_agree(isa):
     """The AVX2-only (maddubs) and AVX-VNNI paths, as CPUs without AVX512-VNNI run them."""
     code = (
         "import engine, sys\n"
+        "import mlx.core as mx\n"
         "from engine import kernels\n"
         "from tests.test_kernels import _case, _rel\n"
         "print(kernels.status()['isa'])\n"
@@ -248,6 +298,10 @@ def test_narrower_instruction_sets_agree(isa):
         "        e = kernels.quantized_matmul(x, wq, s, b, 64, bits, exact=True)\n"
         "        f = kernels.quantized_matmul(x, wq, s, b, 64, bits)\n"
         "        assert _rel(e, ref) < 1e-6 and _rel(f, ref) < 1.5e-2, (bits, M, _rel(f, ref))\n"
+        "        h = [a.astype(mx.float16) for a in (s, b)]\n"
+        "        s, b = [a.astype(mx.float32) for a in h]\n"
+        "        f = kernels.quantized_matmul(x, wq, s, b, 64, bits)\n"
+        "        assert mx.array_equal(kernels.quantized_matmul(x, wq, *h, 64, bits), f).item()\n"
     )
     env = dict(os.environ, MLXTERM_KERNEL_ISA=isa)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

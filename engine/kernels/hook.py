@@ -43,7 +43,7 @@ def _fits(m: nn.Module, K: int) -> bool:
 
 
 def _matmul(m: nn.Module, x: mx.array) -> mx.array:
-    y = kernels.quantized_matmul(x, m["weight"], m["scales"], m["biases"], m.group_size, m.bits)
+    y = kernels.quantized_matmul(x, *kernels.qparams(m), m.group_size, m.bits)
     return y if x.dtype == mx.float32 else y.astype(x.dtype)
 
 
@@ -196,9 +196,11 @@ def install(model: nn.Module) -> int:
     for _, m in model.named_modules():
         if type(m) is nn.QuantizedLinear:
             m.__class__ = KernelQuantizedLinear
+            kernels.half_scales(m)
             n += 1
         elif type(m) is nn.QuantizedEmbedding:
             m.__class__ = KernelQuantizedEmbedding
+            kernels.half_scales(m)
             n += 1
         elif fused and type(m) in _FUSED:  # exact types: subclasses (Gemma's norm) differ
             m.__class__ = _FUSED[type(m)]

@@ -42,8 +42,8 @@ mx::array f32c(const mx::array& a, mx::Stream st) {
 
 void push_weight(std::vector<mx::array>& in, const QWeight& q, mx::Stream st) {
   in.push_back(mx::contiguous(q.w, false, st));
-  in.push_back(f32c(q.scales, st));
-  in.push_back(f32c(q.biases, st));
+  in.push_back(qmm_scales(q.scales, q.biases, st));
+  in.push_back(qmm_scales(q.biases, q.scales, st));
 }
 
 QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_size, int bits,
@@ -54,8 +54,14 @@ QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_
   p.K = K;
   p.N = w3[0].shape(0);
   p.w = w3[0].data<uint8_t>();
-  p.scales = w3[1].data<float>();
-  p.biases = w3[2].data<float>();
+  if (w3[1].dtype() == mx::float16) {
+    p.scales = p.biases = nullptr;
+    p.scales16 = w3[1].data<uint16_t>();
+    p.biases16 = w3[2].data<uint16_t>();
+  } else {
+    p.scales = w3[1].data<float>();
+    p.biases = w3[2].data<float>();
+  }
   p.group_size = group_size;
   p.bits = bits;
   p.out = out;

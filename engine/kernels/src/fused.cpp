@@ -200,6 +200,12 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
     });
     return;
   }
+  // The exact kernel reads float32 scales only (the int8 one takes float16 as they are).
+  thread_local std::vector<float> wide_g, wide_u;
+  if (exact) {
+    pg = f32_scales(pg, wide_g);
+    pu = f32_scales(pu, wide_u);
+  }
   // One x preparation for both matmuls (same K and group size).
   thread_local PreparedX px;
   prepare_x(pg, !exact, px);
@@ -251,8 +257,8 @@ mx::array quantized_swiglu(
     return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
   };
   std::vector<mx::array> inputs = {
-      f32(x), mx::contiguous(wg, false, st), f32(sg), f32(bg),
-      mx::contiguous(wu, false, st), f32(su), f32(bu)};
+      f32(x), mx::contiguous(wg, false, st), qmm_scales(sg, bg, st), qmm_scales(bg, sg, st),
+      mx::contiguous(wu, false, st), qmm_scales(su, bu, st), qmm_scales(bu, su, st)};
   auto shape = x.shape();
   shape.back() = wg.shape(0);
   return mx::array(

@@ -23,8 +23,14 @@ QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& 
   p.M = int(x.size() / p.K);
   p.N = w.shape(0);
   p.w = w.data<uint8_t>();
-  p.scales = scales.data<float>();
-  p.biases = biases.data<float>();
+  if (scales.dtype() == mx::float16) {
+    p.scales = p.biases = nullptr;
+    p.scales16 = scales.data<uint16_t>();
+    p.biases16 = biases.data<uint16_t>();
+  } else {
+    p.scales = scales.data<float>();
+    p.biases = biases.data<float>();
+  }
   p.group_size = group_size;
   p.bits = bits;
   p.out = out;
@@ -53,6 +59,26 @@ const char* isa_name(Isa isa) {
     case Isa::avxvnni: return "avx2+avxvnni";
     default: return "avx2";
   }
+}
+
+QmmProblem f32_scales(const QmmProblem& p, std::vector<float>& buf) {
+  if (!p.scales16) return p;
+  const size_t n = size_t(p.N) * (p.K / p.group_size);
+  buf.resize(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    buf[i] = _cvtsh_ss(p.scales16[i]);
+    buf[n + i] = _cvtsh_ss(p.biases16[i]);
+  }
+  QmmProblem q = p;
+  q.scales = buf.data();
+  q.biases = buf.data() + n;
+  q.scales16 = q.biases16 = nullptr;
+  return q;
+}
+
+mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st) {
+  if (a.dtype() == mx::float16 && other.dtype() == mx::float16) return mx::contiguous(a, false, st);
+  return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
 }
 
 void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out) {
@@ -148,8 +174,11 @@ int dense_min_rows() {
   return m;
 }
 
-void run_qmm(const QmmProblem& p, bool exact) {
+void run_qmm(const QmmProblem& p0, bool exact) {
   Pool& pool = Pool::get();
+  // float16 scales are read as such by the int8 decode path only.
+  thread_local std::vector<float> wide;
+  const QmmProblem p = (exact || p0.M >= dense_min_rows()) ? f32_scales(p0, wide) : p0;
   const int T = pool.threads();
   if (p.M >= dense_min_rows()) {
     // Prefill: float panels (float activations, so "exact" as well).
@@ -241,7 +270,8 @@ mx::array quantized_matmul(
   auto f32 = [&](const mx::array& a) {
     return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
   };
-  std::vector<mx::array> inputs = {f32(x), mx::contiguous(w, false, st), f32(scales), f32(biases)};
+  std::vector<mx::array> inputs = {f32(x), mx::contiguous(w, false, st), qmm_scales(scales, biases, st),
+                                   qmm_scales(biases, scales, st)};
   auto shape = x.shape();
   shape.back() = N;
   return mx::array(

@@ -26,6 +26,10 @@ mx::array quantized_matmul(
 QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& scales,
                        const mx::array& biases, int group_size, int bits, float* out);
 
+// scales or biases (`a`) as the kernels take them: float16 when both are float16 (read as
+// such by the decode path), else float32.
+mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st);
+
 class QuantizedMatmul : public mx::UnaryPrimitive {
  public:
   QuantizedMatmul(mx::Stream stream, int group_size, int bits, bool exact)

@@ -14,11 +14,20 @@ struct QmmProblem {
   const float* x;  // (M, K) row-major
   int M, K, N;
   const uint8_t* w;  // (N, K * bits / 8)
-  const float* scales;  // (N, K / group_size)
-  const float* biases;  // (N, K / group_size)
+  const float* scales;  // (N, K / group_size), or null when scales16 is set
+  const float* biases;  // (N, K / group_size), or null when biases16 is set
   int group_size, bits;
   float* out;  // (M, N)
+  // float16 scales/biases (both or neither): a GGUF Q4_0/Q4_1/Q8_0's own d and m are float16,
+  // so a copy in float16 is exact and the decode path reads 20 bytes per 32 4-bit weights
+  // instead of 24 (decode streams the weights: bytes are time). Only the int8 path's
+  // pack_group reads them as such; the other paths widen them first (f32_scales).
+  const uint16_t* scales16 = nullptr;
+  const uint16_t* biases16 = nullptr;
 };
+
+// p with float32 scales/biases: p itself, or widened into buf when p has float16 ones.
+QmmProblem f32_scales(const QmmProblem& p, std::vector<float>& buf);
 
 // Activations prepared once per matmul: int8 per 32-block with a scale (fast mode) and the
 // exact float sum of every weight group (for the affine biases), shared by all ISAs.
