@@ -48,6 +48,13 @@ def test_pack_is_symmetric_int8_per_group_with_float32_scales():
     assert np.array_equal(back, np.array(q8_unpack(p, D=64)))
 
 
+def test_kernel_pack_gives_the_mlx_pack_bytes():
+    x = mx.concatenate([mx.random.normal((2, 3, 33, 128)) * 5, mx.zeros((2, 3, 1, 128))], axis=2)
+    x = mx.concatenate([x, mx.round(x * 2) / 2], axis=2)  # halves: ties of the int8 rounding
+    for G in (16, 32, 64, 128):
+        assert mx.array_equal(q8_pack(x, G), q8_pack(x, G, use_kernel=False)), G
+
+
 @pytest.mark.parametrize("G", [32, 64])
 @pytest.mark.parametrize("shape", [(1, 9, 3, 1, 700), (2, 14, 2, 1, 300), (1, 9, 3, 40, 300), (1, 4, 2, 3, 129)])
 def test_matches_the_reference_for_every_mask_kind(shape, G):

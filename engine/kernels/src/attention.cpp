@@ -89,20 +89,20 @@ inline __m256 load8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// An 8-bit row (q8 K/V): dims [d, d + 8) of the row at p, times its group's scale. The same
-// float values as widen_q8 writes (an int8 converts exactly; one rounding in the multiply).
-inline __m256 load8_q8(const uint8_t* row, int d, int D, int G) {
-  const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d))));
-  float sc;
-  std::memcpy(&sc, row + D + 4 * (d / G), 4);
-  return _mm256_mul_ps(x, _mm256_set1_ps(sc));
-}
-
-// Rows [0, n) of 8-bit K or V (row stride `stride` bytes) as float (n x D).
+// Rows [0, n) of 8-bit K or V (row stride `stride` bytes) as float (n x D): int8 * the
+// group's scale (an int8 converts exactly; one rounding in the multiply).
 void widen_q8(const uint8_t* src, size_t stride, int n, int D, int G, float* dst) {
   for (int c = 0; c < n; ++c) {
     const uint8_t* row = src + size_t(c) * stride;
-    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + size_t(c) * D + d, load8_q8(row, d, D, G));
+    for (int g = 0; g < D / G; ++g) {
+      float sc;
+      std::memcpy(&sc, row + D + 4 * g, 4);
+      const __m256 vs = _mm256_set1_ps(sc);
+      for (int d = g * G; d < (g + 1) * G; d += 8) {
+        const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d))));
+        _mm256_storeu_ps(dst + size_t(c) * D + d, _mm256_mul_ps(x, vs));
+      }
+    }
   }
 }
 
@@ -696,6 +696,53 @@ mx::array flash_attention(
   return mx::array(
       {B, H, L, Dv}, mx::float32,
       std::make_shared<FlashAttention>(st, scale, mode, offset, window, reference), inputs);
+}
+
+void Q8Pack::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(inputs[0]);
+  enc.set_output_array(out);
+  const float* x = inputs[0].data<float>();
+  uint8_t* o = out.data<uint8_t>();
+  const int D = inputs[0].shape(-1), G = group_;
+  const size_t rows = inputs[0].size() / size_t(D), W = size_t(out.shape(-1));
+  enc.dispatch([x, o, D, G, rows, W]() {
+    for (size_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * D;
+      uint8_t* orow = o + r * W;
+      for (int g = 0; g < D / G; ++g) {
+        float amax = 0.0f;
+        for (int d = g * G; d < (g + 1) * G; ++d) amax = std::max(amax, std::fabs(xr[d]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int d = g * G; d < (g + 1) * G; ++d)
+          orow[d] = uint8_t(int8_t(std::clamp(std::nearbyint(xr[d] * inv), -127.0f, 127.0f)));
+        const float sc = amax / 127.0f;
+        std::memcpy(orow + D + 4 * g, &sc, 4);
+      }
+    }
+  });
+}
+
+void Q8Pack::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
+}
+
+std::vector<mx::Shape> Q8Pack::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() += 4 * (shape.back() / group_);
+  return {shape};
+}
+
+mx::array q8_pack(const mx::array& x, int group, mx::StreamOrDevice s) {
+  const int D = x.ndim() ? x.shape(-1) : 0;
+  if (group <= 0 || D % group != 0) throw std::invalid_argument("[mlxterm.q8_pack] the last axis must be a multiple of group.");
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu) throw std::invalid_argument("[mlxterm.q8_pack] runs on the CPU stream only.");
+  auto shape = x.shape();
+  shape.back() += 4 * (D / group);
+  return mx::array(shape, mx::uint8, std::make_shared<Q8Pack>(st, group),
+                   {mx::contiguous(mx::astype(x, mx::float32, st), false, st)});
 }
 
 }  // namespace mlxterm

@@ -60,4 +60,25 @@ class FlashAttention : public mx::UnaryPrimitive {
   bool reference_;
 };
 
+// Float (..., D) -> q8 rows uint8 (..., D + 4 * D / G): per group of G dims, scale = max|x| / 127,
+// int8 = round-half-even(x * (127 / max|x|)) in -127..127 (an all-zero group: 0 and scale 0),
+// then the float32 scales. One op per cache write (the same rows as kv_cache.q8_pack's MLX ops,
+// which cost ~15 graph nodes per K and V per layer at every decode step).
+mx::array q8_pack(const mx::array& x, int group, mx::StreamOrDevice s = {});
+
+class Q8Pack : public mx::UnaryPrimitive {
+ public:
+  Q8Pack(mx::Stream stream, int group) : mx::UnaryPrimitive(stream), group_(group) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MlxtermQ8Pack"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return group_ == static_cast<const Q8Pack&>(other).group_;
+  }
+
+ private:
+  int group_;
+};
+
 }  // namespace mlxterm
