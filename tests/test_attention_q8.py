@@ -16,7 +16,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}"
+)
 SCALE = 0.125
 
 
@@ -39,10 +41,16 @@ def test_pack_is_symmetric_int8_per_group_with_float32_scales():
     assert p.dtype == mx.uint8 and p.shape == (2, 3, 5, 72)
     a = np.array(x, np.float32).reshape(2, 3, 5, 2, 32)
     amax = np.abs(a).max(-1, keepdims=True)
-    want_q = np.clip(np.round(a * np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0)), -127, 127)
+    want_q = np.clip(
+        np.round(a * np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0)),
+        -127,
+        127,
+    )
     raw = np.array(p)
     assert np.array_equal(raw[..., :64].view(np.int8).reshape(want_q.shape), want_q.astype(np.int8))
-    assert np.array_equal(raw[..., 64:].copy().view(np.float32), (amax / np.float32(127)).reshape(2, 3, 5, 2))
+    assert np.array_equal(
+        raw[..., 64:].copy().view(np.float32), (amax / np.float32(127)).reshape(2, 3, 5, 2)
+    )
     back = np.array(q8_unpack(p))
     assert np.abs(back - np.array(x)).max() <= (amax.max() / 127) / 2 * 1.0001
     assert np.array_equal(back, np.array(q8_unpack(p, D=64)))
@@ -56,12 +64,19 @@ def test_kernel_pack_gives_the_mlx_pack_bytes():
 
 
 @pytest.mark.parametrize("G", [32, 64])
-@pytest.mark.parametrize("shape", [(1, 9, 3, 1, 700), (2, 14, 2, 1, 300), (1, 9, 3, 40, 300), (1, 4, 2, 3, 129)])
+@pytest.mark.parametrize(
+    "shape", [(1, 9, 3, 1, 700), (2, 14, 2, 1, 300), (1, 9, 3, 40, 300), (1, 4, 2, 3, 129)]
+)
 def test_matches_the_reference_for_every_mask_kind(shape, G):
     B, H, Hk, L, S = shape
     q, k, v = _qkv(*shape, G=G, seed=S + G)
     valid = _additive(mx.arange(S) <= S - 5).reshape(1, 1, 1, S)
-    for kw in (dict(mask=valid), dict(causal_offset=S - L), dict(causal_offset=S - L, window=50), {}):
+    for kw in (
+        dict(mask=valid),
+        dict(causal_offset=S - L),
+        dict(causal_offset=S - L, window=50),
+        {},
+    ):
         got = kernels.flash_attention(q, k, v, SCALE, **kw)
         ref = kernels.flash_attention(q, k, v, SCALE, reference=True, **kw)
         assert got.shape == (B, H, L, 64)
@@ -93,18 +108,29 @@ def test_one_and_two_threads_are_bit_identical():
 def test_a_batch_row_equals_the_same_row_alone():
     B, S = 5, 900
     q, k, v = _qkv(B, 9, 3, 1, S, seed=3)
-    mask = _additive(mx.arange(S)[None, :] < mx.array([S - 31 * b for b in range(B)])[:, None]).reshape(B, 1, 1, S)
+    mask = _additive(
+        mx.arange(S)[None, :] < mx.array([S - 31 * b for b in range(B)])[:, None]
+    ).reshape(B, 1, 1, S)
     batch = kernels.flash_attention(q, k, v, SCALE, mask=mask)
     for b in range(B):
-        alone = kernels.flash_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], SCALE, mask=mask[b : b + 1])
+        alone = kernels.flash_attention(
+            q[b : b + 1], k[b : b + 1], v[b : b + 1], SCALE, mask=mask[b : b + 1]
+        )
         assert mx.array_equal(batch[b : b + 1], alone), b
 
 
 def _isa_results() -> dict:
     out = {}
-    for shape, G in (((1, 9, 3, 1, 3000), 32), ((2, 14, 2, 1, 700), 64), ((1, 9, 3, 2, 333), 32), ((1, 9, 3, 40, 400), 64)):
+    for shape, G in (
+        ((1, 9, 3, 1, 3000), 32),
+        ((2, 14, 2, 1, 700), 64),
+        ((1, 9, 3, 2, 333), 32),
+        ((1, 9, 3, 40, 400), 64),
+    ):
         q, k, v = _qkv(*shape, G=G, seed=shape[4])
-        out[f"{shape}-{G}"] = np.array(kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3]))
+        out[f"{shape}-{G}"] = np.array(
+            kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
+        )
     return out
 
 
@@ -120,8 +146,12 @@ def test_bit_identical_across_instruction_sets(tmp_path):
         "assert kernels.status()['isa'] == 'avx2', kernels.status()\n"
         f"np.savez({str(dump)!r}, **_isa_results())\n"
     )
-    env = dict(os.environ, MLXTERM_KERNEL_ISA="avx2", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    env = dict(
+        os.environ, MLXTERM_KERNEL_ISA="avx2", PYTHONPATH=str(Path(__file__).resolve().parents[1])
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     avx2 = np.load(dump)
     assert sorted(avx2.files) == sorted(here)

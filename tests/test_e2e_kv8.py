@@ -27,7 +27,9 @@ from tests.test_e2e_kernels import PROMPTS, TEXT
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}"),
+    pytest.mark.skipif(
+        not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}"
+    ),
 ]
 
 
@@ -50,8 +52,12 @@ def ppl_decode(bundle, ids, kv_dtype) -> float:
 
 def greedy(bundle, text, kv_dtype, n=64) -> list[int]:
     prompt = bundle.tokenizer.encode(text)
-    steps = generate_step(bundle.model, prompt, make_cache(bundle.model, kv_dtype=kv_dtype),
-                          SamplingParams(temperature=0.0, max_tokens=n))
+    steps = generate_step(
+        bundle.model,
+        prompt,
+        make_cache(bundle.model, kv_dtype=kv_dtype),
+        SamplingParams(temperature=0.0, max_tokens=n),
+    )
     return [s.token for s in steps]
 
 
@@ -66,7 +72,11 @@ def test_q8_kv_perplexity_close_to_fp16(name, group):
     ids = bundle.tokenizer.encode(TEXT)
     p16 = ppl_decode(bundle, ids, mx.float16)
     p8 = ppl_decode(bundle, ids, Q8(group))
-    diverged = [divergence(greedy(bundle, t, mx.float16), greedy(bundle, t, Q8(group))) for t in PROMPTS]
-    print(f"{name} q8-g{group}: ppl fp16 {p16:.4f}, q8 {p8:.4f} ({(p8 / p16 - 1) * 100:+.3f}%); "
-          f"first greedy divergence per prompt (None: all 64 equal): {diverged}")
+    diverged = [
+        divergence(greedy(bundle, t, mx.float16), greedy(bundle, t, Q8(group))) for t in PROMPTS
+    ]
+    print(
+        f"{name} q8-g{group}: ppl fp16 {p16:.4f}, q8 {p8:.4f} ({(p8 / p16 - 1) * 100:+.3f}%); "
+        f"first greedy divergence per prompt (None: all 64 equal): {diverged}"
+    )
     assert abs(p8 / p16 - 1) < 0.0125
