@@ -215,8 +215,10 @@ def test_bad_inputs_raise():
     q, k, v = _qkv(1, 4, 2, 3, 20)
     with pytest.raises(ValueError, match="multiple"):
         kernels.flash_attention(q, mx.concatenate([k, k[:, :1]], 1), mx.concatenate([v, v[:, :1]], 1), SCALE)
-    with pytest.raises(ValueError, match="float32 or both float16"):
+    with pytest.raises(ValueError, match="float32, float16 or 8-bit rows"):
         kernels.flash_attention(q, k, v.astype(mx.float16), SCALE)
+    with pytest.raises(ValueError, match="8-bit k rows"):  # 64 + 4 bytes: one group of 64 > D = 32
+        kernels.flash_attention(q[..., :32], mx.zeros((1, 2, 20, 68), mx.uint8), mx.zeros((1, 2, 20, 68), mx.uint8), SCALE)
     with pytest.raises(ValueError, match="mask"):
         kernels.flash_attention(q, k, v, SCALE, mask=mx.zeros((1, 4, 3, 20)))
     with pytest.raises(ValueError, match="multiples"):

@@ -170,3 +170,70 @@ def test_fp16_live_kv_with_other_checkpoint_storage(tmp_path, tiny_llama_dir, st
                 assert np.abs(ka - kb).max() <= 0.02 * np.abs(kb).max()
     finally:
         second.close(0)
+
+
+# -- live 8-bit KV (kv_cache.format: q8 -> "q8rows-g<group>") --------------------------------
+@pytest.fixture(scope="module")
+def wide_head_llama_dir(tmp_path_factory):
+    """The tiny llama with head dim 32 (the tiny models' 16 is below the kernel's groups)."""
+    from tests.tiny_models import LLAMA_CONFIG, make_model_dir
+
+    return make_model_dir(tmp_path_factory.mktemp("tiny-llama-d32"),
+                          {**LLAMA_CONFIG, "num_attention_heads": 2, "num_key_value_heads": 1})
+
+
+def _q8_profile(tmp_path: Path, model_dir: Path, group: int = 32):
+    return load_profile(str(write_profile(
+        tmp_path / f"kv-q8-{group}.yaml", model_dir, kv_cache={"format": "q8", "group_size": group},
+        model={"weights": "quantized"}, cache={"ssd_dir": str(tmp_path / "ssd")})))
+
+
+@needs_kernels
+def test_q8_profile_makes_8bit_row_caches_and_says_so_in_the_fingerprint(tmp_path, wide_head_llama_dir):
+    profile = _q8_profile(tmp_path, wide_head_llama_dir)
+    pc = PromptCache(_routed(wide_head_llama_dir), profile)
+    try:
+        assert pc.kv_format == "q8rows-g32" == pc.store.fingerprint.kv_format
+        cache = pc.new_cache()
+        prefill(pc.model, cache, tokens(40, seed=1))
+        assert {c.keys.dtype for c in cache} == {mx.uint8}
+        assert cache[0].keys.shape[-1] == 32 + 4  # 32 int8 values + one float32 scale
+        assert fingerprint_for_profile(profile) == pc.store.fingerprint
+    finally:
+        pc.close(0)
+
+
+@needs_kernels
+def test_q8_falls_back_to_fp16_when_the_group_does_not_fit_the_head(tmp_path, tiny_llama_dir):
+    pc = PromptCache(_routed(tiny_llama_dir), _q8_profile(tmp_path, tiny_llama_dir))  # head dim 16
+    try:
+        assert pc.kv_format == "fp16"
+    finally:
+        pc.close(0)
+
+
+@needs_kernels
+def test_q8_checkpoint_from_another_process_restores_bit_for_bit(tmp_path, wide_head_llama_dir):
+    profile = _q8_profile(tmp_path, wide_head_llama_dir)
+    toks = tokens(90, seed=3)
+    done = subprocess.run([sys.executable, "-c", WRITER, str(profile.path), json.dumps(toks)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "q8rows-g32"
+    model = _routed(wide_head_llama_dir)
+    pc = PromptCache(model, profile)
+    try:
+        got = pc.acquire(toks + [7, 8])
+        assert got.source == "ssd" and got.cached_tokens == len(toks)
+        warm = pc.new_cache()
+        prefill(model, warm, toks)
+        for a, b in zip(got.cache, warm, strict=True):
+            assert a.keys.dtype == mx.uint8
+            assert np.array_equal(np.array(a.keys[..., : len(toks), :]), np.array(b.keys[..., : len(toks), :]))
+            assert np.array_equal(np.array(a.values[..., : len(toks), :]), np.array(b.values[..., : len(toks), :]))
+        t1, lp1 = continuation(model, got.cache, [7, 8], toks)
+        t2, lp2 = continuation(model, warm, [7, 8], toks)
+        assert t1 == t2 and np.array_equal(lp1, lp2)
+    finally:
+        pc.close(0)

@@ -10,7 +10,9 @@ see the same), restoring the flushed checkpoint file.
 speed at that context vs at ~100 tokens, alternated (A/B/C/C/B/A) over the arms: ``engine``
 (what the engine runs: the CPU kernels, the fused attention of engine/kernels/src/attention.cpp
 and the live KV format the prompt cache picks, float16 on the CPU by default), ``flash`` (the
-same with float32 K/V), ``flash-kv16`` (float16 K/V whatever the profile says), ``softmax``
+same with float32 K/V), ``flash-kv16`` (float16 K/V whatever the profile says), ``flash-q8``
+(8-bit K/V rows, the CPU's live ``q8`` format, group ``kv_cache.group_size`` when the profile
+picks q8, else 64), ``softmax``
 (the kernels with an earlier round's attention: MLX matmuls + fused softmax, MLX at decode) and
 ``today`` (the original engine path: fp32 weights + OpenBLAS + MLX's attention, no kernels).
 ``--arms`` picks a subset (default ``engine,today``: the issue's ratio, measured in one run).
@@ -35,7 +37,7 @@ def add_arguments(p) -> None:
                    help="run the long-context arm at N tokens instead (kernels vs fp32 path)")
     p.add_argument("--decode-tokens", type=int, default=32, help="long-context arm: tokens decoded")
     p.add_argument("--arms", default="engine,today",
-                   help="long-context arm: arms to run (engine, flash, flash-kv16, softmax, today)")
+                   help="long-context arm: arms to run (engine, flash, flash-kv16, flash-q8, softmax, today)")
 
 
 def _attention_op(model, n_keys: int, kv_dtype) -> dict:
@@ -53,8 +55,9 @@ def _attention_op(model, n_keys: int, kv_dtype) -> dict:
     H, Hk = args.num_attention_heads, args.num_key_value_heads
     D = getattr(args, "head_dim", None) or args.hidden_size // H
     cap = ((n_keys + 511) // 512) * 512
-    k = mx.random.normal((1, Hk, cap, D)).astype(kv_dtype)
-    v = mx.random.normal((1, Hk, cap, D)).astype(kv_dtype)
+    from engine.generation.kv_cache import _stored
+
+    k, v = _stored(kv_dtype, mx.random.normal((1, Hk, cap, D)), mx.random.normal((1, Hk, cap, D)))
     L = min(PREFILL_CHUNK, n_keys)
     cases = {
         "prefill_chunk": (mx.random.normal((1, H, L, D)), k[:, :, :n_keys], v[:, :, :n_keys], "causal"),
@@ -86,7 +89,7 @@ def _long_context(args) -> dict:
     from engine import kernels
     from engine.checkpoints.fingerprint import live_kv_format
     from engine.generation.generate import generate_step
-    from engine.generation.kv_cache import make_cache
+    from engine.generation.kv_cache import Q8, make_cache
     from engine.kernels import attention, hook
     from engine.model.catalog import resolve_source
     from engine.model.loader import load_bundle
@@ -122,8 +125,9 @@ def _long_context(args) -> dict:
             finally:
                 attention.install()
         attention.install()
-        kv = mx.float16 if name == "flash-kv16" or (name == "engine" and engine_kv == "fp16") else None
-        prev, attention.impl = attention.impl, "flash" if name == "engine" else name.removesuffix("-kv16")
+        kv = {"flash-kv16": mx.float16, "flash-q8": q8, "engine": engine_dtype}.get(name)
+        impl = "flash" if name in ("engine", "flash-q8") else name.removesuffix("-kv16")
+        prev, attention.impl = attention.impl, impl
         try:
             return run_arm(fast, long_ids, kv), run_arm(fast, short_ids, kv)
         finally:
@@ -133,12 +137,15 @@ def _long_context(args) -> dict:
         return {"bench": "resume-long", "skipped": f"CPU kernels unavailable: {kernels.status()['reason']}"}
     hook.install(fast.model)
     engine_kv = live_kv_format(profile.kv_cache, backend(), fast.model)  # as PromptCache.new_cache
+    q8 = Q8(int(engine_kv.removeprefix("q8rows-g")) if engine_kv.startswith("q8rows-g") else 64)
+    engine_dtype = {"fp16": mx.float16}.get(engine_kv, q8 if engine_kv.startswith("q8rows-g") else None)
     arms = [a for a in args.arms.split(",") if a]
-    unknown = set(arms) - {"engine", "flash", "flash-kv16", "softmax", "today"}
+    unknown = set(arms) - {"engine", "flash", "flash-kv16", "flash-q8", "softmax", "today"}
     if unknown:
         raise SystemExit(f"bench resume: unknown arm(s) {', '.join(sorted(unknown))}")
     op = {"kv_float32": _attention_op(fast.model, len(long_ids), mx.float32),
-          "kv_float16": _attention_op(fast.model, len(long_ids), mx.float16)}
+          "kv_float16": _attention_op(fast.model, len(long_ids), mx.float16),
+          q8.name: _attention_op(fast.model, len(long_ids), q8)}
     order = arms + arms[::-1]
     res: dict[str, list] = {name: [] for name in arms}
     for _ in range(args.repeats):

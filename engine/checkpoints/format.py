@@ -40,7 +40,7 @@ META_KEY, HASH_KEY = "mlxterm.checkpoint", "mlxterm.header_sha256"
 # safetensors dtype -> numpy dtype of the bytes (BF16 is carried as its uint16 bits).
 ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32,
              "I32": np.int32, "U8": np.uint8}
-LIVE_ST = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "uint32": "U32"}
+LIVE_ST = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "uint32": "U32", "uint8": "U8"}
 
 
 class CorruptCheckpoint(MlxtermError):
@@ -108,6 +108,8 @@ def _encode_part(name, layer: HostLayer, arrays, storage, group_size, out) -> di
         return {"enc": "mlx", "group_size": g, "bits": bits, "shape": _float_shape(q.shape, bits)}
     x = arrays[0]
     shape = list(x.shape)
+    if layer.dtype == "uint8":  # 8-bit KV rows (the CPU's live q8): already compact, exact as is
+        storage = "same"
     if storage in ("q8", "q4"):
         bits = 8 if storage == "q8" else 4
         g = quant.pick_group_size(x.shape[-1], group_size)

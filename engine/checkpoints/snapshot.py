@@ -20,7 +20,8 @@ import numpy as np
 from mlx_lm.models.cache import QuantizedKVCache
 
 CLASSES = ("StaticKVCache", "WindowKVCache", "QuantizedKVCache")
-_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16,
+           "uint8": mx.uint8}  # uint8: the CPU's 8-bit KV rows (kv_cache.Q8), stored as they are
 
 
 class UnsupportedCache(ValueError):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import weakref
 
-from engine.generation.kv_cache import StaticKVCache, WindowKVCache
+from engine.generation.kv_cache import StaticKVCache, WindowKVCache, _stored
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
@@ -69,11 +69,11 @@ class RowsKVCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         """Write each row's one new key/value at that row's position."""
+        keys, values = _stored(self.dtype, keys, values)  # the rows' storage (float16, q8 rows)
         B, H, _, Dk = keys.shape
         if self.keys is None:  # every row joined with an empty history: first step allocates
-            dtype = self.dtype or keys.dtype
-            self.keys = mx.zeros((B, H, StaticKVCache.step, Dk), dtype)
-            self.values = mx.zeros((B, H, StaticKVCache.step, values.shape[3]), dtype)
+            self.keys = mx.zeros((B, H, StaticKVCache.step, Dk), keys.dtype)
+            self.values = mx.zeros((B, H, StaticKVCache.step, values.shape[3]), keys.dtype)
         keys, values = keys.astype(self.keys.dtype), values.astype(self.values.dtype)
         at = self.offset.reshape(B, 1, 1, 1)
         self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(at, keys.shape), keys, axis=2)

@@ -9,9 +9,18 @@ position and attention runs over the whole buffer under a validity mask.
 computes them in: float16 on the CPU halves the bytes the fused attention kernel
 (engine/kernels/src/attention.cpp) streams per decode step at long context. Only the kernel's
 routed attention reads mixed float32 queries / float16 K/V; it is the caller's choice.
+
+``kv_dtype=Q8(group)`` stores each token's K and V per head as one 8-bit row (the live "q8"
+format): the head's D values quantized symmetrically per group of ``group`` dims (int8,
+-127..127) followed by the D / group float32 scales, as uint8 (..., D + 4 * D / group). Still
+one array per K and V, so the compiled step, batching, snapshots and checkpoints carry it like
+any other dtype; the fused attention kernel reads the rows directly (0.56 of float16's bytes at
+D = 64, group 32) and ``q8_unpack`` gives the float values anywhere else (pure MLX).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, create_causal_mask
@@ -53,7 +62,7 @@ class StaticKVCache(KVCache):
         self.keys, self.values, self.offset, self._pos = keys, values, offset, None
 
     def update_and_fetch(self, keys, values):
-        keys, values = _stored(self.dtype, keys, values)
+        keys, values = _stored(_storage(self.dtype, self.keys, keys), keys, values)
         if self._pos is None:
             return super().update_and_fetch(keys, values)
         self.keys = mx.slice_update(self.keys, keys, self._pos, axes=(2,))
@@ -99,7 +108,7 @@ class WindowKVCache(KVCache):
         return mx.roll(self.keys, shift, axis=2), mx.roll(self.values, shift, axis=2)
 
     def update_and_fetch(self, keys, values):
-        keys, values = _stored(self.dtype, keys, values)
+        keys, values = _stored(_storage(self.dtype, self.keys, keys), keys, values)
         if self._pos is not None:
             slot = self._pos % self.window
             self.keys = mx.slice_update(self.keys, keys, slot, axes=(2,))
@@ -169,14 +178,88 @@ class WindowKVCache(KVCache):
         self.window, self.offset = int(v[0]), int(v[1])
 
 
-def _stored(dtype: mx.Dtype | None, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+@dataclass(frozen=True)
+class Q8:
+    """The 8-bit live KV format (module docstring): ``group`` dims share one scale."""
+
+    group: int = 32
+
+    @property
+    def name(self) -> str:
+        return f"q8-g{self.group}"
+
+    def pack(self, x: mx.array) -> mx.array:
+        return q8_pack(x, self.group)
+
+
+def q8_pack(x: mx.array, group: int, use_kernel: bool = True) -> mx.array:
+    """Float (..., D) -> uint8 (..., D + 4 * D / group): per group, scale = max|x| / 127 and
+    int8 round(x * 127 / max|x|) (0 for an all-zero group), then the float32 scales. On the
+    CPU with the kernels built this is one op (engine.kernels.q8_pack, the same bytes): the
+    MLX ops below are ~15 graph nodes per K and V per layer in every decode step."""
+    if use_kernel and mx.default_device() == mx.cpu:
+        from engine import kernels
+
+        if kernels.available():
+            return kernels.q8_pack(x, group)
+    *lead, D = x.shape
+    g = x.astype(mx.float32).reshape(*lead, D // group, group)
+    amax = mx.max(mx.abs(g), axis=-1, keepdims=True)
+    inv = mx.where(amax > 0, 127.0 / mx.where(amax > 0, amax, 1.0), 0.0)
+    q = mx.clip(mx.round(g * inv), -127, 127).astype(mx.int8).reshape(*lead, D)
+    scales = (amax / 127.0).reshape(*lead, D // group)
+    return mx.concatenate([q.view(mx.uint8), scales.view(mx.uint8)], axis=-1)
+
+
+def q8_unpack(x: mx.array, dtype: mx.Dtype = mx.float32, D: int | None = None) -> mx.array:
+    """The values of q8 rows (uint8 (..., D + 4 * D / G)); without ``D`` the dims come from
+    the row width (group size in ``GROUPS``)."""
+    W = x.shape[-1]
+    if D is None:
+        D, group = q8_dims(W)
+    else:
+        group = D // ((W - D) // 4)
+    q = mx.contiguous(x[..., :D]).view(mx.int8).astype(mx.float32)
+    s = mx.contiguous(x[..., D:]).view(mx.float32)
+    *lead, _ = x.shape
+    out = q.reshape(*lead, D // group, group) * s[..., None]
+    return out.reshape(*lead, D).astype(dtype)
+
+
+GROUPS = (32, 64, 128)
+
+
+def q8_dims(width: int, group: int | None = None) -> tuple[int, int]:
+    """(D, group) of a q8 row ``width`` bytes wide (the largest D when several fit)."""
+    for g in (group,) if group else GROUPS:
+        if width * g % (g + 4) == 0 and (width * g // (g + 4)) % g == 0:
+            return width * g // (g + 4), g
+    raise ValueError(f"no q8 row layout is {width} bytes wide")
+
+
+def _storage(dtype, buffer: mx.array | None, keys: mx.array):
+    """How new K/V are stored: the cache's setting, else like the buffer it holds (the compiled
+    step's scratch caches are bound to the live buffers and have no setting of their own)."""
+    if dtype is not None or buffer is None or buffer.dtype == keys.dtype:
+        return dtype
+    if buffer.dtype == mx.uint8:
+        D = keys.shape[-1]
+        return Q8(D // ((buffer.shape[-1] - D) // 4))
+    return buffer.dtype
+
+
+def _stored(dtype, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    if isinstance(dtype, Q8):
+        if keys.dtype == mx.uint8:  # already 8-bit rows
+            return keys, values
+        return dtype.pack(keys), dtype.pack(values)
     if dtype is None or keys.dtype == dtype:
         return keys, values
     return keys.astype(dtype), values.astype(dtype)
 
 
 def make_cache(model, kv_bits: int | None = None, kv_group_size: int = 64,
-               kv_dtype: mx.Dtype | None = None) -> list:
+               kv_dtype: mx.Dtype | Q8 | None = None) -> list:
     """Per-layer caches for ``model``: static full/window caches (K/V stored as ``kv_dtype``,
     default: as computed), or quantized KV when asked."""
     n_layers = len(model.layers)
@@ -209,6 +292,9 @@ def is_static(caches: list) -> bool:
 __all__ = [
     "StaticKVCache",
     "WindowKVCache",
+    "Q8",
+    "q8_pack",
+    "q8_unpack",
     "make_cache",
     "is_static",
     "create_causal_mask",

@@ -157,6 +157,15 @@ def flash_attention(
     return ext.flash_attention(q, k, v, float(scale), 0, 0, 0, None, reference)
 
 
+def q8_pack(x: mx.array, group: int) -> mx.array:
+    """Float (..., D) -> 8-bit KV rows, uint8 (..., D + 4 * D / group), as one CPU op (see
+    engine.generation.kv_cache.q8_pack, whose MLX ops give the same bytes)."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    return ext.q8_pack(x, int(group))
+
+
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
     """``mx.fast.rms_norm`` as one CPU primitive (float32 ``x``)."""
     ext = _load()

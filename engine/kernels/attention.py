@@ -15,7 +15,9 @@ that differ per head, head sizes the kernel does not tile, other devices. Masks 
 "causal" (queries at the end of the keys, as during prefill/verify at an offset), and arrays
 broadcastable to (B or 1, 1, L, S), boolean (True = attend) or additive -- which covers the
 static caches' key-validity masks in the compiled decode step, sliding windows, and per-row
-masks of a batch. float16 K/V (``kv_cache`` on CPU) go to the original widened to float32.
+masks of a batch. float16 K/V (``kv_cache`` on CPU) go to the original widened to float32;
+8-bit K/V rows (the live "q8" format, engine.generation.kv_cache.Q8) go to the fused kernel,
+which reads them as stored, and anywhere else are unpacked to the queries' dtype first.
 """
 
 from __future__ import annotations
@@ -88,7 +90,19 @@ def _mask_array(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
     return None if m is None else mx.broadcast_to(m, (m.shape[0], 1, L, S))
 
 
+def q8_readable(D: int, k_width: int, v_width: int) -> bool:
+    """True when the fused kernel reads q8 rows of these widths for head dim ``D`` (V rows
+    as wide as K rows: Dv = D)."""
+    ng4 = k_width - D
+    return ng4 > 0 and ng4 % 4 == 0 and D % (ng4 // 4) == 0 and (D // (ng4 // 4)) % 32 == 0 and v_width == k_width
+
+
 def _widened(queries, keys, values):
+    if keys.dtype == mx.uint8:  # q8 rows: their float values
+        from engine.generation.kv_cache import q8_unpack
+
+        D = queries.shape[-1]
+        return q8_unpack(keys, queries.dtype, D), q8_unpack(values, queries.dtype, D)
     if keys.dtype != queries.dtype:
         keys, values = keys.astype(queries.dtype), values.astype(queries.dtype)
     return keys, values
@@ -105,14 +119,17 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sink
         or queries.ndim != 4
         or queries.dtype != mx.float32
         or keys.dtype != values.dtype
-        or keys.dtype not in (mx.float32, mx.float16)
+        or keys.dtype not in (mx.float32, mx.float16, mx.uint8)
     ):
         return _fallback(queries, keys, values, cache, scale, mask, sinks)
     B, H, L, D = queries.shape
     Hk, S = keys.shape[1], keys.shape[2]
     if H % Hk:
         return _fallback(queries, keys, values, cache, scale, mask, sinks)
-    if impl == "flash" and D % 8 == 0 and values.shape[-1] % 16 == 0:
+    q8 = keys.dtype == mx.uint8
+    if q8 and (impl != "flash" or not q8_readable(D, keys.shape[-1], values.shape[-1])):
+        return _fallback(queries, keys, values, cache, scale, mask, sinks)
+    if impl == "flash" and D % 8 == 0 and (q8 or values.shape[-1] % 16 == 0):
         if mask is None:
             return kernels.flash_attention(queries, keys, values, scale)
         if isinstance(mask, str):

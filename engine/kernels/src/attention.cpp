@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <stdexcept>
@@ -41,7 +42,7 @@ namespace mlxterm {
 
 namespace {
 
-constexpr int kBlock = 128;     // keys per block (scores: rows x kBlock floats)
+constexpr int kBlock = kAttnBlock;  // keys per block (scores: rows x kBlock floats)
 constexpr int kTileRows = 66;   // query rows per task (query heads of a KV head x positions;
                                 // 66 = 6 x 11: whole 6-row register tiles for 1, 2, 3 or 6 heads per KV head)
 constexpr int kMinTasks = 16;   // below this many tasks, split the keys too
@@ -58,6 +59,9 @@ struct Problem {
   const float* mask;
   float* out;
   bool half;  // K/V float16
+  bool q8;    // K/V 8-bit rows: D int8 values, then D / G float32 scales (see attention.h)
+  int G;      // q8 group size along the head dim
+  size_t kst, vst;  // q8: bytes per K / V row
   int B, H, L, D, Hk, S, Dv, Bm, Lm;
   float scale;
   int mode, offset, window;
@@ -69,7 +73,8 @@ struct Split {
 
 // Scratch of one task, reused across calls on the same thread.
 struct Scratch {
-  std::vector<float> q, o, s, m, l, kf, vf, kt;
+  std::vector<float> q, o, s, m, l, kf, vf, kt, qs;
+  std::vector<int8_t> qi;
 };
 
 inline void widen(const uint16_t* src, float* dst, int n) {
@@ -82,6 +87,48 @@ inline void widen(const uint16_t* src, float* dst, int n) {
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Rows [0, n) of 8-bit K or V (row stride `stride` bytes) as float (n x D): int8 * the
+// group's scale (an int8 converts exactly; one rounding in the multiply).
+void widen_q8(const uint8_t* src, size_t stride, int n, int D, int G, float* dst) {
+  for (int c = 0; c < n; ++c) {
+    const uint8_t* row = src + size_t(c) * stride;
+    for (int g = 0; g < D / G; ++g) {
+      float sc;
+      std::memcpy(&sc, row + D + 4 * g, 4);
+      const __m256 vs = _mm256_set1_ps(sc);
+      for (int d = g * G; d < (g + 1) * G; d += 8) {
+        const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d))));
+        _mm256_storeu_ps(dst + size_t(c) * D + d, _mm256_mul_ps(x, vs));
+      }
+    }
+  }
+}
+
+#define Q8_VNNI 0
+#include "attention_q8.inc"
+#undef Q8_VNNI
+
+// q (already scaled) quantized per group of G dims as the q8 decode scores read it:
+// qs = max|q| / 127, qi = round-to-even(q * (127 / max|q|)) in -127..127 (all zero: 0, 0).
+// Prefill tiles read the same q back as float (qi * qs), so every path scores the same q.
+void quantize_q(const float* q, int D, int G, int8_t* qi, float* qs) {
+  for (int g = 0; g < D / G; ++g) {
+    float amax = 0.0f;
+    for (int d = g * G; d < (g + 1) * G; ++d) amax = std::max(amax, std::fabs(q[d]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    qs[g] = amax / 127.0f;
+    for (int d = g * G; d < (g + 1) * G; ++d)
+      qi[d] = int8_t(std::clamp(std::nearbyint(q[d] * inv), -127.0f, 127.0f));
+  }
+}
+
+// Scalar reference of one q8 element.
+inline float q8_value(const uint8_t* row, int d, int D, int G) {
+  float sc;
+  std::memcpy(&sc, row + D + 4 * (d / G), 4);
+  return float(int8_t(row[d])) * sc;
 }
 
 // s[r][c] = Q[r] . K[c] for rows [0, R) and keys [0, n): 2 rows x 4 keys per tile.
@@ -329,6 +376,16 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     for (int d = 0; d < D; d += 8)
       _mm256_storeu_ps(sc.q.data() + size_t(r) * D + d, _mm256_mul_ps(_mm256_loadu_ps(src + d), vscale));
   }
+  if (p.q8) {  // q quantized per group: int8 dots at decode, its float values in the tiles
+    const int ng = D / p.G;
+    sc.qi.resize(size_t(Rp) * D);
+    sc.qs.resize(size_t(Rp) * ng);
+    for (int r = 0; r < Rp; ++r) {
+      quantize_q(sc.q.data() + size_t(r) * D, D, p.G, sc.qi.data() + size_t(r) * D, sc.qs.data() + size_t(r) * ng);
+      if (tiled)
+        for (int d = 0; d < D; ++d) sc.q[size_t(r) * D + d] = float(sc.qi[size_t(r) * D + d]) * sc.qs[size_t(r) * ng + d / p.G];
+    }
+  }
   // Keys any row of the tile can see.
   int klo = t.s0, khi = t.s1;
   if (p.mode == 1) {
@@ -339,11 +396,13 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     khi = std::min(khi, hi1);
   }
   const size_t kv_head = size_t(t.b) * p.Hk + t.kvh;
-  const float* kf32 = p.half ? nullptr : static_cast<const float*>(p.k) + kv_head * p.S * D;
-  const float* vf32 = p.half ? nullptr : static_cast<const float*>(p.v) + kv_head * p.S * Dv;
+  const uint8_t* k8 = p.q8 ? static_cast<const uint8_t*>(p.k) + kv_head * p.S * p.kst : nullptr;
+  const uint8_t* v8 = p.q8 ? static_cast<const uint8_t*>(p.v) + kv_head * p.S * p.vst : nullptr;
+  const float* kf32 = p.half || p.q8 ? nullptr : static_cast<const float*>(p.k) + kv_head * p.S * D;
+  const float* vf32 = p.half || p.q8 ? nullptr : static_cast<const float*>(p.v) + kv_head * p.S * Dv;
   const uint16_t* k16 = p.half ? static_cast<const uint16_t*>(p.k) + kv_head * p.S * D : nullptr;
   const uint16_t* v16 = p.half ? static_cast<const uint16_t*>(p.v) + kv_head * p.S * Dv : nullptr;
-  if (p.half) {
+  if (p.half || p.q8) {
     sc.kf.resize(size_t(kBlock) * D);
     sc.vf.resize(size_t(kBlock) * Dv);
   }
@@ -356,20 +415,34 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
       if (p.half) {
         widen(k16 + size_t(kb) * D, sc.kf.data(), n * D);
         kblk = sc.kf.data();
+      } else if (p.q8) {
+        widen_q8(k8 + size_t(kb) * p.kst, p.kst, n, D, p.G, sc.kf.data());
+        kblk = sc.kf.data();
       }
       transpose_block(kblk, n, D, sc.kt.data());
       if (use_avx512()) avx512::scores_tiled(sc.q.data(), Rp, sc.kt.data(), kBlock, (n + 15) & ~15, D, sc.s.data());
       else scores_tiled(sc.q.data(), Rp, sc.kt.data(), n, D, sc.s.data());
       if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;
-      if (p.half) {
-        widen(v16 + size_t(kb) * Dv, sc.vf.data(), n * Dv);
+      if (p.half || p.q8) {
+        if (p.half) widen(v16 + size_t(kb) * Dv, sc.vf.data(), n * Dv);
+        else widen_q8(v8 + size_t(kb) * p.vst, p.vst, n, Dv, p.G, sc.vf.data());
         pv(sc, R, static_cast<const float*>(sc.vf.data()), n, Dv, true);
       } else {
         pv(sc, R, vf32 + size_t(kb) * Dv, n, Dv, true);
       }
       continue;
     }
-    // Decode: float16 K/V widened in registers as they are read.
+    // Decode: float16 / 8-bit K/V widened in registers as they are read.
+    if (p.q8) {
+      const uint8_t* kblk = k8 + size_t(kb) * p.kst;
+      const uint8_t* vblk = v8 + size_t(kb) * p.vst;
+      if (use_avx512()) avx512::q8_scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data());
+      else q8::scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data());
+      if (!softmax_block(p, t, sc, R, kb, n)) continue;
+      if (use_avx512()) avx512::q8_pv(sc.s.data(), R, vblk, p.vst, n, Dv, p.G, sc.o.data());
+      else q8::pv_rows(sc.s.data(), 0, R, vblk, p.vst, n, Dv, p.G, sc.o.data());
+      continue;
+    }
     if (p.half) scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data());
     else scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data());
     if (!softmax_block(p, t, sc, R, kb, n)) continue;
@@ -482,10 +555,12 @@ void run_reference(const Problem& p) {
   const int rep = p.H / p.Hk;
   std::vector<double> s(p.S), acc(p.Dv);
   auto kval = [&](size_t idx) {
+    if (p.q8) return double(q8_value(static_cast<const uint8_t*>(p.k) + idx / p.D * p.kst, int(idx % p.D), p.D, p.G));
     return p.half ? double(_cvtsh_ss(static_cast<const uint16_t*>(p.k)[idx]))
                   : double(static_cast<const float*>(p.k)[idx]);
   };
   auto vval = [&](size_t idx) {
+    if (p.q8) return double(q8_value(static_cast<const uint8_t*>(p.v) + idx / p.Dv * p.vst, int(idx % p.Dv), p.Dv, p.G));
     return p.half ? double(_cvtsh_ss(static_cast<const uint16_t*>(p.v)[idx]))
                   : double(static_cast<const float*>(p.v)[idx]);
   };
@@ -494,10 +569,22 @@ void run_reference(const Problem& p) {
       for (int i = 0; i < p.L; ++i) {
         const size_t kvh = size_t(b) * p.Hk + h / rep;
         const float* q = p.q + ((size_t(b) * p.H + h) * p.L + i) * p.D;
+        std::vector<float> qq;
+        double qscale = double(p.scale);
+        if (p.q8) {  // the kernel's quantized q (scaled first, then int8 per group)
+          std::vector<float> qsc(p.D), qs(p.D / p.G);
+          std::vector<int8_t> qi(p.D);
+          for (int d = 0; d < p.D; ++d) qsc[d] = q[d] * p.scale;
+          quantize_q(qsc.data(), p.D, p.G, qi.data(), qs.data());
+          qq.resize(p.D);
+          for (int d = 0; d < p.D; ++d) qq[d] = float(double(qi[d]) * double(qs[d / p.G]));
+          q = qq.data();
+          qscale = 1.0;
+        }
         double m = -INFINITY;
         for (int j = 0; j < p.S; ++j) {
           double x = 0.0;
-          for (int d = 0; d < p.D; ++d) x += double(q[d]) * double(p.scale) * kval((kvh * p.S + j) * p.D + d);
+          for (int d = 0; d < p.D; ++d) x += double(q[d]) * qscale * kval((kvh * p.S + j) * p.D + d);
           if (p.mode == 1) {
             int lo, hi;
             causal_range(p, i, lo, hi);
@@ -533,12 +620,19 @@ void FlashAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   Problem p;
   p.q = q.data<float>();
   p.half = k.dtype() == mx::float16;
-  p.k = p.half ? static_cast<const void*>(k.data<uint16_t>()) : static_cast<const void*>(k.data<float>());
-  p.v = p.half ? static_cast<const void*>(v.data<uint16_t>()) : static_cast<const void*>(v.data<float>());
+  p.q8 = k.dtype() == mx::uint8;
+  p.k = k.data<void>();
+  p.v = v.data<void>();
   p.mask = inputs.size() > 3 ? inputs[3].data<float>() : nullptr;
   p.out = out.data<float>();
   p.B = q.shape(0), p.H = q.shape(1), p.L = q.shape(2), p.D = q.shape(3);
   p.Hk = k.shape(1), p.S = k.shape(2), p.Dv = v.shape(3);
+  p.G = 0, p.kst = p.vst = 0;
+  if (p.q8) {
+    p.G = q8_group(p.D, k.shape(3));
+    p.Dv = q8_dim(v.shape(3), p.G);
+    p.kst = size_t(k.shape(3)), p.vst = size_t(v.shape(3));
+  }
   p.Bm = inputs.size() > 3 ? inputs[3].shape(0) : 1;
   p.Lm = inputs.size() > 3 ? inputs[3].shape(2) : 1;
   p.scale = scale_, p.mode = mode_, p.offset = offset_, p.window = window_;
@@ -553,6 +647,7 @@ void FlashAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 std::vector<mx::Shape> FlashAttention::output_shapes(const std::vector<mx::array>& inputs) {
   auto shape = inputs[0].shape();
   shape.back() = inputs[2].shape(3);
+  if (inputs[1].dtype() == mx::uint8) shape.back() = q8_dim(inputs[2].shape(3), q8_group(inputs[0].shape(3), inputs[1].shape(3)));
   return {shape};
 }
 
@@ -570,11 +665,19 @@ mx::array flash_attention(
   auto bad = [](const char* why) { throw std::invalid_argument(std::string("[mlxterm.flash_attention] ") + why); };
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) bad("q, k, v must be 4-D (B, heads, length, dim).");
   if (q.dtype() != mx::float32) bad("q must be float32.");
-  if (k.dtype() != v.dtype() || (k.dtype() != mx::float32 && k.dtype() != mx::float16))
-    bad("k and v must both be float32 or both float16.");
+  if (k.dtype() != v.dtype() || (k.dtype() != mx::float32 && k.dtype() != mx::float16 && k.dtype() != mx::uint8))
+    bad("k and v must both be float32, float16 or 8-bit rows (uint8).");
   const int B = q.shape(0), H = q.shape(1), L = q.shape(2), D = q.shape(3);
-  const int Hk = k.shape(1), S = k.shape(2), Dv = v.shape(3);
-  if (k.shape(0) != B || v.shape(0) != B || v.shape(1) != Hk || v.shape(2) != S || k.shape(3) != D)
+  const int Hk = k.shape(1), S = k.shape(2);
+  int Dv = v.shape(3), Dk = k.shape(3);
+  if (k.dtype() == mx::uint8) {
+    const int G = q8_group(D, k.shape(3));
+    if (G <= 0 || G % 32 != 0) bad("8-bit k rows must be D int8 values + D / G float32 scales, G % 32 == 0.");
+    Dv = q8_dim(v.shape(3), G);
+    if (Dv <= 0 || Dv % G != 0) bad("8-bit v rows must be Dv int8 values + Dv / G float32 scales.");
+    Dk = D;
+  }
+  if (k.shape(0) != B || v.shape(0) != B || v.shape(1) != Hk || v.shape(2) != S || Dk != D)
     bad("k must be (B, Hk, S, D) and v (B, Hk, S, Dv) for q (B, H, L, D).");
   if (Hk < 1 || H % Hk != 0) bad("query heads must be a multiple of KV heads.");
   if (D % 8 != 0 || Dv % 16 != 0) bad("head dims must be multiples of 8 (q/k) and 16 (v).");
@@ -593,6 +696,53 @@ mx::array flash_attention(
   return mx::array(
       {B, H, L, Dv}, mx::float32,
       std::make_shared<FlashAttention>(st, scale, mode, offset, window, reference), inputs);
+}
+
+void Q8Pack::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(inputs[0]);
+  enc.set_output_array(out);
+  const float* x = inputs[0].data<float>();
+  uint8_t* o = out.data<uint8_t>();
+  const int D = inputs[0].shape(-1), G = group_;
+  const size_t rows = inputs[0].size() / size_t(D), W = size_t(out.shape(-1));
+  enc.dispatch([x, o, D, G, rows, W]() {
+    for (size_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * D;
+      uint8_t* orow = o + r * W;
+      for (int g = 0; g < D / G; ++g) {
+        float amax = 0.0f;
+        for (int d = g * G; d < (g + 1) * G; ++d) amax = std::max(amax, std::fabs(xr[d]));
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int d = g * G; d < (g + 1) * G; ++d)
+          orow[d] = uint8_t(int8_t(std::clamp(std::nearbyint(xr[d] * inv), -127.0f, 127.0f)));
+        const float sc = amax / 127.0f;
+        std::memcpy(orow + D + 4 * g, &sc, 4);
+      }
+    }
+  });
+}
+
+void Q8Pack::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
+}
+
+std::vector<mx::Shape> Q8Pack::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() += 4 * (shape.back() / group_);
+  return {shape};
+}
+
+mx::array q8_pack(const mx::array& x, int group, mx::StreamOrDevice s) {
+  const int D = x.ndim() ? x.shape(-1) : 0;
+  if (group <= 0 || D % group != 0) throw std::invalid_argument("[mlxterm.q8_pack] the last axis must be a multiple of group.");
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu) throw std::invalid_argument("[mlxterm.q8_pack] runs on the CPU stream only.");
+  auto shape = x.shape();
+  shape.back() += 4 * (D / group);
+  return mx::array(shape, mx::uint8, std::make_shared<Q8Pack>(st, group),
+                   {mx::contiguous(mx::astype(x, mx::float32, st), false, st)});
 }
 
 }  // namespace mlxterm

@@ -2,6 +2,10 @@
 // materialising the L x S scores. q (B, H, L, D) float32; k (B, Hk, S, D) and v (B, Hk, S, Dv)
 // float32 or float16 (H % Hk == 0, query head h reads KV head h / (H / Hk)); out (B, H, L, Dv)
 // float32. D % 8 == 0 and Dv % 16 == 0.
+// 8-bit K/V (the live "q8" KV format): uint8 (B, Hk, S, D + 4 * D / G), each row D int8 values
+// (symmetric, -127..127) then D / G float32 scales, one per group of G dims (G % 32 == 0, D % G
+// == 0); value d is int8[d] * scale[d / G]. G follows from q's D and the row width; V rows
+// use the same G (Dv = width * G / (G + 4)).
 // mode 0: no mask; 1: causal, query i sees keys j <= i + offset (and, with window > 0, only
 // j > i + offset - window); 2: an additive float mask (Bm, 1, Lm, S), Bm in {1, B},
 // Lm in {1, L} (Lm == 1: one key mask for every query, as the static caches' validity vector).
@@ -14,6 +18,14 @@
 namespace mlxterm {
 
 namespace mx = mlx::core;
+
+// q8 rows: the group size for head dim D and row width W = D + 4 * D / G (0 if none fits),
+// and the head dim of a W-byte row with group size G.
+inline int q8_group(int D, int W) {
+  const int ng4 = W - D;
+  return ng4 > 0 && ng4 % 4 == 0 && D % (ng4 / 4) == 0 ? D / (ng4 / 4) : 0;
+}
+inline int q8_dim(int W, int G) { return G > 0 && W * G % (G + 4) == 0 ? W * G / (G + 4) : 0; }
 
 mx::array flash_attention(
     const mx::array& q,
@@ -46,6 +58,27 @@ class FlashAttention : public mx::UnaryPrimitive {
   float scale_;
   int mode_, offset_, window_;
   bool reference_;
+};
+
+// Float (..., D) -> q8 rows uint8 (..., D + 4 * D / G): per group of G dims, scale = max|x| / 127,
+// int8 = round-half-even(x * (127 / max|x|)) in -127..127 (an all-zero group: 0 and scale 0),
+// then the float32 scales. One op per cache write (the same rows as kv_cache.q8_pack's MLX ops,
+// which cost ~15 graph nodes per K and V per layer at every decode step).
+mx::array q8_pack(const mx::array& x, int group, mx::StreamOrDevice s = {});
+
+class Q8Pack : public mx::UnaryPrimitive {
+ public:
+  Q8Pack(mx::Stream stream, int group) : mx::UnaryPrimitive(stream), group_(group) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override { return "MlxtermQ8Pack"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return group_ == static_cast<const Q8Pack&>(other).group_;
+  }
+
+ private:
+  int group_;
 };
 
 }  // namespace mlxterm

@@ -5,11 +5,21 @@
 // bits; only more of them run per instruction (6 rows x 64 keys / 64 value columns).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 
 #include "attention_tiles.h"
 
 namespace mlxterm::avx512 {
+
+namespace vnni {
+constexpr int kBlock = kAttnBlock;
+#define Q8_VNNI 1
+#include "attention_q8.inc"
+#undef Q8_VNNI
+}  // namespace vnni
 
 namespace {
 
@@ -109,6 +119,51 @@ void pv_tiled(const float* P, int pstride, int R6, const float* V, int n, int Dv
       default: break;
     }
   }
+}
+
+void q8_scores(const int8_t* Qi, const float* Qs, int R, const uint8_t* K, size_t stride, int n, int D, int G,
+               float* s) {
+  vnni::q8::scores(Qi, Qs, R, K, stride, n, D, G, s);
+}
+
+namespace {
+// q8::pv_chunk with NC x 16 columns per 512-bit accumulator row: same chain per element.
+template <int RT, int NC>
+inline void q8_pv_chunk(const float* P, const uint8_t* V, size_t stride, int n, int Dv, int G, int c0, float* O) {
+  __m512 acc[RT][NC];
+  for (int t = 0; t < RT; ++t)
+    for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_loadu_ps(O + size_t(t) * Dv + c0 + 16 * j);
+  const int g = c0 / G;
+  for (int c = 0; c < n; ++c) {
+    const uint8_t* vr = V + size_t(c) * stride;
+    float sv;
+    std::memcpy(&sv, vr + Dv + 4 * g, 4);
+    __m512 v[NC];
+    for (int j = 0; j < NC; ++j)
+      v[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + c0 + 16 * j))));
+    for (int t = 0; t < RT; ++t) {
+      const __m512 p = _mm512_set1_ps(P[size_t(t) * kAttnBlock + c] * sv);
+      for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_fmadd_ps(p, v[j], acc[t][j]);
+    }
+  }
+  for (int t = 0; t < RT; ++t)
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O + size_t(t) * Dv + c0 + 16 * j, acc[t][j]);
+}
+
+template <int RT>
+inline void q8_pv_row_tile(const float* P, const uint8_t* V, size_t stride, int n, int Dv, int G, float* O) {
+  int c0 = 0;
+  if (G % 64 == 0)
+    for (; c0 < Dv; c0 += 64) q8_pv_chunk<RT, 4>(P, V, stride, n, Dv, G, c0, O);
+  for (; c0 < Dv; c0 += 32) q8_pv_chunk<RT, 2>(P, V, stride, n, Dv, G, c0, O);
+}
+}  // namespace
+
+void q8_pv(const float* P, int R, const uint8_t* V, size_t stride, int n, int Dv, int G, float* O) {
+  int r = 0;
+  for (; r + 3 <= R; r += 3) q8_pv_row_tile<3>(P + size_t(r) * kAttnBlock, V, stride, n, Dv, G, O + size_t(r) * Dv);
+  if (R - r == 2) q8_pv_row_tile<2>(P + size_t(r) * kAttnBlock, V, stride, n, Dv, G, O + size_t(r) * Dv);
+  else if (R - r == 1) q8_pv_row_tile<1>(P + size_t(r) * kAttnBlock, V, stride, n, Dv, G, O + size_t(r) * Dv);
 }
 
 }  // namespace mlxterm::avx512

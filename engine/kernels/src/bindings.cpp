@@ -45,6 +45,10 @@ NB_MODULE(_ext, m) {
       "mask"_a = nb::none(), "reference"_a = false,
       "fused softmax(scale * q @ k^T + mask) @ v on the CPU (src/attention.h).");
   m.def(
+      "q8_pack",
+      [](const mlx::core::array& x, int group) { return mlxterm::q8_pack(x, group); },
+      "x"_a, "group"_a, "float (..., D) -> 8-bit KV rows uint8 (..., D + 4 * D / group) (src/attention.h).");
+  m.def(
       "quantized_swiglu",
       [](const mlx::core::array& x, const mlx::core::array& wg, const mlx::core::array& sg,
          const mlx::core::array& bg, const mlx::core::array& wu, const mlx::core::array& su,

@@ -1,0 +1,185 @@
+"""The fused attention on 8-bit K/V rows (the CPU's live "q8" KV format, src/attention_q8.inc):
+the kernel matches its scalar reference (which quantizes q the same way) for decode and
+prefill-tile shapes and every mask kind, is bit-identical for 1 vs 2 threads, for a batch row vs
+the row alone and for AVX2 vs AVX-512 VNNI; the pack stores what it says; q8 caches run in the
+compiled decode step."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine import kernels
+from engine.generation.kv_cache import Q8, q8_pack, q8_unpack
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}"
+)
+SCALE = 0.125
+
+
+def _qkv(B, H, Hk, L, S, D=64, G=32, seed=0):
+    k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
+    q = mx.random.normal((B, H, L, D), key=k1)
+    k = mx.random.normal((B, Hk, S, D), key=k2) * (1 + mx.arange(D) % 7)  # uneven channels
+    v = mx.random.normal((B, Hk, S, D), key=k3)
+    return q, q8_pack(k, G), q8_pack(v, G)
+
+
+def _additive(valid):
+    return mx.where(valid, mx.array(0.0), mx.array(-mx.inf))
+
+
+def test_pack_is_symmetric_int8_per_group_with_float32_scales():
+    x = mx.random.normal((2, 3, 5, 64)) * 3
+    x = mx.concatenate([x[..., :32], mx.zeros((2, 3, 5, 32))], axis=-1)  # an all-zero group
+    p = q8_pack(x, 32)
+    assert p.dtype == mx.uint8 and p.shape == (2, 3, 5, 72)
+    a = np.array(x, np.float32).reshape(2, 3, 5, 2, 32)
+    amax = np.abs(a).max(-1, keepdims=True)
+    want_q = np.clip(
+        np.round(a * np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0)),
+        -127,
+        127,
+    )
+    raw = np.array(p)
+    assert np.array_equal(raw[..., :64].view(np.int8).reshape(want_q.shape), want_q.astype(np.int8))
+    assert np.array_equal(
+        raw[..., 64:].copy().view(np.float32), (amax / np.float32(127)).reshape(2, 3, 5, 2)
+    )
+    back = np.array(q8_unpack(p))
+    assert np.abs(back - np.array(x)).max() <= (amax.max() / 127) / 2 * 1.0001
+    assert np.array_equal(back, np.array(q8_unpack(p, D=64)))
+
+
+def test_kernel_pack_gives_the_mlx_pack_bytes():
+    x = mx.concatenate([mx.random.normal((2, 3, 33, 128)) * 5, mx.zeros((2, 3, 1, 128))], axis=2)
+    x = mx.concatenate([x, mx.round(x * 2) / 2], axis=2)  # halves: ties of the int8 rounding
+    for G in (16, 32, 64, 128):
+        assert mx.array_equal(q8_pack(x, G), q8_pack(x, G, use_kernel=False)), G
+
+
+@pytest.mark.parametrize("G", [32, 64])
+@pytest.mark.parametrize(
+    "shape", [(1, 9, 3, 1, 700), (2, 14, 2, 1, 300), (1, 9, 3, 40, 300), (1, 4, 2, 3, 129)]
+)
+def test_matches_the_reference_for_every_mask_kind(shape, G):
+    B, H, Hk, L, S = shape
+    q, k, v = _qkv(*shape, G=G, seed=S + G)
+    valid = _additive(mx.arange(S) <= S - 5).reshape(1, 1, 1, S)
+    for kw in (
+        dict(mask=valid),
+        dict(causal_offset=S - L),
+        dict(causal_offset=S - L, window=50),
+        {},
+    ):
+        got = kernels.flash_attention(q, k, v, SCALE, **kw)
+        ref = kernels.flash_attention(q, k, v, SCALE, reference=True, **kw)
+        assert got.shape == (B, H, L, 64)
+        assert float(mx.abs(got - ref).max()) < 2e-5, kw  # float32 vs double sums
+
+
+def test_head_dim_128():
+    q, k, v = _qkv(1, 8, 2, 1, 500, D=128, G=64)
+    got = kernels.flash_attention(q, k, v, SCALE, causal_offset=499)
+    ref = kernels.flash_attention(q, k, v, SCALE, causal_offset=499, reference=True)
+    assert float(mx.abs(got - ref).max()) < 2e-5
+
+
+def test_one_and_two_threads_are_bit_identical():
+    q, k, v = _qkv(1, 9, 3, 1, 4000)
+    before = kernels.status()["threads"]
+    try:
+        kernels.set_threads(1)
+        one = kernels.flash_attention(q, k, v, SCALE, causal_offset=3999)
+        mx.eval(one)
+        kernels.set_threads(2)
+        two = kernels.flash_attention(q, k, v, SCALE, causal_offset=3999)
+        mx.eval(two)
+    finally:
+        kernels.set_threads(before)
+    assert mx.array_equal(one, two)
+
+
+def test_a_batch_row_equals_the_same_row_alone():
+    B, S = 5, 900
+    q, k, v = _qkv(B, 9, 3, 1, S, seed=3)
+    mask = _additive(
+        mx.arange(S)[None, :] < mx.array([S - 31 * b for b in range(B)])[:, None]
+    ).reshape(B, 1, 1, S)
+    batch = kernels.flash_attention(q, k, v, SCALE, mask=mask)
+    for b in range(B):
+        alone = kernels.flash_attention(
+            q[b : b + 1], k[b : b + 1], v[b : b + 1], SCALE, mask=mask[b : b + 1]
+        )
+        assert mx.array_equal(batch[b : b + 1], alone), b
+
+
+def _isa_results() -> dict:
+    out = {}
+    for shape, G in (
+        ((1, 9, 3, 1, 3000), 32),
+        ((2, 14, 2, 1, 700), 64),
+        ((1, 9, 3, 2, 333), 32),
+        ((1, 9, 3, 40, 400), 64),
+    ):
+        q, k, v = _qkv(*shape, G=G, seed=shape[4])
+        out[f"{shape}-{G}"] = np.array(
+            kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
+        )
+    return out
+
+
+def test_bit_identical_across_instruction_sets(tmp_path):
+    # AVX-512 VNNI dpbusd vs AVX2 maddubs: the same integer dots; 512- vs 256-bit P @ V: the
+    # same FMA chain per element.
+    here = _isa_results()
+    dump = tmp_path / "avx2.npz"
+    code = (
+        "import engine, numpy as np\n"
+        "from engine import kernels\n"
+        "from tests.test_attention_q8 import _isa_results\n"
+        "assert kernels.status()['isa'] == 'avx2', kernels.status()\n"
+        f"np.savez({str(dump)!r}, **_isa_results())\n"
+    )
+    env = dict(
+        os.environ, MLXTERM_KERNEL_ISA="avx2", PYTHONPATH=str(Path(__file__).resolve().parents[1])
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    avx2 = np.load(dump)
+    assert sorted(avx2.files) == sorted(here)
+    for key, y in here.items():
+        np.testing.assert_array_equal(y, avx2[key], err_msg=key)
+
+
+def test_q8_cache_in_the_compiled_decode_step(tiny_llama_dir):
+    """A q8 cache stores uint8 rows through prefill and the compiled step (whose scratch caches
+    store like the bound buffer), and the compiled step gives the plain forward's tokens. The
+    tiny model's head dim (16) is below the kernel's group sizes: its attention takes the
+    pure-MLX path for q8 rows (unpacked to float), as any model the kernel cannot read."""
+    from engine.generation.generate import generate_step
+    from engine.generation.kv_cache import make_cache
+    from engine.model.loader import load_bundle
+    from engine.sampling import SamplingParams
+
+    bundle = load_bundle(tiny_llama_dir, "quantized")
+    prompt = [(7 * i + 3) % 50 + 1 for i in range(21)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, logprobs=True)
+    cache = make_cache(bundle.model, kv_dtype=Q8(16))
+    steps = list(generate_step(bundle.model, prompt, cache, params))
+    assert all(c.keys.dtype == mx.uint8 and c.offset > len(prompt) for c in cache)
+    # the same tokens one plain forward at a time (no compile) on a fresh q8 cache
+    plain = make_cache(bundle.model, kv_dtype=Q8(16))
+    logits = bundle.model(mx.array(prompt)[None], cache=plain)[0, -1]
+    toks = []
+    for _ in range(12):
+        toks.append(int(mx.argmax(logits).item()))
+        logits = bundle.model(mx.array([[toks[-1]]]), cache=plain)[0, -1]
+    assert [s.token for s in steps] == toks
