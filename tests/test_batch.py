@@ -493,3 +493,65 @@ def test_a_chat_turn_joining_background_rows_gets_its_first_token_from_its_own_f
     assert done.lane == "batched" and done.batch_max == 3
     assert one_token_feeds == [chat["prompt"][-1]]
     assert done.completion_token_ids == ref.completion_token_ids
+
+
+def _gated_submit(eng, requests: list[GenerationRequest]) -> list:
+    """Submit ``requests`` while the engine thread is parked in a call, so the scheduler sees
+    them as one burst (all waiting at the same tick)."""
+    gate, parked = threading.Event(), threading.Event()
+
+    def park(_runner):
+        parked.set()
+        gate.wait(30)
+
+    fut = eng.call(park)
+    parked.wait(30)
+    handles = [eng.submit(r) for r in requests]
+    gate.set()
+    fut.result(30)
+    return handles
+
+
+def test_a_burst_starts_decoding_together_and_keeps_its_solo_tokens(tmp_path, tiny_llama_dir, engines):
+    """Newcomers arriving together are all prefilled before the first batched step (the decode
+    step is held, not run on a partial batch), so every step of the burst has every row; the
+    tokens are the solo runs' and the step count is exact (no lost or repeated step)."""
+    solo, _ = engines
+    n, tokens = 5, 9
+    with _engine(tmp_path, tiny_llama_dir, "burst") as eng:
+        specs = [
+            dict(prompt=_prompt(eng, f"burst row {i} " + "y" * (5 * i)), params=eng.sampling(max_tokens=tokens),
+                 no_eos=True)
+            for i in range(n)
+        ]
+        specs[2]["params"] = eng.sampling(temperature=0.8, seed=2, max_tokens=tokens)
+        refs = [_solo(solo, spec) for spec in specs]
+        before = eng.scheduler_stats()
+        dones = [h.result(60) for h in _gated_submit(eng, [_request(eng, s) for s in specs])]
+        after = eng.scheduler_stats()
+    for done, ref in zip(dones, refs, strict=True):
+        assert done.completion_token_ids == ref.completion_token_ids
+        assert done.lane == "batched" and done.batch_min == done.batch_max == n
+    d = {k: after[k] - before[k] for k in after}
+    assert d["held_ticks"] >= 1 and d["serial_steps"] == 0
+    # one step per reply token, then the step that feeds every row's last token
+    assert d["batched_steps"] == tokens + 1 and d["batched_rows"] == n * (tokens + 1)
+    assert d["prefill_tokens"] == sum(len(s["prompt"]) - 1 for s in specs)
+
+
+def test_a_chat_turn_is_not_held_behind_a_burst_of_background_prefill(tmp_path, tiny_llama_dir, engines):
+    """The hold never makes a request wait for lower-priority newcomers' prefill: a chat turn
+    arriving with background requests starts decoding before they have all joined."""
+    solo, _ = engines
+    chat = dict(prompt=_prompt(solo, "chat first"), params=solo.sampling(max_tokens=6), no_eos=True)
+    bg = [dict(prompt=_prompt(solo, f"background prompt {i} " * 6), params=solo.sampling(max_tokens=12), no_eos=True)
+          for i in range(3)]
+    refs = [_solo(solo, s) for s in [chat, *bg]]
+    with _engine(tmp_path, tiny_llama_dir, "nohold") as eng:
+        reqs = [_request(eng, chat, priority=Priority.INTERACTIVE)]
+        reqs += [_request(eng, s, priority=Priority.BACKGROUND) for s in bg]
+        dones = [h.result(60) for h in _gated_submit(eng, reqs)]
+    for done, ref in zip(dones, refs, strict=True):
+        assert done.completion_token_ids == ref.completion_token_ids
+    # its first steps ran while background rows were still prefilling (the batch ramped up)
+    assert dones[0].lane == "batched" and dones[0].batch_min == 1 and dones[0].batch_max == 4

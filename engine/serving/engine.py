@@ -149,6 +149,11 @@ class Engine:
         """Run ``fn(runner)`` on the engine thread; returns a Future."""
         return self._worker.call(lambda: fn(self._runner))
 
+    def scheduler_stats(self) -> dict[str, float]:
+        """Where the engine thread's time went so far (engine.serving.scheduler.SchedulerStats):
+        prefill forwards, serial-lane and batched steps; benchmarks diff two readings."""
+        return self._worker.call(lambda: self._worker.scheduler.stats.as_dict()).result()
+
     def flush_checkpoints(self, timeout: float | None = None):
         """Wait for queued checkpoint writes; returns the durability report."""
         return self._worker.call(lambda: self._runner.cache.flush(timeout)).result()

@@ -19,6 +19,14 @@ speculation runs again for its tail) with its key schedule. A finished row is an
 once and rides one more step so its cache covers the whole reply (as the serial lane's
 does), then it is checkpointed and leaves.
 
+A burst of newcomers (requests arriving while no batched row has started decoding, e.g. N
+sessions submitted at once) starts decoding together: while the rows that finished their
+prefill have no reply token yet and the rest of the burst has at most ``PREFILL_TOKENS``
+prompt tokens left, the decode step is held (``_hold``). Otherwise the first rows decode in
+partial batches between the others' prefill chunks, and the last joiner's reply ends that
+many steps later; each of those steps costs nearly a full one. Rows that outrank the
+prefilling newcomers (a chat turn) are never held.
+
 Newcomers at the same position with the same prompt length left (e.g. one template prefix
 restored, equal-length prompts, long prompts' 512-token chunks) prefill in one forward
 (``prefill_together``), each with exactly the chunks its solo run uses; and a
@@ -34,6 +42,7 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import asdict, dataclass
 
 from engine.generation.batch import BatchKV, batchable, batched_logits, prefill_together
 from engine.generation.constraints import additive_mask
@@ -57,6 +66,25 @@ import mlx.core as mx
 
 log = logging.getLogger(__name__)
 PREFILL_TOKENS = 4 * PREFILL_CHUNK  # at most this many tokens in one joint prefill forward
+
+
+@dataclass
+class SchedulerStats:
+    """Where the engine thread's time went since the engine started (seconds, counts): read
+    by benchmarks through ``Engine.scheduler_stats`` to split an arm's wall time."""
+
+    prefill_s: float = 0.0  # prompt forwards (chunks, joint chunks)
+    prefill_forwards: int = 0
+    prefill_tokens: int = 0
+    serial_s: float = 0.0  # serial-lane steps (one token each, or a speculative round's)
+    serial_steps: int = 0
+    batched_s: float = 0.0  # batched steps: forward, sampling, streaming, checkpoint hand-off
+    batched_steps: int = 0
+    batched_rows: int = 0  # rows fed, summed over batched steps (tokens drawn + riders)
+    held_ticks: int = 0  # ticks whose decode step was held for a burst's prefill
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 class Row:
@@ -255,6 +283,7 @@ class Scheduler:
         self.solo: Row | None = None  # the serial lane
         self.rows: list[Row] = []  # batched lane, in BatchKV row order
         self.kv = BatchKV()
+        self.stats = SchedulerStats()
 
     # -- queue -------------------------------------------------------------------------------
     @property
@@ -305,9 +334,29 @@ class Scheduler:
         # one step of the running rows (and one prefill chunk of a more urgent request).
         self._admit()
         if self.prefilling:
+            t = time.perf_counter()
             self._prefill_chunk()
-        if not decoded:
+            self.stats.prefill_s += time.perf_counter() - t
+        if decoded:
+            return
+        if self._hold():
+            self.stats.held_ticks += 1
+        else:
             self._decode()
+
+    def _hold(self) -> bool:
+        """Hold the decode step for a burst: the batched rows are newcomers that have not
+        decoded yet (none answered, leaving or cancelled), more newcomers are prefilling with
+        at most PREFILL_TOKENS prompt tokens left, and no held row outranks them. The burst
+        then starts decoding in full steps instead of ramping up one row per prefill chunk;
+        the tokens do not change (each row's are its solo run's), only when steps run."""
+        if self.solo is not None or not self.rows or not self.prefilling:
+            return False
+        if any(r.generated or r.leaving or r.handle.cancelled for r in self.rows):
+            return False
+        if max(r.priority for r in self.rows) > min(r.priority for r in self.prefilling):
+            return False
+        return sum(_left(r) for r in self.prefilling) <= PREFILL_TOKENS
 
     def _decode(self) -> None:
         if self._alone():
@@ -392,6 +441,8 @@ class Scheduler:
                     r.cache = cache
             else:  # the body's logits are never read: the decode lanes feed the last token
                 prefill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n], logits=False)
+            self.stats.prefill_forwards += 1
+            self.stats.prefill_tokens += n * len(group)
             for r in group:
                 r.filled += n
                 total = len(r.prompt) - r.cached
@@ -485,6 +536,14 @@ class Scheduler:
 
     # -- decode lanes --------------------------------------------------------------------------------
     def _serial_step(self) -> None:
+        t = time.perf_counter()
+        try:
+            self._serial_token()
+        finally:
+            self.stats.serial_s += time.perf_counter() - t
+            self.stats.serial_steps += 1
+
+    def _serial_token(self) -> None:
         row = self.solo
         finish = None
         if row.handle.cancelled:
@@ -531,7 +590,17 @@ class Scheduler:
         self.rows.append(row)
 
     def _batched_step(self) -> None:
+        t = time.perf_counter()
+        try:
+            self._batched_token()
+        finally:
+            self.stats.batched_s += time.perf_counter() - t
+            self.stats.batched_steps += 1
+
+    def _batched_token(self) -> None:
+        """Every batched row feeds its pending token; live rows draw their next one."""
         rows = self.rows
+        self.stats.batched_rows += len(rows)
         live = [r for r in rows if not r.leaving and not r.handle.cancelled]
         logits = batched_logits(self.model, [r.pending for r in rows], self.kv)
         drawn = []
