@@ -38,7 +38,7 @@ PROMPT_LENGTHS = (40, 200, 80, 280, 60, 160, 120, 240)
 METRICS = {
     "tok_s": "completion tokens of all N / wall time from the first submit to the last Done (prefill included)",
     "decode_tok_s": "tokens after each request's first / time at least one request was past its first token "
-                    "(client side; in the batched arm that span also holds the other rows' prefill)",
+    "(client side; in the batched arm that span also holds the other rows' prefill)",
     "cpu_ms_per_token": "this process's CPU time over the arm / completion tokens",
     "engine_prefill_s": "engine thread: time in prompt forwards (same prompts, same work in both arms)",
     "engine_decode_s": "engine thread: time in serial-lane and batched decode steps",
@@ -48,16 +48,24 @@ METRICS = {
     "speedup": "batched tok_s / serial tok_s",
     "tok_s_without_prefill": "completion tokens / (wall - engine_prefill_s)",
     "speedup_without_prefill": "batched / serial tok_s_without_prefill: the arms with their prompt forwards "
-                               "(the same work in both) taken out",
+    "(the same work in both) taken out",
     "engine_decode_speedup": "serial decode_ms_per_token / batched decode_ms_per_token",
 }
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--profiles", default="smollm2-135m,qwen2.5-coder-0.5b", help="comma-separated profiles")
-    p.add_argument("--sessions", default="1,2,4,8", help="comma-separated concurrent session counts")
-    p.add_argument("--max-tokens", type=int, default=96, help="tokens each request generates (at most)")
-    p.add_argument("--rounds", type=int, default=1, help="each round runs serial, batched, batched, serial")
+    p.add_argument(
+        "--profiles", default="smollm2-135m,qwen2.5-coder-0.5b", help="comma-separated profiles"
+    )
+    p.add_argument(
+        "--sessions", default="1,2,4,8", help="comma-separated concurrent session counts"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=96, help="tokens each request generates (at most)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="each round runs serial, batched, batched, serial"
+    )
 
 
 def _prompt(engine, n_tokens: int) -> list[int]:
@@ -166,17 +174,27 @@ def _interactive(engine, cap: int, max_tokens: int) -> dict:
     params = engine.sampling(temperature=0.0, max_tokens=16)
 
     def chat_ttft() -> float:
-        p = engine.chat_prompt([{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] Hello, how are you?"}])
-        return _Timed(engine.submit(GenerationRequest(p, params, priority=Priority.INTERACTIVE))).ttft_ms
+        p = engine.chat_prompt(
+            [{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] Hello, how are you?"}]
+        )
+        return _Timed(
+            engine.submit(GenerationRequest(p, params, priority=Priority.INTERACTIVE))
+        ).ttft_ms
 
     idle, busy, rows_seen = [], [], []
     for arm in ("idle", "busy", "busy", "idle"):
         if arm == "idle":
             idle.append(chat_ttft())
             continue
-        bg_params = engine.sampling(temperature=0.0, max_tokens=max_tokens * 4, repetition_penalty=1.0)
+        bg_params = engine.sampling(
+            temperature=0.0, max_tokens=max_tokens * 4, repetition_penalty=1.0
+        )
         handles = [
-            engine.submit(GenerationRequest(_prompt(engine, PROMPT_LENGTHS[i % 8]), bg_params, priority=Priority.BACKGROUND))
+            engine.submit(
+                GenerationRequest(
+                    _prompt(engine, PROMPT_LENGTHS[i % 8]), bg_params, priority=Priority.BACKGROUND
+                )
+            )
             for i in range(cap - 1)
         ]
         for h in handles:  # wait until every background row streams
@@ -233,35 +251,66 @@ def run(args) -> dict:
                 for arm, runs in arms.items():
                     row[arm] = {
                         "tok_s": round(statistics.median(r["tok_s"] for r in runs), 1),
-                        "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 1),
-                        "cpu_ms_per_token": round(statistics.median(r["cpu_ms_per_token"] for r in runs), 2),
+                        "decode_tok_s": round(
+                            statistics.median(r["decode_tok_s"] for r in runs), 1
+                        ),
+                        "cpu_ms_per_token": round(
+                            statistics.median(r["cpu_ms_per_token"] for r in runs), 2
+                        ),
                         "tokens": runs[-1]["tokens"],
-                        "ttft_ms_median": round(statistics.median(x for r in runs for x in r["ttft_ms"]), 1),
+                        "ttft_ms_median": round(
+                            statistics.median(x for r in runs for x in r["ttft_ms"]), 1
+                        ),
                         "ttft_ms_max": round(max(x for r in runs for x in r["ttft_ms"]), 1),
-                        "itl_ms_median": round(statistics.median(x for r in runs for x in r["itl_ms"]), 2),
+                        "itl_ms_median": round(
+                            statistics.median(x for r in runs for x in r["itl_ms"]), 2
+                        ),
                         "lanes": runs[-1]["lanes"],
                         "batch_max": runs[-1]["batch_max"],
                     }
-                    for key, digits in (("wall_s", 2), ("engine_prefill_s", 2), ("engine_decode_s", 2),
-                                        ("engine_other_s", 2), ("decode_ms_per_token", 2), ("decode_steps", 1),
-                                        ("rows_per_step", 2), ("held_ticks", 1),
-                                        ("tok_s_without_prefill", 1)):
+                    for key, digits in (
+                        ("wall_s", 2),
+                        ("engine_prefill_s", 2),
+                        ("engine_decode_s", 2),
+                        ("engine_other_s", 2),
+                        ("decode_ms_per_token", 2),
+                        ("decode_steps", 1),
+                        ("rows_per_step", 2),
+                        ("held_ticks", 1),
+                        ("tok_s_without_prefill", 1),
+                    ):
                         row[arm][key] = round(statistics.median(r[key] for r in runs), digits)
                 row["speedup"] = round(row["batched"]["tok_s"] / row["serial"]["tok_s"], 2)
-                row["decode_speedup"] = round(row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2)
+                row["decode_speedup"] = round(
+                    row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2
+                )
                 # CPU time per token (prefill included): what the arms cost on a shared machine.
-                row["cpu_speedup"] = round(row["serial"]["cpu_ms_per_token"] / row["batched"]["cpu_ms_per_token"], 2)
+                row["cpu_speedup"] = round(
+                    row["serial"]["cpu_ms_per_token"] / row["batched"]["cpu_ms_per_token"], 2
+                )
                 row["speedup_without_prefill"] = round(
-                    row["batched"]["tok_s_without_prefill"] / row["serial"]["tok_s_without_prefill"], 2)
+                    row["batched"]["tok_s_without_prefill"]
+                    / row["serial"]["tok_s_without_prefill"],
+                    2,
+                )
                 row["engine_decode_speedup"] = round(
-                    row["serial"]["decode_ms_per_token"] / row["batched"]["decode_ms_per_token"], 2)
-                row["batched_traces"] = batch.traces() - traces0  # compiles of the batched step so far
+                    row["serial"]["decode_ms_per_token"] / row["batched"]["decode_ms_per_token"], 2
+                )
+                # compiles of the batched step so far
+                row["batched_traces"] = batch.traces() - traces0
                 rows.append(row)
             interactive = _interactive(engine, cap, args.max_tokens)
         finally:
             engine.close()
-        out["models"].append({"profile": name, "model": engine.model_name, "cap": cap, "rows": rows,
-                              "interactive": interactive})
+        out["models"].append(
+            {
+                "profile": name,
+                "model": engine.model_name,
+                "cap": cap,
+                "rows": rows,
+                "interactive": interactive,
+            }
+        )
     out["load_avg_end"] = os.getloadavg()[0]
     out["metrics"] = METRICS
     out["targets"] = {"speedup_at_4": 1.8, "speedup_at_8": 3.0, "interactive_ttft_ratio": 2.0}

@@ -21,6 +21,7 @@ from engine.serving.worker import EngineWorker, RequestHandle
 
 log = logging.getLogger(__name__)
 
+
 class Priority(IntEnum):
     """Who waits for a request: a person at the prompt first, then agent steps, then the rest."""
 
@@ -36,7 +37,8 @@ class GenerationRequest:
     session_id: str | None = None  # checkpoint affinity
     split_reasoning: bool = True
     start_in_reasoning: bool = False  # the prompt itself opened a reasoning block
-    constraint: Any = None  # an engine.generation.constraints.TokenConstraint, used for this request only
+    # an engine.generation.constraints.TokenConstraint, used for this request only
+    constraint: Any = None
     priority: int = 2  # admission and prefill order: Priority.INTERACTIVE > AGENT > BACKGROUND
     extra: dict[str, Any] = field(default_factory=dict)
 

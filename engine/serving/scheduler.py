@@ -122,7 +122,9 @@ class Row:
         self.stops = StopMatcher(params.stop)
         markers = tokenizer.reasoning_markers or ("<think>", "</think>")
         self.splitter = (
-            ReasoningSplitter(*markers, in_reasoning=req.start_in_reasoning) if req.split_reasoning else None
+            ReasoningSplitter(*markers, in_reasoning=req.start_in_reasoning)
+            if req.split_reasoning
+            else None
         )
         self.text: list[str] = []
         self.reasoning: list[str] = []
@@ -174,7 +176,9 @@ class Row:
     def plain_greedy(self) -> bool:
         """Greedy with no penalty, constraint or logprobs: the token is the logits' argmax."""
         p = self.params
-        return p.greedy and p.repetition_penalty == 1.0 and self.constraint is None and not p.logprobs
+        return (
+            p.greedy and p.repetition_penalty == 1.0 and self.constraint is None and not p.logprobs
+        )
 
     def skip(self, y: mx.array) -> None:
         """Advance key and window as ``draw`` would, for a token picked outside it."""
@@ -189,7 +193,9 @@ class Row:
         self.generated.append(tok)
         if self.params.logprobs and logprobs is not None:
             lp = logprobs.reshape(-1)
-            self.logprobs.append(TokenLogprobs(tok, float(lp[tok].item()), top_logprobs(lp, self.params.logprobs)))
+            self.logprobs.append(
+                TokenLogprobs(tok, float(lp[tok].item()), top_logprobs(lp, self.params.logprobs))
+            )
         if tok in self.eos:
             return "stop"
         piece = self.stops.feed(self.detok.add(tok))
@@ -299,12 +305,19 @@ class Scheduler:
     def add(self, req, handle) -> None:
         limit = self.runner.profile.context.max_context
         if len(req.prompt_ids) >= limit:
-            handle.emit(_error_done(f"prompt is {len(req.prompt_ids)} tokens; the context limit is {limit}", "context"))
+            handle.emit(
+                _error_done(
+                    f"prompt is {len(req.prompt_ids)} tokens; the context limit is {limit}",
+                    "context",
+                )
+            )
             return
         params: SamplingParams = req.params
         # A concrete seed lets a row that migrates from the serial lane continue its key schedule.
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
-        params = params.with_overrides(max_tokens=min(params.max_tokens, limit - len(req.prompt_ids)), seed=seed)
+        params = params.with_overrides(
+            max_tokens=min(params.max_tokens, limit - len(req.prompt_ids)), seed=seed
+        )
         row = Row(req, handle, next(self._seq), params, self.runner.tokenizer)
         heapq.heappush(self.waiting, (-row.priority, row.seq, row))
 
@@ -315,7 +328,12 @@ class Scheduler:
 
     def abort(self, message: str) -> None:
         """Answer every request still in the engine (engine shutting down)."""
-        rows = [r for _, _, r in self.waiting] + self.prefilling + self.rows + ([self.solo] if self.solo else [])
+        rows = (
+            [r for _, _, r in self.waiting]
+            + self.prefilling
+            + self.rows
+            + ([self.solo] if self.solo else [])
+        )
         for r in rows:
             if r.handle._done is None:
                 r.handle.emit(_error_done(message))
@@ -405,14 +423,19 @@ class Scheduler:
                 mx.reset_peak_memory()  # peak memory of this busy period
             reuse = self.runner.cache.acquire(row.prompt, row.req.session_id)
             row.cache, row.cached, row.source, row.restore_ms = (
-                reuse.cache, reuse.cached_tokens, reuse.source, reuse.restore_ms,
+                reuse.cache,
+                reuse.cached_tokens,
+                reuse.source,
+                reuse.restore_ms,
             )
             row.filled = row.cached
             self.prefilling.append(row)
 
     def _kv_bytes(self, rows: list[Row]) -> int:
         if self._token_bytes is None:
-            self._token_bytes = _kv_bytes_per_token(self.prefill_model, self.runner.cache.new_cache())
+            self._token_bytes = _kv_bytes_per_token(
+                self.prefill_model, self.runner.cache.new_cache()
+            )
         limit = self.runner.profile.context.max_context
         return sum(min(r.kv_need(), limit) for r in rows) * self._token_bytes
 
@@ -432,15 +455,27 @@ class Scheduler:
                 # same length): attention and matmul results depend on the pass shape in the
                 # last bits (summation blocks over keys, padding shifts), so another split
                 # could flip a near-tie token against the row's solo run.
-                fits = [r for r in urgent[1:] if r.filled == row.filled and min(PREFILL_CHUNK, _left(r)) == n]
+                fits = [
+                    r
+                    for r in urgent[1:]
+                    if r.filled == row.filled and min(PREFILL_CHUNK, _left(r)) == n
+                ]
                 group += fits[: max(0, PREFILL_TOKENS // n - 1)]
             if len(group) > 1:
-                caches = prefill_together(self.prefill_model, [r.cache for r in group],
-                                          [r.prompt[r.filled : r.filled + n] for r in group])
+                caches = prefill_together(
+                    self.prefill_model,
+                    [r.cache for r in group],
+                    [r.prompt[r.filled : r.filled + n] for r in group],
+                )
                 for r, cache in zip(group, caches, strict=True):
                     r.cache = cache
             else:  # the body's logits are never read: the decode lanes feed the last token
-                prefill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n], logits=False)
+                prefill(
+                    self.prefill_model,
+                    row.cache,
+                    row.prompt[row.filled : row.filled + n],
+                    logits=False,
+                )
             self.stats.prefill_forwards += 1
             self.stats.prefill_tokens += n * len(group)
             for r in group:
@@ -501,8 +536,14 @@ class Scheduler:
 
     def _alone(self) -> bool:
         """One batched row left, nothing joining or leaving: it can decode in the serial lane."""
-        return (self.solo is None and len(self.rows) == 1 and not self.rows[0].leaving
-                and not self.prefilling and not self.waiting and self.can_batch)
+        return (
+            self.solo is None
+            and len(self.rows) == 1
+            and not self.rows[0].leaving
+            and not self.prefilling
+            and not self.waiting
+            and self.can_batch
+        )
 
     def _return_solo(self) -> None:
         """Move the last batched row to the serial lane at a token boundary: its cache holds the
@@ -555,10 +596,14 @@ class Scheduler:
                 finish = "cancelled" if row.handle.cancelled else "length"
             else:
                 row.shared(1)
-                finish = "cancelled" if row.handle.cancelled else row.accept(out.token, out.logprobs)
+                finish = (
+                    "cancelled" if row.handle.cancelled else row.accept(out.token, out.logprobs)
+                )
                 if row.spec is not None and row.spec.stats.rounds >= row.spec_shown + 4:
                     row.spec_shown = row.spec.stats.rounds
-                    row.handle.emit(SpeculationProgress(row.spec.stats.drafted, row.spec.stats.accepted))
+                    row.handle.emit(
+                        SpeculationProgress(row.spec.stats.drafted, row.spec.stats.accepted)
+                    )
         if finish is None:
             return
         row.steps.close()
@@ -666,4 +711,3 @@ def _kv_bytes_per_token(model, cache: list) -> int:
 
 def _error_done(message: str, reason: str = "error") -> Done:
     return Done("", "", reason, Usage(), Timings(), error=message)
-
