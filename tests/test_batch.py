@@ -69,9 +69,18 @@ def _mixed(eng) -> list[dict]:
     return [
         dict(prompt=_prompt(eng, "hi"), params=s(max_tokens=24)),
         dict(prompt=_prompt(eng, "a much longer prompt " * 12), params=s(max_tokens=20)),
-        dict(prompt=_prompt(eng, "sampled row"), params=s(temperature=0.9, top_k=40, seed=11, max_tokens=22)),
-        dict(prompt=_prompt(eng, "penalised"), params=s(repetition_penalty=1.5, repetition_context=8, max_tokens=18)),
-        dict(prompt=_prompt(eng, "nucleus"), params=s(temperature=0.7, top_p=0.8, seed=3, max_tokens=16, logprobs=2)),
+        dict(
+            prompt=_prompt(eng, "sampled row"),
+            params=s(temperature=0.9, top_k=40, seed=11, max_tokens=22),
+        ),
+        dict(
+            prompt=_prompt(eng, "penalised"),
+            params=s(repetition_penalty=1.5, repetition_context=8, max_tokens=18),
+        ),
+        dict(
+            prompt=_prompt(eng, "nucleus"),
+            params=s(temperature=0.7, top_p=0.8, seed=3, max_tokens=16, logprobs=2),
+        ),
         dict(prompt=_prompt(eng, "constrained"), params=s(max_tokens=16), constrained=True),
     ]
 
@@ -79,7 +88,9 @@ def _mixed(eng) -> list[dict]:
 def _request(eng, spec: dict, **kw) -> GenerationRequest:
     constraint = EveryThird(eng.logits_width) if spec.get("constrained") else None
     constraint = NoEos(eng) if spec.get("no_eos") else constraint
-    return GenerationRequest(list(spec["prompt"]), spec["params"], constraint=constraint, split_reasoning=False, **kw)
+    return GenerationRequest(
+        list(spec["prompt"]), spec["params"], constraint=constraint, split_reasoning=False, **kw
+    )
 
 
 def _solo(eng, spec: dict) -> Done:
@@ -123,13 +134,18 @@ def test_mixed_batch_rows_match_their_solo_runs(engines):
     specs = _mixed(eng)
     refs = [_solo(solo, spec) for spec in specs]
     # A follow-up turn that restores its session checkpoint and joins mid-stream.
-    first = eng.submit(GenerationRequest(_prompt(eng, "first turn"), eng.sampling(max_tokens=12), session_id="s1")).result(60)
+    first = eng.submit(
+        GenerationRequest(_prompt(eng, "first turn"), eng.sampling(max_tokens=12), session_id="s1")
+    ).result(60)
     follow = dict(
         prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "and again")[1:],
         params=eng.sampling(max_tokens=20),
     )
     follow_ref = _solo(solo, follow)
-    long_spec = dict(prompt=_prompt(eng, "cancel me"), params=eng.sampling(max_tokens=400, temperature=1.0, seed=9))
+    long_spec = dict(
+        prompt=_prompt(eng, "cancel me"),
+        params=eng.sampling(max_tokens=400, temperature=1.0, seed=9),
+    )
     long_ref = _solo(solo, long_spec)
 
     handles = [eng.submit(_request(eng, spec)) for spec in specs]
@@ -164,8 +180,11 @@ def test_mixed_batch_rows_match_their_solo_runs(engines):
 def test_solo_request_migrates_into_the_batch_and_keeps_its_tokens(engines):
     solo, eng = engines
     # long enough that it is still decoding when a loaded machine gets round to submitting b
-    a = dict(prompt=_prompt(eng, "migrating sampled"), params=eng.sampling(temperature=1.0, seed=5, max_tokens=300),
-             no_eos=True)
+    a = dict(
+        prompt=_prompt(eng, "migrating sampled"),
+        params=eng.sampling(temperature=1.0, seed=5, max_tokens=300),
+        no_eos=True,
+    )
     b = dict(prompt=_prompt(eng, "late"), params=eng.sampling(max_tokens=10))
     ref_a, ref_b = _solo(solo, a), _solo(solo, b)
     ha = eng.submit(_request(eng, a))
@@ -185,8 +204,11 @@ def test_solo_request_migrates_into_the_batch_and_keeps_its_tokens(engines):
 def test_burst_of_twenty_from_threads_and_asyncio_loses_nothing(engines):
     solo, eng = engines
     specs = [
-        dict(prompt=_prompt(eng, f"burst {i} " + "x" * (i * 7)), params=eng.sampling(max_tokens=24 + i % 5),
-             no_eos=True)
+        dict(
+            prompt=_prompt(eng, f"burst {i} " + "x" * (i * 7)),
+            params=eng.sampling(max_tokens=24 + i % 5),
+            no_eos=True,
+        )
         for i in range(20)
     ]
     refs = [_solo(solo, spec) for spec in specs]
@@ -226,12 +248,20 @@ def test_burst_of_twenty_from_threads_and_asyncio_loses_nothing(engines):
 def test_priorities_order_admission(tmp_path, tiny_llama_dir):
     with _engine(tmp_path, tiny_llama_dir, "cap1", batch={"cap": 1}) as eng:
         s = eng.sampling
-        blocker = eng.submit(GenerationRequest(_prompt(eng, "block"), s(max_tokens=400), constraint=NoEos(eng)))
+        blocker = eng.submit(
+            GenerationRequest(_prompt(eng, "block"), s(max_tokens=400), constraint=NoEos(eng))
+        )
         _streaming(blocker)
         order = []
         handles = {}
-        for name, prio in (("bg", Priority.BACKGROUND), ("agent", Priority.AGENT), ("chat", Priority.INTERACTIVE)):
-            handles[name] = eng.submit(GenerationRequest(_prompt(eng, name), s(max_tokens=4), priority=prio))
+        for name, prio in (
+            ("bg", Priority.BACKGROUND),
+            ("agent", Priority.AGENT),
+            ("chat", Priority.INTERACTIVE),
+        ):
+            handles[name] = eng.submit(
+                GenerationRequest(_prompt(eng, name), s(max_tokens=4), priority=prio)
+            )
         for h in handles.values():  # all three wait (cap 1) and say so
             assert isinstance(next(iter(h)), Queued)
 
@@ -264,15 +294,22 @@ def test_kv_budget_makes_a_request_wait_not_fail(tmp_path, tiny_llama_dir):
         assert done_b.lane == "serial" and a.result(60).finish_reason == "cancelled"
 
 
-def test_batched_checkpoints_resume_identically_in_a_fresh_process(tmp_path, tiny_llama_dir, engines):
+def test_batched_checkpoints_resume_identically_in_a_fresh_process(
+    tmp_path, tiny_llama_dir, engines
+):
     solo, _ = engines
     eng = _engine(tmp_path, tiny_llama_dir, "ckpt")
     turns = [_prompt(eng, "checkpoint one"), _prompt(eng, "checkpoint two is longer " * 3)]
-    handles = [eng.submit(GenerationRequest(p, eng.sampling(max_tokens=14), session_id=f"c{i}")) for i, p in enumerate(turns)]
+    handles = [
+        eng.submit(GenerationRequest(p, eng.sampling(max_tokens=14), session_id=f"c{i}"))
+        for i, p in enumerate(turns)
+    ]
     dones = [h.result(60) for h in handles]
     assert all(d.lane == "batched" for d in dones)
     eng.close()
-    follow = [d.prompt_token_ids + d.completion_token_ids + _prompt(solo, "next")[1:] for d in dones]
+    follow = [
+        d.prompt_token_ids + d.completion_token_ids + _prompt(solo, "next")[1:] for d in dones
+    ]
     refs = [_solo(solo, dict(prompt=f, params=solo.sampling(max_tokens=12))) for f in follow]
     script = (
         "import json,sys\n"
@@ -287,7 +324,9 @@ def test_batched_checkpoints_resume_identically_in_a_fresh_process(tmp_path, tin
     )
     proc = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "ckpt" / "ckpt.yaml"), json.dumps(follow)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -303,8 +342,11 @@ def test_sliding_window_rows_batch_and_match_solo_runs(tmp_path, tiny_gemma_dir)
     eng = _engine(tmp_path, tiny_gemma_dir, "gemma-batch")
     try:
         specs = [
-            dict(prompt=_prompt(eng, f"gemma {i} " * (3 * i + 1)), params=eng.sampling(max_tokens=60 - 10 * i),
-                 no_eos=True)
+            dict(
+                prompt=_prompt(eng, f"gemma {i} " * (3 * i + 1)),
+                params=eng.sampling(max_tokens=60 - 10 * i),
+                no_eos=True,
+            )
             for i in range(3)
         ]
         specs[1]["params"] = eng.sampling(temperature=0.9, seed=8, max_tokens=34)
@@ -317,14 +359,29 @@ def test_sliding_window_rows_batch_and_match_solo_runs(tmp_path, tiny_gemma_dir)
             done = h.result(60)
             assert done.completion_token_ids == ref.completion_token_ids and done.lane == "batched"
         assert first.result().batch_min == 1  # it migrated from the serial lane
-        follow = [d.prompt_token_ids + d.completion_token_ids for d in (h.result() for h in handles)]
-        again = [eng.submit(_request(eng, dict(prompt=f + _prompt(eng, "more")[1:], params=eng.sampling(max_tokens=8))))
-                 for f in follow]
-        ref_again = [_solo(solo, dict(prompt=f + _prompt(eng, "more")[1:], params=eng.sampling(max_tokens=8)))
-                     for f in follow]
+        follow = [
+            d.prompt_token_ids + d.completion_token_ids for d in (h.result() for h in handles)
+        ]
+        again = [
+            eng.submit(
+                _request(
+                    eng,
+                    dict(prompt=f + _prompt(eng, "more")[1:], params=eng.sampling(max_tokens=8)),
+                )
+            )
+            for f in follow
+        ]
+        ref_again = [
+            _solo(
+                solo, dict(prompt=f + _prompt(eng, "more")[1:], params=eng.sampling(max_tokens=8))
+            )
+            for f in follow
+        ]
         for h, ref in zip(again, ref_again, strict=True):  # rings checkpointed by the batch resume
             done = h.result(60)
-            assert done.cache_source == "ram" and done.completion_token_ids == ref.completion_token_ids
+            assert (
+                done.cache_source == "ram" and done.completion_token_ids == ref.completion_token_ids
+            )
     finally:
         solo.close()
         eng.close()
@@ -335,8 +392,20 @@ def test_generate_json_reports_lane_and_batch_size(tmp_path, tiny_llama_dir):
 
     profile = write_profile(tmp_path / "gen.yaml", tiny_llama_dir)
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "generate", "--profile", str(profile), "--prompt", "hi", "--json"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "generate",
+            "--profile",
+            str(profile),
+            "--prompt",
+            "hi",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -369,7 +438,9 @@ async def test_status_bar_counts_requests_sharing_the_engine(tiny_profile):
         assert str(label.render()) == ""
 
 
-def test_newcomers_prefill_together_and_match_their_solo_runs(tmp_path, tiny_llama_dir, engines, monkeypatch):
+def test_newcomers_prefill_together_and_match_their_solo_runs(
+    tmp_path, tiny_llama_dir, engines, monkeypatch
+):
     """Requests arriving together with as much prompt left at one position prefill in one
     forward (rows of another length, or a restored row further along, prefill on their own);
     every row still yields its solo tokens."""
@@ -386,11 +457,16 @@ def test_newcomers_prefill_together_and_match_their_solo_runs(tmp_path, tiny_lla
         return real(model, caches, chunks)
 
     monkeypatch.setattr(scheduler, "prefill_together", spy)
-    first = eng.submit(GenerationRequest(_prompt(eng, "restored prefix"), eng.sampling(max_tokens=6),
-                                         session_id="joint")).result(60)
+    first = eng.submit(
+        GenerationRequest(
+            _prompt(eng, "restored prefix"), eng.sampling(max_tokens=6), session_id="joint"
+        )
+    ).result(60)
     s = eng.sampling
 
-    def sized(text: str, n: int) -> list[int]:  # distinct prompts of one length (template tail kept)
+    def sized(
+        text: str, n: int
+    ) -> list[int]:  # distinct prompts of one length (template tail kept)
         ids = _prompt(eng, text * 20)
         return ids[: n - 8] + ids[-8:]
 
@@ -398,15 +474,22 @@ def test_newcomers_prefill_together_and_match_their_solo_runs(tmp_path, tiny_lla
     specs = [
         dict(prompt=sized("alpha ", 60), params=s(max_tokens=12)),
         dict(prompt=sized("bravo is longer ", 90), params=s(max_tokens=14)),  # its own length
-        dict(prompt=sized("charlie samples ", 60), params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=12)),
-        dict(prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "more")[1:],
-             params=s(max_tokens=10)),
+        dict(
+            prompt=sized("charlie samples ", 60),
+            params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=12),
+        ),
+        dict(
+            prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "more")[1:],
+            params=s(max_tokens=10),
+        ),
         dict(prompt=sized("delta is constrained ", 60), params=s(max_tokens=10), constrained=True),
         dict(prompt=sized("echo ", 60), params=s(max_tokens=10)),
     ]
     refs = [_solo(solo, spec) for spec in specs]
-    handles = [eng.submit(_request(eng, spec, session_id="joint" if i == 3 else None))
-               for i, spec in enumerate(specs)]
+    handles = [
+        eng.submit(_request(eng, spec, session_id="joint" if i == 3 else None))
+        for i, spec in enumerate(specs)
+    ]
     dones = [h.result(60) for h in handles]
     eng.close()
     for i, (done, ref) in enumerate(zip(dones, refs, strict=True)):
@@ -421,16 +504,30 @@ def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, e
     """When the others leave, the last batched row continues in the serial lane at a token
     boundary (key schedule, window and tokens unchanged) and speculation runs for its tail."""
     solo, _ = engines
-    spec_eng = _engine(tmp_path, tiny_llama_dir, "spec", speculation={"mode": "lookup", "lookup_ngram": 1,
-                                                                      "num_draft_tokens": 8})
+    spec_eng = _engine(
+        tmp_path,
+        tiny_llama_dir,
+        "spec",
+        speculation={"mode": "lookup", "lookup_ngram": 1, "num_draft_tokens": 8},
+    )
     try:
         s = spec_eng.sampling
         blocker = dict(prompt=_prompt(spec_eng, "blocker"), params=s(max_tokens=24), no_eos=True)
         short = dict(prompt=_prompt(spec_eng, "short one"), params=s(max_tokens=4), no_eos=True)
         tails = [
-            dict(prompt=_prompt(spec_eng, "the tail repeats the tail " * 4), params=s(max_tokens=60)),
-            dict(prompt=_prompt(spec_eng, "sampled tail " * 4),
-                 params=s(temperature=0.9, seed=8, repetition_penalty=1.3, repetition_context=6, max_tokens=60)),
+            dict(
+                prompt=_prompt(spec_eng, "the tail repeats the tail " * 4), params=s(max_tokens=60)
+            ),
+            dict(
+                prompt=_prompt(spec_eng, "sampled tail " * 4),
+                params=s(
+                    temperature=0.9,
+                    seed=8,
+                    repetition_penalty=1.3,
+                    repetition_context=6,
+                    max_tokens=60,
+                ),
+            ),
         ]  # no constraint: speculation needs one that can fork
         for tail in tails:
             ref = _solo(solo, tail)
@@ -438,15 +535,23 @@ def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, e
             while not first.token_ids:  # the blocker decodes in the serial lane...
                 time.sleep(0.001)
             # ...so the tail row cannot start alone: it joins the batch (the blocker migrates)
-            handles = [spec_eng.submit(_request(spec_eng, tail)), spec_eng.submit(_request(spec_eng, short))]
+            handles = [
+                spec_eng.submit(_request(spec_eng, tail)),
+                spec_eng.submit(_request(spec_eng, short)),
+            ]
             done = handles[0].result(60)
             assert done.completion_token_ids == ref.completion_token_ids
             assert done.text == ref.text
             assert done.lane == "batched" and done.batch_max >= 2
             # Speculation only exists in the serial lane: rounds mean the row went back there.
             assert done.speculation is not None and done.speculation["rounds"] > 0, done.speculation
-            assert first.result(60).completion_token_ids == _solo(solo, blocker).completion_token_ids
-            assert handles[1].result(60).completion_token_ids == _solo(solo, short).completion_token_ids
+            assert (
+                first.result(60).completion_token_ids == _solo(solo, blocker).completion_token_ids
+            )
+            assert (
+                handles[1].result(60).completion_token_ids
+                == _solo(solo, short).completion_token_ids
+            )
     finally:
         spec_eng.close()
 
@@ -474,8 +579,14 @@ def test_a_chat_turn_joining_background_rows_gets_its_first_token_from_its_own_f
     with _engine(tmp_path, tiny_llama_dir, "urgent") as eng:
         s = eng.sampling
         bg = [
-            eng.submit(GenerationRequest(_prompt(eng, f"background {i}"), s(max_tokens=300), constraint=NoEos(eng),
-                                         priority=Priority.BACKGROUND))
+            eng.submit(
+                GenerationRequest(
+                    _prompt(eng, f"background {i}"),
+                    s(max_tokens=300),
+                    constraint=NoEos(eng),
+                    priority=Priority.BACKGROUND,
+                )
+            )
             for i in range(2)
         ]
         for h in bg:
@@ -489,3 +600,78 @@ def test_a_chat_turn_joining_background_rows_gets_its_first_token_from_its_own_f
     assert done.lane == "batched" and done.batch_max == 3
     assert one_token_feeds == [chat["prompt"][-1]]
     assert done.completion_token_ids == ref.completion_token_ids
+
+
+def _gated_submit(eng, requests: list[GenerationRequest]) -> list:
+    """Submit ``requests`` while the engine thread is parked in a call, so the scheduler sees
+    them as one burst (all waiting at the same tick)."""
+    gate, parked = threading.Event(), threading.Event()
+
+    def park(_runner):
+        parked.set()
+        gate.wait(30)
+
+    fut = eng.call(park)
+    parked.wait(30)
+    handles = [eng.submit(r) for r in requests]
+    gate.set()
+    fut.result(30)
+    return handles
+
+
+def test_a_burst_starts_decoding_together_and_keeps_its_solo_tokens(
+    tmp_path, tiny_llama_dir, engines
+):
+    """Newcomers arriving together are all prefilled before the first batched step (the decode
+    step is held, not run on a partial batch), so every step of the burst has every row; the
+    tokens are the solo runs' and the step count is exact (no lost or repeated step)."""
+    solo, _ = engines
+    n, tokens = 5, 9
+    with _engine(tmp_path, tiny_llama_dir, "burst") as eng:
+        specs = [
+            dict(
+                prompt=_prompt(eng, f"burst row {i} " + "y" * (5 * i)),
+                params=eng.sampling(max_tokens=tokens),
+                no_eos=True,
+            )
+            for i in range(n)
+        ]
+        specs[2]["params"] = eng.sampling(temperature=0.8, seed=2, max_tokens=tokens)
+        refs = [_solo(solo, spec) for spec in specs]
+        before = eng.scheduler_stats()
+        dones = [h.result(60) for h in _gated_submit(eng, [_request(eng, s) for s in specs])]
+        after = eng.scheduler_stats()
+    for done, ref in zip(dones, refs, strict=True):
+        assert done.completion_token_ids == ref.completion_token_ids
+        assert done.lane == "batched" and done.batch_min == done.batch_max == n
+    d = {k: after[k] - before[k] for k in after}
+    assert d["held_ticks"] >= 1 and d["serial_steps"] == 0
+    # one step per reply token, then the step that feeds every row's last token
+    assert d["batched_steps"] == tokens + 1 and d["batched_rows"] == n * (tokens + 1)
+    assert d["prefill_tokens"] == sum(len(s["prompt"]) - 1 for s in specs)
+
+
+def test_a_chat_turn_is_not_held_behind_a_burst_of_background_prefill(
+    tmp_path, tiny_llama_dir, engines
+):
+    """The hold never makes a request wait for lower-priority newcomers' prefill: a chat turn
+    arriving with background requests starts decoding before they have all joined."""
+    solo, _ = engines
+    chat = dict(prompt=_prompt(solo, "chat first"), params=solo.sampling(max_tokens=6), no_eos=True)
+    bg = [
+        dict(
+            prompt=_prompt(solo, f"background prompt {i} " * 6),
+            params=solo.sampling(max_tokens=12),
+            no_eos=True,
+        )
+        for i in range(3)
+    ]
+    refs = [_solo(solo, s) for s in [chat, *bg]]
+    with _engine(tmp_path, tiny_llama_dir, "nohold") as eng:
+        reqs = [_request(eng, chat, priority=Priority.INTERACTIVE)]
+        reqs += [_request(eng, s, priority=Priority.BACKGROUND) for s in bg]
+        dones = [h.result(60) for h in _gated_submit(eng, reqs)]
+    for done, ref in zip(dones, refs, strict=True):
+        assert done.completion_token_ids == ref.completion_token_ids
+    # its first steps ran while background rows were still prefilling (the batch ramped up)
+    assert dones[0].lane == "batched" and dones[0].batch_min == 1 and dones[0].batch_max == 4

@@ -13,7 +13,13 @@ tokens after each request's first / the time at least one request was past its f
 (so prefill before any stream is left out); per-request TTFT and inter-token latency (client
 side: first streamed text to Done over the tokens in between). Per row, batched_traces = how
 often the compiled batched step was traced so far for the model (once per rows x
-buffer-length shape, not per step). Then the interactive check: the TTFT of a short
+buffer-length shape, not per step). The engine thread's own split of each arm
+(``Engine.scheduler_stats``): seconds in prompt forwards (prefill, the same prompts' work in
+both arms) and in decode steps, decode steps and rows per batched step, so
+``speedup_without_prefill`` compares the arms with each one's prefill time taken out of its
+wall time (the client-side decode tok/s above counts the other rows' prefill inside the
+batched arm's decode span, not the serial arm's). ``METRICS`` (in the JSON) says this per
+field. Then the interactive check: the TTFT of a short
 chat request submitted while cap-1 background rows decode, vs the same request on an idle
 engine.
 """
@@ -30,12 +36,37 @@ from app.benches.engine import PASSAGE
 
 PROMPT_LENGTHS = (40, 200, 80, 280, 60, 160, 120, 240)
 
+METRICS = {
+    "tok_s": "completion tokens of all N / wall time from the first submit to the last Done (prefill included)",
+    "decode_tok_s": "tokens after each request's first / time at least one request was past its first token "
+    "(client side; in the batched arm that span also holds the other rows' prefill)",
+    "cpu_ms_per_token": "this process's CPU time over the arm / completion tokens",
+    "engine_prefill_s": "engine thread: time in prompt forwards (same prompts, same work in both arms)",
+    "engine_decode_s": "engine thread: time in serial-lane and batched decode steps",
+    "engine_other_s": "wall - prefill - decode: scheduling, streaming, waiting for the client",
+    "decode_ms_per_token": "engine_decode_s / completion tokens",
+    "rows_per_step": "rows fed per batched step (decoding rows plus rows riding their last step)",
+    "speedup": "batched tok_s / serial tok_s",
+    "tok_s_without_prefill": "completion tokens / (wall - engine_prefill_s)",
+    "speedup_without_prefill": "batched / serial tok_s_without_prefill: the arms with their prompt forwards "
+    "(the same work in both) taken out",
+    "engine_decode_speedup": "serial decode_ms_per_token / batched decode_ms_per_token",
+}
+
 
 def add_arguments(p) -> None:
-    p.add_argument("--profiles", default="smollm2-135m,qwen2.5-coder-0.5b", help="comma-separated profiles")
-    p.add_argument("--sessions", default="1,2,4,8", help="comma-separated concurrent session counts")
-    p.add_argument("--max-tokens", type=int, default=96, help="tokens each request generates (at most)")
-    p.add_argument("--rounds", type=int, default=1, help="each round runs serial, batched, batched, serial")
+    p.add_argument(
+        "--profiles", default="smollm2-135m,qwen2.5-coder-0.5b", help="comma-separated profiles"
+    )
+    p.add_argument(
+        "--sessions", default="1,2,4,8", help="comma-separated concurrent session counts"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=96, help="tokens each request generates (at most)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="each round runs serial, batched, batched, serial"
+    )
 
 
 def _prompt(engine, n_tokens: int) -> list[int]:
@@ -79,6 +110,7 @@ def _run_arm(engine, arm: str, n: int, max_tokens: int) -> dict:
     prompts = [_prompt(engine, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)]) for i in range(n)]
     params = engine.sampling(temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.0)
     timed: list[_Timed | None] = [None] * n
+    s0 = engine.scheduler_stats()
     t0, c0 = time.perf_counter(), time.process_time()
     if arm == "serial":
         for i, p in enumerate(prompts):
@@ -99,7 +131,10 @@ def _run_arm(engine, arm: str, n: int, max_tokens: int) -> dict:
             t.t_submit = t0
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0  # every thread of this process: the engine's work
+    s1 = engine.scheduler_stats()
+    d = {k: s1[k] - s0[k] for k in s0}
     tokens = sum(t.done.usage.completion_tokens for t in timed)
+    decode_s = d["serial_s"] + d["batched_s"]
     decode_tokens = sum(max(t.done.usage.completion_tokens - 1, 0) for t in timed)
     return {
         "wall_s": wall,
@@ -111,6 +146,14 @@ def _run_arm(engine, arm: str, n: int, max_tokens: int) -> dict:
         "itl_ms": [round(t.itl_ms, 2) for t in timed],
         "lanes": sorted({t.done.lane for t in timed}),
         "batch_max": max(t.done.batch_max for t in timed),
+        "engine_prefill_s": d["prefill_s"],
+        "engine_decode_s": decode_s,
+        "engine_other_s": wall - d["prefill_s"] - decode_s,
+        "tok_s_without_prefill": tokens / max(wall - d["prefill_s"], 1e-9),
+        "decode_ms_per_token": decode_s * 1000 / max(tokens, 1),
+        "decode_steps": d["serial_steps"] + d["batched_steps"],
+        "rows_per_step": d["batched_rows"] / d["batched_steps"] if d["batched_steps"] else 1.0,
+        "held_ticks": d["held_ticks"],
     }
 
 
@@ -132,17 +175,27 @@ def _interactive(engine, cap: int, max_tokens: int) -> dict:
     params = engine.sampling(temperature=0.0, max_tokens=16)
 
     def chat_ttft() -> float:
-        p = engine.chat_prompt([{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] Hello, how are you?"}])
-        return _Timed(engine.submit(GenerationRequest(p, params, priority=Priority.INTERACTIVE))).ttft_ms
+        p = engine.chat_prompt(
+            [{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] Hello, how are you?"}]
+        )
+        return _Timed(
+            engine.submit(GenerationRequest(p, params, priority=Priority.INTERACTIVE))
+        ).ttft_ms
 
     idle, busy, rows_seen = [], [], []
     for arm in ("idle", "busy", "busy", "idle"):
         if arm == "idle":
             idle.append(chat_ttft())
             continue
-        bg_params = engine.sampling(temperature=0.0, max_tokens=max_tokens * 4, repetition_penalty=1.0)
+        bg_params = engine.sampling(
+            temperature=0.0, max_tokens=max_tokens * 4, repetition_penalty=1.0
+        )
         handles = [
-            engine.submit(GenerationRequest(_prompt(engine, PROMPT_LENGTHS[i % 8]), bg_params, priority=Priority.BACKGROUND))
+            engine.submit(
+                GenerationRequest(
+                    _prompt(engine, PROMPT_LENGTHS[i % 8]), bg_params, priority=Priority.BACKGROUND
+                )
+            )
             for i in range(cap - 1)
         ]
         for h in handles:  # wait until every background row streams
@@ -199,26 +252,67 @@ def run(args) -> dict:
                 for arm, runs in arms.items():
                     row[arm] = {
                         "tok_s": round(statistics.median(r["tok_s"] for r in runs), 1),
-                        "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 1),
-                        "cpu_ms_per_token": round(statistics.median(r["cpu_ms_per_token"] for r in runs), 2),
+                        "decode_tok_s": round(
+                            statistics.median(r["decode_tok_s"] for r in runs), 1
+                        ),
+                        "cpu_ms_per_token": round(
+                            statistics.median(r["cpu_ms_per_token"] for r in runs), 2
+                        ),
                         "tokens": runs[-1]["tokens"],
-                        "ttft_ms_median": round(statistics.median(x for r in runs for x in r["ttft_ms"]), 1),
+                        "ttft_ms_median": round(
+                            statistics.median(x for r in runs for x in r["ttft_ms"]), 1
+                        ),
                         "ttft_ms_max": round(max(x for r in runs for x in r["ttft_ms"]), 1),
-                        "itl_ms_median": round(statistics.median(x for r in runs for x in r["itl_ms"]), 2),
+                        "itl_ms_median": round(
+                            statistics.median(x for r in runs for x in r["itl_ms"]), 2
+                        ),
                         "lanes": runs[-1]["lanes"],
                         "batch_max": runs[-1]["batch_max"],
                     }
+                    for key, digits in (
+                        ("wall_s", 2),
+                        ("engine_prefill_s", 2),
+                        ("engine_decode_s", 2),
+                        ("engine_other_s", 2),
+                        ("decode_ms_per_token", 2),
+                        ("decode_steps", 1),
+                        ("rows_per_step", 2),
+                        ("held_ticks", 1),
+                        ("tok_s_without_prefill", 1),
+                    ):
+                        row[arm][key] = round(statistics.median(r[key] for r in runs), digits)
                 row["speedup"] = round(row["batched"]["tok_s"] / row["serial"]["tok_s"], 2)
-                row["decode_speedup"] = round(row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2)
+                row["decode_speedup"] = round(
+                    row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2
+                )
                 # CPU time per token (prefill included): what the arms cost on a shared machine.
-                row["cpu_speedup"] = round(row["serial"]["cpu_ms_per_token"] / row["batched"]["cpu_ms_per_token"], 2)
-                row["batched_traces"] = batch.traces() - traces0  # compiles of the batched step so far
+                row["cpu_speedup"] = round(
+                    row["serial"]["cpu_ms_per_token"] / row["batched"]["cpu_ms_per_token"], 2
+                )
+                row["speedup_without_prefill"] = round(
+                    row["batched"]["tok_s_without_prefill"]
+                    / row["serial"]["tok_s_without_prefill"],
+                    2,
+                )
+                row["engine_decode_speedup"] = round(
+                    row["serial"]["decode_ms_per_token"] / row["batched"]["decode_ms_per_token"], 2
+                )
+                # compiles of the batched step so far
+                row["batched_traces"] = batch.traces() - traces0
                 rows.append(row)
             interactive = _interactive(engine, cap, args.max_tokens)
         finally:
             engine.close()
-        out["models"].append({"profile": name, "model": engine.model_name, "cap": cap, "rows": rows,
-                              "interactive": interactive})
+        out["models"].append(
+            {
+                "profile": name,
+                "model": engine.model_name,
+                "cap": cap,
+                "rows": rows,
+                "interactive": interactive,
+            }
+        )
     out["load_avg_end"] = os.getloadavg()[0]
+    out["metrics"] = METRICS
     out["targets"] = {"speedup_at_4": 1.8, "speedup_at_8": 3.0, "interactive_ttft_ratio": 2.0}
     return out

@@ -21,6 +21,7 @@ from engine.serving.worker import EngineWorker, RequestHandle
 
 log = logging.getLogger(__name__)
 
+
 class Priority(IntEnum):
     """Who waits for a request: a person at the prompt first, then agent steps, then the rest."""
 
@@ -36,7 +37,8 @@ class GenerationRequest:
     session_id: str | None = None  # checkpoint affinity
     split_reasoning: bool = True
     start_in_reasoning: bool = False  # the prompt itself opened a reasoning block
-    constraint: Any = None  # an engine.generation.constraints.TokenConstraint, used for this request only
+    # an engine.generation.constraints.TokenConstraint, used for this request only
+    constraint: Any = None
     priority: int = 2  # admission and prefill order: Priority.INTERACTIVE > AGENT > BACKGROUND
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -148,6 +150,11 @@ class Engine:
     def call(self, fn):
         """Run ``fn(runner)`` on the engine thread; returns a Future."""
         return self._worker.call(lambda: fn(self._runner))
+
+    def scheduler_stats(self) -> dict[str, float]:
+        """Where the engine thread's time went so far (engine.serving.scheduler.SchedulerStats):
+        prefill forwards, serial-lane and batched steps; benchmarks diff two readings."""
+        return self._worker.call(lambda: self._worker.scheduler.stats.as_dict()).result()
 
     def flush_checkpoints(self, timeout: float | None = None):
         """Wait for queued checkpoint writes; returns the durability report."""

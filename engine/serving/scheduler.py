@@ -19,6 +19,14 @@ speculation runs again for its tail) with its key schedule. A finished row is an
 once and rides one more step so its cache covers the whole reply (as the serial lane's
 does), then it is checkpointed and leaves.
 
+A burst of newcomers (requests arriving while no batched row has started decoding, e.g. N
+sessions submitted at once) starts decoding together: while the rows that finished their
+prefill have no reply token yet and the rest of the burst has at most ``PREFILL_TOKENS``
+prompt tokens left, the decode step is held (``_hold``). Otherwise the first rows decode in
+partial batches between the others' prefill chunks, and the last joiner's reply ends that
+many steps later; each of those steps costs nearly a full one. Rows that outrank the
+prefilling newcomers (a chat turn) are never held.
+
 Newcomers at the same position with the same prompt length left (e.g. one template prefix
 restored, equal-length prompts, long prompts' 512-token chunks) prefill in one forward
 (``prefill_together``), each with exactly the chunks its solo run uses; and a
@@ -34,6 +42,7 @@ import itertools
 import logging
 import os
 import time
+from dataclasses import asdict, dataclass
 
 from engine.generation.batch import BatchKV, batchable, batched_logits, prefill_together
 from engine.generation.constraints import additive_mask
@@ -57,6 +66,25 @@ import mlx.core as mx
 
 log = logging.getLogger(__name__)
 PREFILL_TOKENS = 4 * PREFILL_CHUNK  # at most this many tokens in one joint prefill forward
+
+
+@dataclass
+class SchedulerStats:
+    """Where the engine thread's time went since the engine started (seconds, counts): read
+    by benchmarks through ``Engine.scheduler_stats`` to split an arm's wall time."""
+
+    prefill_s: float = 0.0  # prompt forwards (chunks, joint chunks)
+    prefill_forwards: int = 0
+    prefill_tokens: int = 0
+    serial_s: float = 0.0  # serial-lane steps (one token each, or a speculative round's)
+    serial_steps: int = 0
+    batched_s: float = 0.0  # batched steps: forward, sampling, streaming, checkpoint hand-off
+    batched_steps: int = 0
+    batched_rows: int = 0  # rows fed, summed over batched steps (tokens drawn + riders)
+    held_ticks: int = 0  # ticks whose decode step was held for a burst's prefill
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 class Row:
@@ -94,7 +122,9 @@ class Row:
         self.stops = StopMatcher(params.stop)
         markers = tokenizer.reasoning_markers or ("<think>", "</think>")
         self.splitter = (
-            ReasoningSplitter(*markers, in_reasoning=req.start_in_reasoning) if req.split_reasoning else None
+            ReasoningSplitter(*markers, in_reasoning=req.start_in_reasoning)
+            if req.split_reasoning
+            else None
         )
         self.text: list[str] = []
         self.reasoning: list[str] = []
@@ -146,7 +176,9 @@ class Row:
     def plain_greedy(self) -> bool:
         """Greedy with no penalty, constraint or logprobs: the token is the logits' argmax."""
         p = self.params
-        return p.greedy and p.repetition_penalty == 1.0 and self.constraint is None and not p.logprobs
+        return (
+            p.greedy and p.repetition_penalty == 1.0 and self.constraint is None and not p.logprobs
+        )
 
     def skip(self, y: mx.array) -> None:
         """Advance key and window as ``draw`` would, for a token picked outside it."""
@@ -161,7 +193,9 @@ class Row:
         self.generated.append(tok)
         if self.params.logprobs and logprobs is not None:
             lp = logprobs.reshape(-1)
-            self.logprobs.append(TokenLogprobs(tok, float(lp[tok].item()), top_logprobs(lp, self.params.logprobs)))
+            self.logprobs.append(
+                TokenLogprobs(tok, float(lp[tok].item()), top_logprobs(lp, self.params.logprobs))
+            )
         if tok in self.eos:
             return "stop"
         piece = self.stops.feed(self.detok.add(tok))
@@ -255,6 +289,7 @@ class Scheduler:
         self.solo: Row | None = None  # the serial lane
         self.rows: list[Row] = []  # batched lane, in BatchKV row order
         self.kv = BatchKV()
+        self.stats = SchedulerStats()
 
     # -- queue -------------------------------------------------------------------------------
     @property
@@ -270,12 +305,19 @@ class Scheduler:
     def add(self, req, handle) -> None:
         limit = self.runner.profile.context.max_context
         if len(req.prompt_ids) >= limit:
-            handle.emit(_error_done(f"prompt is {len(req.prompt_ids)} tokens; the context limit is {limit}", "context"))
+            handle.emit(
+                _error_done(
+                    f"prompt is {len(req.prompt_ids)} tokens; the context limit is {limit}",
+                    "context",
+                )
+            )
             return
         params: SamplingParams = req.params
         # A concrete seed lets a row that migrates from the serial lane continue its key schedule.
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
-        params = params.with_overrides(max_tokens=min(params.max_tokens, limit - len(req.prompt_ids)), seed=seed)
+        params = params.with_overrides(
+            max_tokens=min(params.max_tokens, limit - len(req.prompt_ids)), seed=seed
+        )
         row = Row(req, handle, next(self._seq), params, self.runner.tokenizer)
         heapq.heappush(self.waiting, (-row.priority, row.seq, row))
 
@@ -286,7 +328,12 @@ class Scheduler:
 
     def abort(self, message: str) -> None:
         """Answer every request still in the engine (engine shutting down)."""
-        rows = [r for _, _, r in self.waiting] + self.prefilling + self.rows + ([self.solo] if self.solo else [])
+        rows = (
+            [r for _, _, r in self.waiting]
+            + self.prefilling
+            + self.rows
+            + ([self.solo] if self.solo else [])
+        )
         for r in rows:
             if r.handle._done is None:
                 r.handle.emit(_error_done(message))
@@ -305,9 +352,29 @@ class Scheduler:
         # one step of the running rows (and one prefill chunk of a more urgent request).
         self._admit()
         if self.prefilling:
+            t = time.perf_counter()
             self._prefill_chunk()
-        if not decoded:
+            self.stats.prefill_s += time.perf_counter() - t
+        if decoded:
+            return
+        if self._hold():
+            self.stats.held_ticks += 1
+        else:
             self._decode()
+
+    def _hold(self) -> bool:
+        """Hold the decode step for a burst: the batched rows are newcomers that have not
+        decoded yet (none answered, leaving or cancelled), more newcomers are prefilling with
+        at most PREFILL_TOKENS prompt tokens left, and no held row outranks them. The burst
+        then starts decoding in full steps instead of ramping up one row per prefill chunk;
+        the tokens do not change (each row's are its solo run's), only when steps run."""
+        if self.solo is not None or not self.rows or not self.prefilling:
+            return False
+        if any(r.generated or r.leaving or r.handle.cancelled for r in self.rows):
+            return False
+        if max(r.priority for r in self.rows) > min(r.priority for r in self.prefilling):
+            return False
+        return sum(_left(r) for r in self.prefilling) <= PREFILL_TOKENS
 
     def _decode(self) -> None:
         if self._alone():
@@ -356,14 +423,19 @@ class Scheduler:
                 mx.reset_peak_memory()  # peak memory of this busy period
             reuse = self.runner.cache.acquire(row.prompt, row.req.session_id)
             row.cache, row.cached, row.source, row.restore_ms = (
-                reuse.cache, reuse.cached_tokens, reuse.source, reuse.restore_ms,
+                reuse.cache,
+                reuse.cached_tokens,
+                reuse.source,
+                reuse.restore_ms,
             )
             row.filled = row.cached
             self.prefilling.append(row)
 
     def _kv_bytes(self, rows: list[Row]) -> int:
         if self._token_bytes is None:
-            self._token_bytes = _kv_bytes_per_token(self.prefill_model, self.runner.cache.new_cache())
+            self._token_bytes = _kv_bytes_per_token(
+                self.prefill_model, self.runner.cache.new_cache()
+            )
         limit = self.runner.profile.context.max_context
         return sum(min(r.kv_need(), limit) for r in rows) * self._token_bytes
 
@@ -383,15 +455,29 @@ class Scheduler:
                 # same length): attention and matmul results depend on the pass shape in the
                 # last bits (summation blocks over keys, padding shifts), so another split
                 # could flip a near-tie token against the row's solo run.
-                fits = [r for r in urgent[1:] if r.filled == row.filled and min(PREFILL_CHUNK, _left(r)) == n]
+                fits = [
+                    r
+                    for r in urgent[1:]
+                    if r.filled == row.filled and min(PREFILL_CHUNK, _left(r)) == n
+                ]
                 group += fits[: max(0, PREFILL_TOKENS // n - 1)]
             if len(group) > 1:
-                caches = prefill_together(self.prefill_model, [r.cache for r in group],
-                                          [r.prompt[r.filled : r.filled + n] for r in group])
+                caches = prefill_together(
+                    self.prefill_model,
+                    [r.cache for r in group],
+                    [r.prompt[r.filled : r.filled + n] for r in group],
+                )
                 for r, cache in zip(group, caches, strict=True):
                     r.cache = cache
             else:  # the body's logits are never read: the decode lanes feed the last token
-                prefill(self.prefill_model, row.cache, row.prompt[row.filled : row.filled + n], logits=False)
+                prefill(
+                    self.prefill_model,
+                    row.cache,
+                    row.prompt[row.filled : row.filled + n],
+                    logits=False,
+                )
+            self.stats.prefill_forwards += 1
+            self.stats.prefill_tokens += n * len(group)
             for r in group:
                 r.filled += n
                 total = len(r.prompt) - r.cached
@@ -450,8 +536,14 @@ class Scheduler:
 
     def _alone(self) -> bool:
         """One batched row left, nothing joining or leaving: it can decode in the serial lane."""
-        return (self.solo is None and len(self.rows) == 1 and not self.rows[0].leaving
-                and not self.prefilling and not self.waiting and self.can_batch)
+        return (
+            self.solo is None
+            and len(self.rows) == 1
+            and not self.rows[0].leaving
+            and not self.prefilling
+            and not self.waiting
+            and self.can_batch
+        )
 
     def _return_solo(self) -> None:
         """Move the last batched row to the serial lane at a token boundary: its cache holds the
@@ -485,6 +577,14 @@ class Scheduler:
 
     # -- decode lanes --------------------------------------------------------------------------------
     def _serial_step(self) -> None:
+        t = time.perf_counter()
+        try:
+            self._serial_token()
+        finally:
+            self.stats.serial_s += time.perf_counter() - t
+            self.stats.serial_steps += 1
+
+    def _serial_token(self) -> None:
         row = self.solo
         finish = None
         if row.handle.cancelled:
@@ -496,10 +596,14 @@ class Scheduler:
                 finish = "cancelled" if row.handle.cancelled else "length"
             else:
                 row.shared(1)
-                finish = "cancelled" if row.handle.cancelled else row.accept(out.token, out.logprobs)
+                finish = (
+                    "cancelled" if row.handle.cancelled else row.accept(out.token, out.logprobs)
+                )
                 if row.spec is not None and row.spec.stats.rounds >= row.spec_shown + 4:
                     row.spec_shown = row.spec.stats.rounds
-                    row.handle.emit(SpeculationProgress(row.spec.stats.drafted, row.spec.stats.accepted))
+                    row.handle.emit(
+                        SpeculationProgress(row.spec.stats.drafted, row.spec.stats.accepted)
+                    )
         if finish is None:
             return
         row.steps.close()
@@ -531,7 +635,17 @@ class Scheduler:
         self.rows.append(row)
 
     def _batched_step(self) -> None:
+        t = time.perf_counter()
+        try:
+            self._batched_token()
+        finally:
+            self.stats.batched_s += time.perf_counter() - t
+            self.stats.batched_steps += 1
+
+    def _batched_token(self) -> None:
+        """Every batched row feeds its pending token; live rows draw their next one."""
         rows = self.rows
+        self.stats.batched_rows += len(rows)
         live = [r for r in rows if not r.leaving and not r.handle.cancelled]
         logits = batched_logits(self.model, [r.pending for r in rows], self.kv)
         drawn = []
@@ -597,4 +711,3 @@ def _kv_bytes_per_token(model, cache: list) -> int:
 
 def _error_done(message: str, reason: str = "error") -> Done:
     return Done("", "", reason, Usage(), Timings(), error=message)
-

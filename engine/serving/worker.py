@@ -129,6 +129,11 @@ class EngineWorker:
         self._scheduler = scheduler
 
     @property
+    def scheduler(self):
+        """The attached scheduler (touch its state on the engine thread only, e.g. via ``call``)."""
+        return self._scheduler
+
+    @property
     def active(self) -> int:
         """Requests submitted and not answered yet (approximate: read without a lock)."""
         sched = self._scheduler
