@@ -9,7 +9,7 @@ weights serve both; the plain arm opts out per request), greedy so tokens must b
   free-form (the lookup profile): a short story -- lookup finds little, a miss must cost ~nothing
   code (the draft-pair profile, e.g. Qwen2.5-Coder 0.5B drafting for 1.5B): write a function
   agent edit_file step on a model that copies the old text (``--edit-profile``, e.g.
-    qwen2.5-coder-1.5b-lookup; the 0.5B copies one line of it)
+    qwen2.5-coder-1.5b-lookup; the 0.5B copies one line of it), under the tool-call grammar
 Also the verify-cost curve of each target: one forward over 1, 2, 4, 8, 12, 15, 16 new rows
 after a 256-token context (attending as a verify does), and the draft length that maximises
 expected tokens per unit of cost (at most ``max_verify_rows() - 1`` drafts).
@@ -251,13 +251,13 @@ def run(args) -> dict:
              "|---|---|---|---|---|---|---|---|---|"]
     jobs = [(args.profile, None, args.max_tokens)] if args.profile else []
     if args.edit_profile:
-        jobs.append((args.edit_profile, "copy_edit_file_step_copying_model", args.max_tokens))
+        jobs.append((args.edit_profile, "copy_edit_file_step_copying_model_constrained", args.max_tokens))
     if args.pair_profile:
         jobs.append((args.pair_profile, "code_generation_pair", args.pair_max_tokens))
     for profile, only, max_tokens in jobs:
         eng = Engine.load(profile)
         try:
-            if only != "copy_edit_file_step_copying_model":
+            if only != "copy_edit_file_step_copying_model_constrained":
                 result["curves"][profile] = {"model": eng.model_name, "weights": eng.weight_format,
                                              **verify_curve(eng, rows)}
             if only == "code_generation_pair":
