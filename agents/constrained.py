@@ -86,6 +86,8 @@ class TokenTable:
                 self.by_piece.setdefault(b, []).append(i)
 
         self.max_piece = max((len(b) for b in self.by_piece), default=1)
+        # speculative drafts spell forced text as the model's tokenizer does (None: no drafts)
+        self.encode = getattr(tokenizer, "encode", None)
 
     def prefix_ids(self, text: bytes) -> list[int]:
         """Ids of tokens whose bytes are a non-empty prefix of ``text``."""
@@ -145,6 +147,8 @@ class ToolCallMasks:
         self._brace_candidates = np.array(
             [i for i, b in enumerate(pieces) if b is not None and b.lstrip(_WS).startswith(b"{")], dtype=np.int64)
         self._start_masks: dict[int | None, mx.array] = {}
+        self._forced: dict[tuple[int, bool], tuple[bytes, int]] = {}
+        self.end_token: int | None = None  # the end-of-turn token this model closed a call with
 
     # -- states ----------------------------------------------------------------------------------
     def intern(self, state: State) -> int:
@@ -294,6 +298,33 @@ class ToolCallMasks:
             n = self._need[sid] = 0 if done else self.table.spell(self.grammar.completion(self._states[sid]))[0]
         return n
 
+    def forced(self, sid: int, after: int) -> tuple[bytes, int]:
+        """The bytes the grammar dictates from state ``sid`` and the state they lead to.
+
+        Followed while exactly one byte other than whitespace may come next; optional
+        whitespace is left out, except one space after ``:`` or ``,`` (``after`` is the byte
+        before ``sid``), which is how models write JSON (``"key": "v", "k2"``). Stops where the
+        model has a choice (a string body, a value, which key next). For speculative drafts
+        (``ToolCallConstraint.draft``): a guess at what comes next, verified like any draft.
+        """
+        key = (sid, after in b":,")
+        hit = self._forced.get(key)
+        if hit is not None:
+            return hit
+        start, out = sid, bytearray()
+        while sid not in (self.accept, _DEAD) and len(out) < 64:
+            options = [b for b in range(256) if self.next_id(sid, b) != _DEAD]
+            solid = [b for b in options if b not in _WS]
+            if len(solid) != 1:
+                break
+            if len(solid) < len(options) and (out[-1:] or bytes((after,))) in (b":", b",") and 0x20 in options:
+                sid = self.next_id(sid, 0x20)
+                out.append(0x20)
+            sid = self.next_id(sid, solid[0])
+            out.append(solid[0])
+        self._forced[(start, after in b":,")] = hit = (bytes(out), sid)
+        return hit
+
     def closing_mask(self, sid: int) -> mx.array:
         """Only tokens that start a shortest wind-up: used when the budget has no slack left."""
         cached = self._closing.get(sid)
@@ -376,6 +407,7 @@ class ToolCallConstraint:
         self.overhead_s = 0.0  # time in allowed()/advance(), for the benchmark
         self.max_tokens = max_tokens
         self.wound_up = False  # the budget forced the call closed
+        self.last_byte = 0  # the last byte of the text so far (forced drafts space JSON after : and ,)
         if force_call:
             sid = masks.committed(0)
             if max_tokens is None or masks.need(sid) + 1 <= max_tokens:
@@ -384,6 +416,27 @@ class ToolCallConstraint:
     def fork(self) -> ToolCallConstraint:
         """An independent copy for speculative decoding (the state is scalars; masks are shared)."""
         return copy.copy(self)
+
+    def draft(self, k: int) -> list[int]:
+        """Up to ``k`` tokens for a speculative draft where the grammar leaves the model (almost)
+        no choice: the rest of a key once only one fits, ``": "`` before a string, the close
+        marker, and after it the end-of-turn token this model used to end a call before. The
+        forced text is spelled by the tokenizer; the verifier keeps only what the model samples.
+        """
+        t0 = time.perf_counter()
+        try:
+            end = self.masks.end_token
+            if self.phase == "end":
+                return [end] if end is not None and k > 0 else []
+            if self.phase != "call" or k <= 0 or self.masks.table.encode is None:
+                return []
+            text, sid = self.masks.forced(self.sid, self.last_byte)
+            out = self.masks.table.encode(text.decode("utf-8", "replace"))[:k] if text else []
+            if sid == self.masks.accept and end is not None and len(out) < k:
+                out.append(end)
+            return out
+        finally:
+            self.overhead_s += time.perf_counter() - t0
 
     def allowed(self) -> mx.array | None:
         t0 = time.perf_counter()
@@ -418,6 +471,10 @@ class ToolCallConstraint:
         try:
             pieces = self.masks.table.pieces
             data = pieces[token] if 0 <= token < len(pieces) else None
+            if data:
+                self.last_byte = data[-1]
+            if self.phase == "end" and token in self.masks.table.eos:
+                self.masks.end_token = token  # what this model ends a call's turn with
             if self.phase == "call":
                 self._advance_call(data)
             elif self.phase in ("free", "marker", "broken") and data is not None:

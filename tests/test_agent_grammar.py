@@ -333,3 +333,83 @@ def test_random_model_under_constraint_emits_valid_enum_and_array_arguments(pick
     assert seen["flag"] == {True, False}
     assert lengths == {"tags": {0, 1, 2}, "counts": {0, 1, 2}}
     assert {-5, 5} <= seen["counts"]
+
+
+# -- forced drafts (speculative decoding under the grammar) ------------------------------------
+def _constraint_after(masks, text: str) -> ToolCallConstraint:
+    c = ToolCallConstraint(masks, force_call=True)
+    for t in ByteTokenizer().encode("<tool_call>" + text):
+        assert c.allowed() is not None
+        c.advance(t)
+    return c
+
+
+@pytest.fixture(scope="module")
+def byte_masks():
+    tok = ByteTokenizer()
+    return ToolCallMasks(ToolCallGrammar(TOOLS), TokenTable(tok, tok.vocab_size + 7))
+
+
+@pytest.mark.parametrize("text, forced", [
+    ('{"name": "write_file", "arguments": {"path": "a.txt"', ', "content": "'),  # the only key left
+    ('{"name": "write_file", "arguments": {"path": "a.txt",', ' "content": "'),
+    ('{"name": "write_file", "arguments": {"path": "a.txt", "c', 'ontent": "'),
+    ('{"name": "write_file", "arguments": {"content": "x", "path": "a.txt"', '}}</tool_call>'),
+    ('{"name": "edit_file", "arguments": {"path": "a", "old_text": "x"', ', "'),  # new_text or replace_all
+    ('{"name": "edit_file", "arguments": {"path": "a", "old_text": "x", "new_text": "y", "r', 'eplace_all":'),
+    ('{"name": "edit_file", "arguments": {"replace_all": false, "path": "a", "old_text": "x"', ', "new_text": "'),
+    ('{"name": "edit_file", "arguments": {"path": "a", "old_text": "x", "new_text": "y", "replace_all": true',
+     '}}</tool_call>'),
+    ('{"name": "edit_file", "arguments": {"path": "a", "old_text": "x", "new_text": "y"', ''),  # , or }
+    ('{"name": "edit_file", "arguments": {"path": "a", "old_text": "x", "', ''),  # new_text or replace_all
+    ('{"name": "write_file", "arguments": {"path": "a.t', ''),  # a string body: the model's text
+    ('{"name": "bash", "arguments": {"command": "ls", "timeout_s": 6', ''),  # more digits or not
+    ('{"name": "write_', 'file", "arguments": {"'),
+])
+def test_forced_draft_is_what_the_grammar_dictates(byte_masks, text, forced):
+    """draft() spells exactly the bytes the grammar leaves no choice about (JSON spaced as models
+    write it); feeding them keeps the call valid, and each is allowed by its position's mask."""
+    c = _constraint_after(byte_masks, text)
+    draft = c.draft(64)
+    assert bytes(draft).decode() == forced
+    fork = c.fork()
+    for t in draft:
+        assert bool(np.array(fork.allowed())[t])
+        fork.advance(t)
+    assert fork.phase in ("call", "end")
+    assert c.draft(3) == draft[:3]  # a budget cuts it
+
+
+def test_forced_draft_ends_with_the_end_token_the_model_used(byte_masks):
+    tok = ByteTokenizer()
+    c = _constraint_after(byte_masks, '{"name": "list_dir", "arguments": {}')
+    assert bytes(c.draft(64)) == b"}</tool_call>"  # no end token known yet
+    done = _constraint_after(byte_masks, '{"name": "list_dir", "arguments": {}}</tool_call>')
+    assert done.phase == "end" and done.draft(4) == []
+    done.advance(tok.specials["<|im_end|>"])
+    assert byte_masks.end_token == tok.specials["<|im_end|>"]
+    assert c.draft(64) == list(b"}</tool_call>") + [tok.specials["<|im_end|>"]]
+    assert _constraint_after(byte_masks, '{"name": "list_dir", "arguments": {}}</tool_call>').draft(4) == [
+        tok.specials["<|im_end|>"]]
+    assert c.draft(0) == [] and ToolCallConstraint(byte_masks).draft(8) == []  # free text: nothing
+
+
+def test_random_calls_every_forced_draft_is_the_only_way_on(byte_masks):
+    """Along random valid calls, a forced draft's bytes are each the only non-whitespace byte
+    the grammar allows there (so a model that writes compact or spaced JSON is drafted right)."""
+    rng = np.random.default_rng(3)
+    g = byte_masks.grammar
+    for _ in range(20):
+        c, text = _drive(byte_masks, rng, max_tokens=120, force_call=True)
+        state = g.initial()
+        for i in range(len(text)):
+            state = g.step(state, text.encode()[i]) if state is not None else None
+            if state is None or not state:
+                break
+            forced, _ = byte_masks.forced(byte_masks.intern(state), text.encode()[i])
+            s = state
+            for b in forced:
+                options = {x for x in range(256) if g.step(s, x) is not None} - set(b" \t\n\r")
+                assert b == 0x20 or options == {b}, (text[: i + 1], forced)
+                s = g.step(s, b)
+                assert s is not None

@@ -135,3 +135,28 @@ def test_smollm2_on_the_kernels_speculation_gives_the_step_bits(wrong):
     for g, r in zip(got, ref, strict=True):
         assert mx.array_equal(g.logprobs, r.logprobs)
     assert spec.stats.rounds > 3
+
+
+def test_qwen_coder_05b_edit_file_step_under_the_tool_call_grammar():
+    """The agent's edit_file step as an agent generates it (the tool-call constraint): lookup
+    plus the grammar's forced tokens give plain constrained decoding's tokens, the forced
+    tokens are drafted and kept, and the call takes under half as many forwards as tokens."""
+    from app.benches.spec import edit_step_constraint, edit_step_prompt
+
+    eng = Engine.load("qwen2.5-coder-0.5b-lookup")
+    try:
+        prompt = edit_step_prompt(eng, "def compute_total_3(")
+        make = edit_step_constraint(eng, prompt, 64)
+        out = []
+        for speculate in (False, True):
+            params = eng.sampling(temperature=0.0, max_tokens=64, repetition_penalty=1.0)
+            out.append(eng.submit(GenerationRequest(prompt, params, constraint=make(),
+                                                    extra={"speculation": speculate})).result())
+    finally:
+        eng.close()
+    plain, spec = out
+    assert spec.completion_token_ids == plain.completion_token_ids
+    assert plain.text.rstrip().endswith("</tool_call>")
+    s = spec.speculation
+    assert s["forced_drafted"] > 0 and s["accepted"] > s["drafted"] // 2, s
+    assert s["rounds"] + s["plain_steps"] < len(plain.completion_token_ids) / 2, s

@@ -341,6 +341,78 @@ def test_constrained_positions_are_each_masked(models, wrong):
     assert got == ref and spec.stats.rounds > 0
 
 
+class ForcedAlternating(Alternating):
+    """Alternating, plus ``draft()`` (a grammar's forced tokens): the reference continuation,
+    optionally with the token at draft index ``wrong`` changed to another allowed one."""
+
+    def __init__(self, ref=(), wrong=None):
+        super().__init__()
+        self.ref, self.wrong = list(ref), wrong
+
+    def fork(self):
+        other = ForcedAlternating(self.ref, self.wrong)
+        other.n = self.n
+        return other
+
+    def draft(self, k):
+        out = list(self.ref[self.n : self.n + k])
+        if self.wrong is not None and self.wrong < len(out):
+            out[self.wrong] = (out[self.wrong] + 2) % 256  # same parity: the mask allows it
+        return out
+
+
+class NoDrafts(Oracle):
+    def __init__(self):
+        pass
+
+    def propose(self, pending, k, hidden=None):
+        return []
+
+
+class OffMask(Oracle):
+    """The reference continuation with draft index 1 outside its mask (other parity)."""
+
+    def propose(self, pending, k, hidden=None):
+        draft = super().propose(pending, k)
+        if len(draft) > 1:
+            draft[1] = (draft[1] + 1) % 256
+        return draft
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("wrong", [None, 0, 2])
+@pytest.mark.parametrize("max_tokens", [7, 30])
+def test_a_constraints_forced_tokens_are_verified_drafts(models, temperature, wrong, max_tokens):
+    """Tokens a constraint dictates (``draft()``) are drafted where the drafter has none or its
+    guess leaves the mask, up to the draft ceiling; right or wrong, the output is plain decoding's
+    (greedy, and sampled with a seed) and ends at max_tokens inside an accepted run."""
+    model = models["llama"]
+    params = SamplingParams(temperature=temperature, seed=3, max_tokens=max_tokens)
+    ref = [o.token for o in generate_step(model, PROMPT, make_cache(model), params, constraint=Alternating())]
+    for drafter in (NoDrafts(), OffMask(ref, len(PROMPT))):
+        spec = _spec(drafter)
+        got = [o.token for o in generate_step(model, PROMPT, make_cache(model), params,
+                                              constraint=ForcedAlternating(ref, wrong), speculation=spec)]
+        assert got == ref
+        assert spec.stats.forced > 0 and spec.stats.rounds > 0
+        assert spec.stats.drafted <= spec.stats.rounds * K  # the ceiling holds forced tokens too
+        if wrong is None:
+            assert spec.stats.accepted == spec.stats.drafted  # the reference is always accepted
+            assert spec.stats.rounds + spec.stats.plain_steps < len(ref) / 2
+
+
+def test_forced_tokens_leave_the_cache_as_a_fresh_prefill(models):
+    model = models["llama"]
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    ref = [o.token for o in generate_step(model, PROMPT, make_cache(model), params, constraint=Alternating())]
+    cache = make_cache(model)
+    spec = _spec(NoDrafts())
+    got = [o.token for o in generate_step(model, PROMPT, cache, params, constraint=ForcedAlternating(ref, 1),
+                                          speculation=spec)]
+    assert got == ref and spec.stats.forced > 0
+    assert_cache_is_fresh_prefill(model, cache, PROMPT + ref)
+
+
 def test_profile_rules_and_mtp_refusal(tmp_path, tiny_llama_dir):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: {source: x.gguf}\nspeculation:\n  mode: draft\n  num_draft_tokens: 2\n"

@@ -3,11 +3,13 @@
 Arms per scenario, alternated plain/spec/spec/plain each round on one loaded engine (the same
 weights serve both; the plain arm opts out per request), greedy so tokens must be identical:
   copy-heavy (the lookup profile): rewrite a 300-line file with one change, an agent
-    ``edit_file`` step after ``read_file``, repeat a quoted passage
+    ``edit_file`` step after ``read_file`` (free, and under the agent's tool-call grammar as an
+    agent generates it: both arms constrained; speculation adds the grammar's forced tokens),
+    repeat a quoted passage
   free-form (the lookup profile): a short story -- lookup finds little, a miss must cost ~nothing
   code (the draft-pair profile, e.g. Qwen2.5-Coder 0.5B drafting for 1.5B): write a function
   agent edit_file step on a model that copies the old text (``--edit-profile``, e.g.
-    qwen2.5-coder-1.5b-lookup; the 0.5B copies one line of it)
+    qwen2.5-coder-1.5b-lookup; the 0.5B copies one line of it), under the tool-call grammar
 Also the verify-cost curve of each target: one forward over 1, 2, 4, 8, 12, 15, 16 new rows
 after a 256-token context (attending as a verify does), and the draft length that maximises
 expected tokens per unit of cost (at most ``max_verify_rows() - 1`` drafts).
@@ -104,6 +106,28 @@ def edit_step_prompt(engine, opened: str = "") -> list[int]:
         '<tool_call>\n{"name": "edit_file", "arguments": {"path": "inventory.py", "old_text": "' + opened)
 
 
+def edit_step_constraint(engine, prompt: list[int], max_tokens: int):
+    """A factory of the agent's tool-call constraint for ``edit_step_prompt``'s reply: the same
+    grammar and masks an agent session uses (``constrained_tool_calls``), advanced over the
+    opened part of the call, so it constrains what the model writes after it."""
+    from agents.constrained import ToolCallConstraint
+    from agents.session import shared_masks
+
+    msgs, tools = edit_step_messages(source_file())
+    opened = prompt[len(engine.chat_prompt(msgs, tools=tools)):]
+    masks = shared_masks(engine, tools)
+
+    def make():
+        c = ToolCallConstraint(masks, max_tokens=len(opened) + max_tokens)
+        for t in opened:
+            c.allowed()
+            c.advance(t)
+        assert c.phase == "call", "the opened edit_file call left the tool-call grammar"
+        return c
+
+    return make
+
+
 def scenarios(engine, max_tokens: int) -> dict[str, list[int]]:
     code = source_file()
     return {
@@ -115,6 +139,8 @@ def scenarios(engine, max_tokens: int) -> dict[str, list[int]]:
         # its own); what is measured is the copy: old_text and new_text as JSON strings
         # Qwen 0.5B copies one line here (docs/benchmarks.md): not a copy-heavy step for it
         "copy_edit_file_step": edit_step_prompt(engine, "def compute_total_3("),
+        # the same step under the tool-call grammar, as an agent generates it (both arms)
+        "copy_edit_file_step_constrained": edit_step_prompt(engine, "def compute_total_3("),
         "copy_quote_passage": engine.chat_prompt([{
             "role": "user", "content": f"Repeat this passage word for word:\n\n{PASSAGE}\n\n{PASSAGE}"}]),
         "free_form_story": engine.chat_prompt([{"role": "user", "content": STORY}]),
@@ -173,14 +199,16 @@ def _interp(ms: dict[int, float], n: int) -> float:
     return ms[lo] + (ms[hi] - ms[lo]) * (n - lo) / (hi - lo)
 
 
-def compare(engine, prompt: list[int], max_tokens: int, rounds: int) -> dict:
+def compare(engine, prompt: list[int], max_tokens: int, rounds: int, constraint=None) -> dict:
+    """``constraint``: a factory of each request's TokenConstraint (both arms), or None."""
     from engine.runtime import GenerationRequest
 
     runs: dict[str, list] = {"plain": [], "spec": []}
 
     def once(speculate: bool):
         params = engine.sampling(temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.0)
-        done = engine.submit(GenerationRequest(prompt, params, extra={"speculation": speculate})).result()
+        done = engine.submit(GenerationRequest(prompt, params, constraint=constraint() if constraint else None,
+                                               extra={"speculation": speculate})).result()
         runs["spec" if speculate else "plain"].append(done)
 
     once(False)  # warm-up: prefill once (later requests reuse the cached prompt), compile traces
@@ -201,6 +229,7 @@ def compare(engine, prompt: list[int], max_tokens: int, rounds: int) -> dict:
         "spec_tps": round(s_tps, 2),
         "speedup": round(s_tps / p_tps, 2) if p_tps else None,
         "acceptance_rate": st["acceptance_rate"],
+        "forced_drafted": st.get("forced_drafted", 0),
         "mean_accepted_length": st["mean_accepted_length"],
         "rounds": st["rounds"],
         "plain_steps": st["plain_steps"],
@@ -226,7 +255,8 @@ def run(args) -> dict:
     if args.profile:
         jobs.append((args.profile, lambda eng: scenarios(eng, args.max_tokens), args.max_tokens, True))
     if args.edit_profile:
-        jobs.append((args.edit_profile, lambda eng: {"copy_edit_file_step_copying_model": edit_step_prompt(eng)},
+        jobs.append((args.edit_profile,
+                     lambda eng: {"copy_edit_file_step_copying_model_constrained": edit_step_prompt(eng)},
                      args.max_tokens, False))
     if args.pair_profile:
         jobs.append((args.pair_profile,
@@ -240,7 +270,8 @@ def run(args) -> dict:
                                              **verify_curve(eng, rows)}
             prompts = prompts_of(eng)
             for name, prompt in prompts.items():
-                r = compare(eng, prompt, max_tokens, args.rounds)
+                make = edit_step_constraint(eng, prompt, max_tokens) if name.endswith("_constrained") else None
+                r = compare(eng, prompt, max_tokens, args.rounds, make)
                 r["profile"] = profile
                 result["scenarios"][name] = r
                 print(f"bench spec: {name}: {json.dumps(r)}", file=sys.stderr, flush=True)  # progress

@@ -57,6 +57,7 @@ class SpecStats:
     accepted: int = 0  # of those, kept
     rounds: int = 0  # verification forwards (with at least one draft token)
     plain_steps: int = 0  # single-token steps (no draft for that position)
+    forced: int = 0  # of ``drafted``, tokens a grammar constraint dictated (TokenConstraint.draft)
     disabled: str | None = None  # why speculation did not run for this request, if it did not
     accepted_lengths: list[int] = field(default_factory=list, repr=False)
     # draft model only: tokens its KV was restored with from a checkpoint at the request's
@@ -81,6 +82,7 @@ class SpecStats:
             "mean_accepted_length": round(self.mean_accepted, 3),
             "rounds": self.rounds,
             "plain_steps": self.plain_steps,
+            **({"forced_drafted": self.forced} if self.forced else {}),
             "disabled": self.disabled,
             **({"draft_restored": self.draft_restored, "draft_prefilled": self.draft_prefilled}
                if self.draft_restored is not None else {}),

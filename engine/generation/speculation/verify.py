@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from engine.generation.constraints import TokenConstraint, additive_mask
+from engine.generation.constraints import TokenConstraint, additive_mask, forced_draft
 from engine.generation.speculation.base import Drafter, DraftPolicy, SpecStats
 from engine.generation.speculation.exact_rows import max_verify_rows, step_shaped
 from engine.generation.speculation.rollback import Round, max_rows
@@ -65,7 +65,7 @@ def speculative_decode(
     pending = int(y.item())
 
     def mask_of(allowed: mx.array | None) -> mx.array | None:
-        return None if allowed is None else additive_mask(allowed, vocab)
+        return _mask_of(allowed, vocab)
 
     while True:
         mask = allowed = None
@@ -73,19 +73,21 @@ def speculative_decode(
             constraint.advance(pending)  # as plain decoding does before building the next step
             allowed = constraint.allowed()
             mask = mask_of(allowed)
-        draft = drafter.propose(pending, min(k, max_tokens - n - 1)) if k_cap > 0 and n + 1 < max_tokens else []
+        room = min(k_cap, max_tokens - n - 1)  # drafts this round may hold at most
+        draft = drafter.propose(pending, min(k, room)) if room > 0 else []
         masks = [mask]
-        if constraint is not None and draft:
+        if constraint is not None and room > 0:
             # Each drafted position gets the mask of the state after the drafts before it; a
             # draft token its own mask forbids could never be accepted, so the draft ends there.
-            fork = constraint.fork()
-            for j, d in enumerate(draft):
-                if allowed is not None and not bool(allowed[d].item()):
-                    draft = draft[:j]
-                    break
-                fork.advance(d)
-                allowed = fork.allowed()
-                masks.append(mask_of(allowed))
+            # Where the drafter's guess ends (or it has none) the constraint's own forced tokens
+            # (JSON punctuation, the only key left, a close marker) go on, up to the ceiling:
+            # their acceptance is near certain, so the adaptive length does not limit them.
+            fork, kept = constraint.fork(), []
+            allowed = _take(kept, draft, room, fork, allowed, masks, vocab)
+            ours = len(kept)
+            _take(kept, forced_draft(fork, room - ours), room, fork, allowed, masks, vocab)
+            stats.forced += len(kept) - ours
+            draft = kept
         if not draft:
             stats.plain_steps += 1
             next_y, next_lp, key, recent = step(cache, y, key, recent, mask)
@@ -143,3 +145,20 @@ def speculative_decode(
         rnd.keep(len(emitted))
         y, logprobs, key, recent = samples[a], lps[a], keys[a], recents[a]
         pending = got[a]
+
+
+def _mask_of(allowed: mx.array | None, vocab: int) -> mx.array | None:
+    return None if allowed is None else additive_mask(allowed, vocab)
+
+
+def _take(kept: list[int], tokens: list[int], room: int, fork, allowed, masks: list, vocab: int):
+    """Append ``tokens`` to the draft ``kept`` (at most ``room``) while each is allowed by its
+    own mask, advancing ``fork`` and adding the next position's mask; returns that ``allowed``."""
+    for d in tokens:
+        if len(kept) >= room or (allowed is not None and not bool(allowed[d].item())):
+            break
+        kept.append(d)
+        fork.advance(d)
+        allowed = fork.allowed()
+        masks.append(_mask_of(allowed, vocab))
+    return allowed
