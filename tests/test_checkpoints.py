@@ -272,3 +272,31 @@ def test_release_only_enqueues_and_writer_reads_during_decoding(llama, tmp_path,
         np.testing.assert_array_equal(loaded.tensors[f"{i}.k"], np.array(c.keys[..., :4096, :]))
     assert release_ms < 5000, release_ms  # generous; "only enqueues" is shown by pending == 1
     store.close()
+
+
+def test_prompt_cache_reports_the_draft_store_too():
+    """A draft model's checkpoint store (the prompt cache's companion) counts in the one
+    durability report that flush/close return: a lost draft checkpoint is not hidden."""
+    from engine.checkpoints.store import DurabilityReport
+    from engine.serving.prompt_cache import PromptCache
+
+    class _Reports:
+        def __init__(self, report):
+            self.report = report
+
+        def flush(self, timeout=None):
+            return self.report
+
+        close = flush
+
+    target = DurabilityReport(durable=True, written=3, pending=0)
+    draft = DurabilityReport(durable=False, written=1, pending=1, missing=["d-1"],
+                             ssd_disabled_reason="disk full")
+    pc = object.__new__(PromptCache)  # the stores are what is checked, not a model
+    pc.store, pc.companion = _Reports(target), _Reports(draft)
+    for report in (pc.flush(), pc.close()):
+        assert not report.durable
+        assert (report.written, report.pending, report.missing) == (4, 1, ["d-1"])
+        assert report.ssd_disabled_reason == "disk full"
+    pc.companion = None
+    assert pc.flush() is target

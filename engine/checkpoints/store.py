@@ -60,6 +60,20 @@ class DurabilityReport:
     missing: list[str] = field(default_factory=list)
     ssd_disabled_reason: str | None = None
 
+    def joined(self, other: DurabilityReport | None) -> DurabilityReport:
+        """This report and ``other``'s (a second store's, e.g. the draft model's) as one."""
+        if other is None:
+            return self
+        return DurabilityReport(
+            durable=self.durable and other.durable,
+            written=self.written + other.written,
+            pending=self.pending + other.pending,
+            dropped=self.dropped + other.dropped,
+            failed=self.failed + other.failed,
+            missing=self.missing + other.missing,
+            ssd_disabled_reason=self.ssd_disabled_reason or other.ssd_disabled_reason,
+        )
+
 
 @dataclass
 class _Entry:

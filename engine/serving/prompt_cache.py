@@ -43,7 +43,6 @@ class PromptCache:
         # float (quantized SDPA is far slower there; quantized formats apply to stored
         # checkpoints), float16 where the fused attention kernel reads it ("fp16"), or 8-bit
         # rows ("q8rows-g<group>").
-        # "q8rows": the CPU's 8-bit KV rows, read by the fused attention kernel.
         bits = {"q8": 8, "q4": 4}.get(kv.format) if self.kv_format.startswith(("q8-", "q4-")) else None
         dtype = mx.float16 if self.kv_format == "fp16" else None
         if self.kv_format.startswith("q8rows-g"):
@@ -62,11 +61,10 @@ class PromptCache:
             self.companion.release(tokens, session_id)
 
     def flush(self, timeout: float | None = None) -> DurabilityReport:
-        if self.companion is not None:
-            self.companion.flush(timeout)
-        return self.store.flush(timeout)
+        """Both stores' writes (the companion's first); one report for both."""
+        theirs = self.companion.flush(timeout) if self.companion is not None else None
+        return self.store.flush(timeout).joined(theirs)
 
     def close(self, timeout: float | None = None) -> DurabilityReport:
-        if self.companion is not None:
-            self.companion.close(timeout)
-        return self.store.close(timeout)
+        theirs = self.companion.close(timeout) if self.companion is not None else None
+        return self.store.close(timeout).joined(theirs)

@@ -7,11 +7,16 @@ new counters.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.errors import ProfileError
 from engine.generation.speculation.base import DraftPolicy, SpecStats, Speculation
 from engine.generation.speculation.draft_model import DraftModelDrafter
 from engine.generation.speculation.lookup import LookupDrafter, json_escaper
 from engine.generation.speculation.mtp import make_mtp_drafter
+
+if TYPE_CHECKING:
+    from engine.checkpoints.store import DurabilityReport
 
 _VOCAB_PROBE = "def main():\n    print('hello, world')  # 123 ü → ok\n"
 
@@ -92,10 +97,8 @@ class Speculator:
         if isinstance(self._drafter, DraftModelDrafter):
             self._drafter.release(tokens, session_id)
 
-    def close(self, timeout: float | None = None) -> None:
-        if self._store is not None:
-            self._store.close(timeout)
+    def close(self, timeout: float | None = None) -> DurabilityReport | None:
+        return self._store.close(timeout) if self._store is not None else None
 
-    def flush(self, timeout: float | None = None) -> None:
-        if self._store is not None:
-            self._store.flush(timeout)
+    def flush(self, timeout: float | None = None) -> DurabilityReport | None:
+        return self._store.flush(timeout) if self._store is not None else None
