@@ -24,8 +24,7 @@ position, so the mask is the window); ``take`` turns them back into rings.
 
 from __future__ import annotations
 
-import weakref
-
+from engine.generation.generate import per_model
 from engine.generation.kv_cache import StaticKVCache, WindowKVCache, _stored
 
 import mlx.core as mx
@@ -222,14 +221,11 @@ _forwards: dict[int, dict] = {}
 
 def forward_for(model, layers: list[RowsKVCache]) -> _Forward:
     """The (cached) compiled batched forward for ``model`` and this layer layout."""
-    per_model = _forwards.get(id(model))
-    if per_model is None:
-        per_model = _forwards[id(model)] = {}
-        weakref.finalize(model, _forwards.pop, id(model), None)
+    forwards = per_model(_forwards, model)
     key = tuple((c.window, c.dtype) for c in layers)
-    fwd = per_model.get(key)
+    fwd = forwards.get(key)
     if fwd is None:
-        fwd = per_model[key] = _Forward(model, layers)
+        fwd = forwards[key] = _Forward(model, layers)
     return fwd
 
 

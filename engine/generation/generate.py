@@ -141,8 +141,18 @@ def _blank_like(c):
     return WindowKVCache(c.window) if isinstance(c, WindowKVCache) else StaticKVCache()
 
 
-# Compiled steps per live model (keyed by id: mlx Modules are dicts, so not hashable).
+# Compiled steps per live model (see per_model).
 _steps: dict[int, dict] = {}
+
+
+def per_model(store: dict[int, dict], model) -> dict:
+    """``model``'s own dict in ``store`` (keyed by id: mlx Modules are dicts, so not
+    hashable), made on first use and dropped when the model is collected."""
+    mine = store.get(id(model))
+    if mine is None:
+        mine = store[id(model)] = {}
+        weakref.finalize(model, store.pop, id(model), None)
+    return mine
 
 
 def decode_step_for(model, cache: list, params: SamplingParams, vocab: int, compile_step: bool = True) -> DecodeStep:
@@ -152,15 +162,12 @@ def decode_step_for(model, cache: list, params: SamplingParams, vocab: int, comp
         layout, vocab, compile_step, params.temperature, params.top_p, params.top_k,
         params.min_p, params.repetition_penalty, max(1, params.repetition_context),
     )
-    per_model = _steps.get(id(model))
-    if per_model is None:
-        per_model = _steps[id(model)] = {}
-        weakref.finalize(model, _steps.pop, id(model), None)
-    step = per_model.get(key)
+    steps = per_model(_steps, model)
+    step = steps.get(key)
     if step is None:
-        if len(per_model) >= 8:  # a few sampler settings in use at once, not unbounded
-            per_model.pop(next(iter(per_model)))
-        step = per_model[key] = DecodeStep(model, cache, params, vocab, compile_step)
+        if len(steps) >= 8:  # a few sampler settings in use at once, not unbounded
+            steps.pop(next(iter(steps)))
+        step = steps[key] = DecodeStep(model, cache, params, vocab, compile_step)
     return step
 
 

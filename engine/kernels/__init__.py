@@ -61,6 +61,14 @@ def _load() -> Any:
     return ext
 
 
+def _required() -> Any:
+    """The extension, for a kernel call: raises (saying why) when it cannot run."""
+    ext = _load()
+    if ext is None:
+        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    return ext
+
+
 def available() -> bool:
     """True when the kernels can run for the current default device."""
     return _load() is not None and mx.default_device() == mx.cpu
@@ -113,18 +121,14 @@ def quantized_matmul(
     ``exact`` multiplies float32 activations (for tests); the default quantizes activations
     to int8 per block of 32 (as llama.cpp does), about 0.5% RMS error per product.
     """
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    ext = _required()
     return ext.quantized_matmul(x, w, scales, biases, group_size, bits, exact)
 
 
 def masked_softmax(scores: mx.array, causal_offset: int | None = None, mask: mx.array | None = None) -> mx.array:
     """Softmax over the last axis of float32 (B, H, L, S) scores; ``causal_offset`` lets query
     i see keys j <= i + offset; ``mask`` is additive, shaped (B or 1, 1, L, S)."""
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    ext = _required()
     if mask is not None:
         return ext.masked_softmax(scores, 2, 0, mask)
     if causal_offset is not None:
@@ -147,9 +151,7 @@ def flash_attention(
     ``causal_offset``: query i sees keys j <= i + offset (``window`` > 0: and j > i + offset -
     window); ``mask``: additive float (B or 1, 1, 1 or L, S). ``reference`` runs the scalar
     reference (tests). Fully masked rows give zeros."""
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    ext = _required()
     if mask is not None:
         return ext.flash_attention(q, k, v, float(scale), 2, 0, 0, mask, reference)
     if causal_offset is not None:
@@ -160,17 +162,13 @@ def flash_attention(
 def q8_pack(x: mx.array, group: int) -> mx.array:
     """Float (..., D) -> 8-bit KV rows, uint8 (..., D + 4 * D / group), as one CPU op (see
     engine.generation.kv_cache.q8_pack, whose MLX ops give the same bytes)."""
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    ext = _required()
     return ext.q8_pack(x, int(group))
 
 
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
     """``mx.fast.rms_norm`` as one CPU primitive (float32 ``x``)."""
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    ext = _required()
     return ext.rms_norm(x, weight, float(eps))
 
 
@@ -179,9 +177,7 @@ def rope(
 ) -> mx.array:
     """``mx.fast.rope`` (default frequencies) as one CPU primitive on float32 (B, H, T, D)
     ``x``; ``offset`` an int, a scalar array or one per batch row."""
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    ext = _required()
     if not isinstance(offset, mx.array):
         offset = mx.array(int(offset), dtype=mx.int32)
     return ext.rope(x, offset, int(dims), bool(traditional), float(base), float(scale))
@@ -190,9 +186,7 @@ def rope(
 def quantized_swiglu(x: mx.array, gate: Any, up: Any, exact: bool = False) -> mx.array:
     """``silu(gate(x)) * up(x)`` for two bias-free ``nn.QuantizedLinear`` of one format, as
     one CPU primitive (float32 out): activations quantized once, both matmuls in one job."""
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    ext = _required()
     return ext.quantized_swiglu(x, *qparams(gate), *qparams(up), gate.group_size, gate.bits, exact)
 
 
@@ -231,8 +225,14 @@ def qparams(lin: Any) -> tuple[mx.array, mx.array, mx.array]:
     return lin["weight"], s, b
 
 
-def _weight(lin: Any) -> tuple[list[mx.array], list[int]]:
-    return list(qparams(lin)), [lin.group_size, lin.bits]
+def _weights(*lins: Any) -> tuple[list[mx.array], list[int]]:
+    """The layers' (weight, scales, biases) in one flat list, and their (group size, bits)."""
+    arrays: list[mx.array] = []
+    formats: list[int] = []
+    for lin in lins:
+        arrays += qparams(lin)
+        formats += [lin.group_size, lin.bits]
+    return arrays, formats
 
 
 def norm_qkv_rope(
@@ -256,15 +256,8 @@ def norm_qkv_rope(
     one), RoPE on q and k at positions ``offset + l`` (``offset`` an int, a scalar array or
     one per batch row). ``x`` float32 (B, L, D); returns q (B, n_heads, L, head_dim) and k, v
     (B, n_kv_heads, L, head_dim), float32."""
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
-    arrays: list[mx.array] = []
-    formats: list[int] = []
-    for lin in (q, k, v):
-        a, f = _weight(lin)
-        arrays += a
-        formats += f
+    ext = _required()
+    arrays, formats = _weights(q, k, v)
     biases = [lin["bias"] for lin in (q, k, v)] if "bias" in q else []
     if not isinstance(offset, mx.array):
         offset = mx.array(int(offset), dtype=mx.int32)
@@ -281,15 +274,8 @@ def attn_out_mlp(
     """The rest of a decoder layer in one CPU primitive: ``h1 = h + o(a)`` with ``a`` the
     attention output (B, H, L, Dv) read as (B, L, H * Dv), then ``h1 + down(silu(gate(n)) *
     up(n))`` with ``n = rmsnorm(h1)``; all linears quantized and bias-free. float32 out."""
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
-    arrays: list[mx.array] = []
-    formats: list[int] = []
-    for lin in (o, gate, up, down):
-        w, f = _weight(lin)
-        arrays += w
-        formats += f
+    ext = _required()
+    arrays, formats = _weights(o, gate, up, down)
     return ext.attn_out_mlp(a, h, norm_w, float(eps), arrays, formats)
 
 
@@ -297,7 +283,5 @@ def log_softmax(x: mx.array, reference: bool = False) -> mx.array:
     """``x - logsumexp(x)`` over the last axis of float32 ``x`` as one CPU primitive (the
     vectorised exp; MLX's CPU logsumexp runs a scalar exp, ~0.6 ms per 49k-token vocabulary).
     ``reference`` runs a double-precision scalar loop (tests)."""
-    ext = _load()
-    if ext is None:
-        raise RuntimeError(f"CPU kernels unavailable: {_state['reason']}")
+    ext = _required()
     return ext.log_softmax(x, reference)

@@ -222,7 +222,7 @@ def remove_fused(model: nn.Module) -> None:
 
 def remove_blocks(model: nn.Module) -> None:
     """Back to the layer-by-layer forward pass with the single fused ops (norm, RoPE, SwiGLU)
-    still routed: the decoder-layer A/B arm of ``bench engine`` (``engine_layers``)."""
+    still routed: the decoder-layer A/B arm of ``bench engine`` (``engine_ops``)."""
     for _, m in model.named_modules():
         if type(m) in _block_classes.values():
             m.__class__ = type(m).__bases__[0]
