@@ -76,7 +76,9 @@ def tmux(_isolated_home, tmp_path):
            "MLXTERM_MODELS_DIR": os.environ["MLXTERM_MODELS_DIR"],
            "MLXTERM_GGUF_CACHE": os.environ.get("MLXTERM_GGUF_CACHE", "0"),
            "HOME": str(tmp_path), "TERM": "xterm-256color", "LANG": "C.UTF-8"}
-    t = Tmux(f"mlxterm-e2e-{os.getpid()}", env)
+    # a server socket per test: kill-server returns before the old server has gone, and a
+    # new-session on its name can then meet it dying ("server exited unexpectedly")
+    t = Tmux(f"mlxterm-e2e-{os.getpid()}-{tmp_path.name}", env)
     yield t
     t.kill()
 
