@@ -7,7 +7,8 @@
 // and walks the keys in blocks of kBlock with an online softmax (running max m, sum l,
 // unnormalised output O rescaled when the max grows). Decode-sized tasks (<= 8 rows) score
 // with 3-row (GQA multiples of 3) or 2-row x 4-key dot-product tiles (FMA chains reduced by a
-// horizontal-add tree) on K's natural (S, D) layout, P @ V 64 columns wide with AVX-512; many-row tasks (prefill) transpose each K block once and run
+// horizontal-add tree) on K's natural (S, D) layout, P @ V 64 columns wide with AVX-512;
+// many-row tasks (prefill) transpose each K block once and run
 // GEMM-style 6-row x 16-key register tiles (no horizontal sums, K loaded once per 6 rows). Causal tiles skip the key blocks no row can see; a key
 // mask shared by every query (the static caches' validity vector) ends the key range at the
 // last valid key, so a half-empty cache buffer costs nothing. When one batch row has fewer

@@ -17,8 +17,9 @@ constexpr int kAttnRowTile = 6;  // query rows per register tile (every ISA: sam
 // layer's K/V from memory (fp16: 184 MB per SmolLM2 token) and, without it, the cores waited
 // for those lines instead of computing meanwhile: 30 layers' attention took the hot-cache
 // compute time *plus* the streaming time. While a K block's scores run, each 4-key tile asks
-// for the K rows kPrefetchRows ahead (the next block's, near the end) and for the same keys'
-// V rows (read by P @ V right after). Prefetches never change a result.
+// for the K and V rows kPrefetchRows ahead into L2 (A/B, 30 layers x 8000 fp16 keys, CPU ms:
+// 26.3 without, 26.4-27.7 for K ahead + this block's V into L1, 24.1-24.6 this way). Prefetches
+// never change a result.
 constexpr int kPrefetchRows = 256;
 
 struct Prefetch {
@@ -29,14 +30,14 @@ struct Prefetch {
 };
 
 inline void prefetch_bytes(const char* p, size_t bytes) {
-  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
 }
 
-// The lines of keys [c, c + 4)'s V rows and of K rows [c + kPrefetchRows, ... + 4).
+// The lines of K and V rows [c + kPrefetchRows, ... + 4), into L2.
 inline void prefetch_tile(const Prefetch& pf, int c) {
   if (!pf.k) return;
   prefetch_bytes(pf.k + size_t(c + kPrefetchRows) * pf.kst, 4 * pf.kst);
-  prefetch_bytes(pf.v + size_t(c) * pf.vst, 4 * pf.vst);
+  prefetch_bytes(pf.v + size_t(c + kPrefetchRows) * pf.vst, 4 * pf.vst);
 }
 
 namespace avx512 {
