@@ -136,6 +136,44 @@ def test_prefill_tiles_bit_identical_across_instruction_sets(tmp_path):
     assert_same_under_isa(_tile_results, tmp_path)
 
 
+# (H, Hk, D, Dv, S) of one decode query per head: GQA 3 (3-row score tiles) and 7 (2-row),
+# value widths 64/48/112/16 (AVX-512 P @ V's 64-column tiles and 16/32/48 remainders).
+DECODE_SHAPES = [
+    (9, 3, 64, 64, 4000),
+    (14, 2, 64, 48, 700),
+    (9, 3, 128, 112, 333),
+    (4, 4, 64, 16, 77),
+]
+
+
+def _decode_results() -> dict:
+    """Decode-sized calls (3-row score tiles at GQA 3, 2-row at GQA 7; P @ V 64 columns per
+    AVX-512 tile, remainders of 16/32/48 columns) over fp32/fp16 K/V, split keys, masks."""
+    out = {}
+    for H, Hk, D, Dv, S in DECODE_SHAPES:
+        for dt in (mx.float32, mx.float16):
+            q, k, v = _qkv(1, H, Hk, 1, S, D=D, Dv=Dv, seed=H + S, kv_dtype=dt)
+            valid = mx.arange(S) <= S - 9
+            y = kernels.flash_attention(q, k, v, SCALE, mask=_additive(valid).reshape(1, 1, 1, S))
+            out[f"{H}-{Hk}-{D}-{Dv}-{S}-{dt}"] = np.array(y)
+    return out
+
+
+def test_decode_bit_identical_across_instruction_sets(tmp_path):
+    # AVX-512 decode P @ V (src/attention_avx512.cpp: pv_decode) runs the AVX2 chains.
+    assert_same_under_isa(_decode_results, tmp_path)
+
+
+def test_decode_shapes_match_the_reference():
+    # The decode tiles (3-row / 2-row scores, wide P @ V remainders) vs the scalar reference.
+    for H, Hk, D, Dv, S in DECODE_SHAPES:
+        for dt in (mx.float32, mx.float16):
+            q, k, v = _qkv(1, H, Hk, 1, S, D=D, Dv=Dv, seed=H + S, kv_dtype=dt)
+            got = kernels.flash_attention(q, k, v, SCALE)
+            ref = kernels.flash_attention(q, k, v, SCALE, reference=True)
+            assert float(mx.abs(got - ref).max()) < 3e-6, (H, Hk, D, Dv, S, dt)
+
+
 def test_back_to_back_pool_jobs_of_different_sizes():
     # Split attention runs two pool jobs (tasks, merge) and the quantized matmul then runs
     # one with many more chunks: a worker must never carry a chunk index from one job into

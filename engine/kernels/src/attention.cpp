@@ -6,8 +6,9 @@
 // every query head of that KV head, so a K/V block read from memory serves them all (GQA) --
 // and walks the keys in blocks of kBlock with an online softmax (running max m, sum l,
 // unnormalised output O rescaled when the max grows). Decode-sized tasks (<= 8 rows) score
-// with 2-row x 4-key dot-product tiles (eight FMA chains reduced by one horizontal-add tree)
-// on K's natural (S, D) layout; many-row tasks (prefill) transpose each K block once and run
+// with 3-row (GQA multiples of 3) or 2-row x 4-key dot-product tiles (FMA chains reduced by a
+// horizontal-add tree) on K's natural (S, D) layout, P @ V 64 columns wide with AVX-512;
+// many-row tasks (prefill) transpose each K block once and run
 // GEMM-style 6-row x 16-key register tiles (no horizontal sums, K loaded once per 6 rows). Causal tiles skip the key blocks no row can see; a key
 // mask shared by every query (the static caches' validity vector) ends the key range at the
 // last valid key, so a half-empty cache buffer costs nothing. When one batch row has fewer
@@ -131,31 +132,45 @@ inline float q8_value(const uint8_t* row, int d, int D, int G) {
   return float(int8_t(row[d])) * sc;
 }
 
-// s[r][c] = Q[r] . K[c] for rows [0, R) and keys [0, n): 2 rows x 4 keys per tile.
-template <typename T>
-void scores(const float* Q, int R, const T* K, int n, int D, float* s) {
-  for (int r = 0; r < R; r += 2) {
-    const int r1 = std::min(r + 1, R - 1);
-    const float* q0 = Q + size_t(r) * D;
-    const float* q1 = Q + size_t(r1) * D;
-    for (int c = 0; c < n; c += 4) {
-      const T* k[4];
-      for (int t = 0; t < 4; ++t) k[t] = K + size_t(std::min(c + t, n - 1)) * D;
-      __m256 acc[8];
-      for (auto& a : acc) a = _mm256_setzero_ps();
-      for (int d = 0; d < D; d += 8) {
-        const __m256 a0 = _mm256_loadu_ps(q0 + d), a1 = _mm256_loadu_ps(q1 + d);
-        for (int t = 0; t < 4; ++t) {
-          const __m256 kv = load8(k[t] + d);
-          acc[t] = _mm256_fmadd_ps(a0, kv, acc[t]);
-          acc[4 + t] = _mm256_fmadd_ps(a1, kv, acc[4 + t]);
-        }
+// s[r][c] = Q[r] . K[c] for rows r0..r0+RT-1 (clamped to R - 1) and keys [0, n): RT rows x 4
+// keys per tile. Every score is the same chain whatever RT: lane j of its accumulator sums
+// the products of dims j, j + 8, ... in order, then hadd8's tree (the same for every slot).
+template <int RT, typename T>
+inline void score_rows(const float* Q, int r0, int R, const T* K, int n, int D, float* s, const Prefetch& pf) {
+  int rr[RT];
+  const float* q[RT];
+  for (int u = 0; u < RT; ++u) rr[u] = std::min(r0 + u, R - 1), q[u] = Q + size_t(rr[u]) * D;
+  for (int c = 0; c < n; c += 4) {
+    if (r0 == 0) prefetch_tile(pf, c);
+    const T* k[4];
+    for (int t = 0; t < 4; ++t) k[t] = K + size_t(std::min(c + t, n - 1)) * D;
+    __m256 acc[RT == 3 ? 16 : 8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+      __m256 a[RT];
+      for (int u = 0; u < RT; ++u) a[u] = _mm256_loadu_ps(q[u] + d);
+      for (int t = 0; t < 4; ++t) {
+        const __m256 kv = load8(k[t] + d);
+        for (int u = 0; u < RT; ++u) acc[4 * u + t] = _mm256_fmadd_ps(a[u], kv, acc[4 * u + t]);
       }
-      alignas(32) float res[8];
-      _mm256_store_ps(res, hadd8(acc));
-      std::copy(res, res + 4, s + size_t(r) * kBlock + c);
-      if (r1 != r) std::copy(res + 4, res + 8, s + size_t(r1) * kBlock + c);
     }
+    alignas(32) float res[16];
+    _mm256_store_ps(res, hadd8(acc));
+    if (RT == 3) _mm256_store_ps(res + 8, hadd8(acc + 8));
+    for (int u = 0; u < RT; ++u)
+      if (u == 0 || rr[u] != rr[u - 1]) std::copy(res + 4 * u, res + 4 * u + 4, s + size_t(rr[u]) * kBlock + c);
+  }
+}
+
+// s[r][c] = Q[r] . K[c] for rows [0, R) and keys [0, n): 3-row tiles when R is a multiple of
+// 3 (SmolLM2's 3 query heads per KV head: 2-row tiles computed a duplicate fourth row),
+// else 2-row tiles.
+template <typename T>
+void scores(const float* Q, int R, const T* K, int n, int D, float* s, const Prefetch& pf) {
+  if (R % 3 == 0) {
+    for (int r = 0; r < R; r += 3) score_rows<3>(Q, r, R, K, n, D, s, pf);
+  } else {
+    for (int r = 0; r < R; r += 2) score_rows<2>(Q, r, R, K, n, D, s, pf);
   }
 }
 
@@ -333,6 +348,10 @@ bool softmax_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb,
 // element is the same FMA chain over the keys whatever the grouping.
 template <typename T>
 void pv(Scratch& sc, int R, const T* V, int n, int Dv, bool tiled = false) {
+  if (!tiled && use_avx512()) {  // decode: 64 columns x up to 4 rows per register tile
+    avx512::pv_decode(sc.s.data(), R, V, n, Dv, sc.o.data());
+    return;
+  }
   int r = 0;
   if constexpr (std::is_same_v<T, float>) {
     if (tiled && use_avx512()) {
@@ -436,15 +455,20 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     if (p.q8) {
       const uint8_t* kblk = k8 + size_t(kb) * p.kst;
       const uint8_t* vblk = v8 + size_t(kb) * p.vst;
-      if (use_avx512()) avx512::q8_scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data());
-      else q8::scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data());
+      const Prefetch pf{reinterpret_cast<const char*>(kblk), p.kst, reinterpret_cast<const char*>(vblk), p.vst};
+      if (use_avx512()) avx512::q8_scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data(), pf);
+      else q8::scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data(), pf);
       if (!softmax_block(p, t, sc, R, kb, n)) continue;
       if (use_avx512()) avx512::q8_pv(sc.s.data(), R, vblk, p.vst, n, Dv, p.G, sc.o.data());
       else q8::pv_rows(sc.s.data(), 0, R, vblk, p.vst, n, Dv, p.G, sc.o.data());
       continue;
     }
-    if (p.half) scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data());
-    else scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data());
+    const size_t es = p.half ? 2 : 4;  // bytes per K/V element
+    const char* kbase = p.half ? reinterpret_cast<const char*>(k16) : reinterpret_cast<const char*>(kf32);
+    const char* vbase = p.half ? reinterpret_cast<const char*>(v16) : reinterpret_cast<const char*>(vf32);
+    const Prefetch pf{kbase + size_t(kb) * D * es, D * es, vbase + size_t(kb) * Dv * es, Dv * es};
+    if (p.half) scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data(), pf);
+    else scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data(), pf);
     if (!softmax_block(p, t, sc, R, kb, n)) continue;
     if (p.half) pv(sc, R, v16 + size_t(kb) * Dv, n, Dv);
     else pv(sc, R, vf32 + size_t(kb) * Dv, n, Dv);

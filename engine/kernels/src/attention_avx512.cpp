@@ -121,9 +121,66 @@ void pv_tiled(const float* P, int pstride, int R6, const float* V, int n, int Dv
   }
 }
 
+namespace {
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// O[t][16 NC columns] += sum_c P[t][c] V[c][...] for RT rows: attention.cpp's accumulate<>
+// chain per element (fma(p, v, acc) over the keys in order), 16 lanes per instruction.
+template <int RT, int NC, typename T>
+inline void pv_decode_tile(const float* P, const T* V, int n, int Dv, float* O) {
+  __m512 acc[RT][NC];
+  for (int t = 0; t < RT; ++t)
+    for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_loadu_ps(O + size_t(t) * Dv + 16 * j);
+  for (int c = 0; c < n; ++c) {
+    __m512 v[NC];
+    for (int j = 0; j < NC; ++j) v[j] = load16(V + size_t(c) * Dv + 16 * j);
+    for (int t = 0; t < RT; ++t) {
+      const __m512 p = _mm512_set1_ps(P[size_t(t) * kAttnBlock + c]);
+      for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_fmadd_ps(p, v[j], acc[t][j]);
+    }
+  }
+  for (int t = 0; t < RT; ++t)
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O + size_t(t) * Dv + 16 * j, acc[t][j]);
+}
+
+template <int RT, typename T>
+inline void pv_decode_rows(const float* P, const T* V, int n, int Dv, float* O) {
+  int c0 = 0;
+  for (; c0 + 64 <= Dv; c0 += 64) pv_decode_tile<RT, 4>(P, V + c0, n, Dv, O + c0);
+  switch ((Dv - c0) / 16) {
+    case 3: pv_decode_tile<RT, 3>(P, V + c0, n, Dv, O + c0); break;
+    case 2: pv_decode_tile<RT, 2>(P, V + c0, n, Dv, O + c0); break;
+    case 1: pv_decode_tile<RT, 1>(P, V + c0, n, Dv, O + c0); break;
+    default: break;
+  }
+}
+
+template <typename T>
+void pv_decode_impl(const float* P, int R, const T* V, int n, int Dv, float* O) {
+  int r = 0;
+  for (; r + 4 <= R; r += 4) pv_decode_rows<4>(P + size_t(r) * kAttnBlock, V, n, Dv, O + size_t(r) * Dv);
+  const float* p = P + size_t(r) * kAttnBlock;
+  float* o = O + size_t(r) * Dv;
+  switch (R - r) {
+    case 3: pv_decode_rows<3>(p, V, n, Dv, o); break;
+    case 2: pv_decode_rows<2>(p, V, n, Dv, o); break;
+    case 1: pv_decode_rows<1>(p, V, n, Dv, o); break;
+    default: break;
+  }
+}
+}  // namespace
+
+void pv_decode(const float* P, int R, const float* V, int n, int Dv, float* O) { pv_decode_impl(P, R, V, n, Dv, O); }
+void pv_decode(const float* P, int R, const uint16_t* V, int n, int Dv, float* O) {
+  pv_decode_impl(P, R, V, n, Dv, O);
+}
+
 void q8_scores(const int8_t* Qi, const float* Qs, int R, const uint8_t* K, size_t stride, int n, int D, int G,
-               float* s) {
-  vnni::q8::scores(Qi, Qs, R, K, stride, n, D, G, s);
+               float* s, const Prefetch& pf) {
+  vnni::q8::scores(Qi, Qs, R, K, stride, n, D, G, s, pf);
 }
 
 namespace {
