@@ -4,17 +4,14 @@ prefill-tile shapes and every mask kind, is bit-identical for 1 vs 2 threads, fo
 the row alone and for AVX2 vs AVX-512 VNNI; the pack stores what it says; q8 caches run in the
 compiled decode step."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from engine import kernels
 from engine.generation.kv_cache import Q8, q8_pack, q8_unpack
 
 import mlx.core as mx
 import numpy as np
 import pytest
+
+from tests.kernel_checks import assert_same_under_isa, on_one_and_two_threads
 
 pytestmark = pytest.mark.skipif(
     not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}"
@@ -92,16 +89,9 @@ def test_head_dim_128():
 
 def test_one_and_two_threads_are_bit_identical():
     q, k, v = _qkv(1, 9, 3, 1, 4000)
-    before = kernels.status()["threads"]
-    try:
-        kernels.set_threads(1)
-        one = kernels.flash_attention(q, k, v, SCALE, causal_offset=3999)
-        mx.eval(one)
-        kernels.set_threads(2)
-        two = kernels.flash_attention(q, k, v, SCALE, causal_offset=3999)
-        mx.eval(two)
-    finally:
-        kernels.set_threads(before)
+    one, two = on_one_and_two_threads(
+        lambda: kernels.flash_attention(q, k, v, SCALE, causal_offset=3999)
+    )
     assert mx.array_equal(one, two)
 
 
@@ -137,26 +127,7 @@ def _isa_results() -> dict:
 def test_bit_identical_across_instruction_sets(tmp_path):
     # AVX-512 VNNI dpbusd vs AVX2 maddubs: the same integer dots; 512- vs 256-bit P @ V: the
     # same FMA chain per element.
-    here = _isa_results()
-    dump = tmp_path / "avx2.npz"
-    code = (
-        "import engine, numpy as np\n"
-        "from engine import kernels\n"
-        "from tests.test_attention_q8 import _isa_results\n"
-        "assert kernels.status()['isa'] == 'avx2', kernels.status()\n"
-        f"np.savez({str(dump)!r}, **_isa_results())\n"
-    )
-    env = dict(
-        os.environ, MLXTERM_KERNEL_ISA="avx2", PYTHONPATH=str(Path(__file__).resolve().parents[1])
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    avx2 = np.load(dump)
-    assert sorted(avx2.files) == sorted(here)
-    for key, y in here.items():
-        np.testing.assert_array_equal(y, avx2[key], err_msg=key)
+    assert_same_under_isa(_isa_results, tmp_path)
 
 
 def test_q8_cache_in_the_compiled_decode_step(tiny_llama_dir):

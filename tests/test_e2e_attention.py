@@ -35,7 +35,7 @@ def routed_fp32(smollm2_path):
     hook.uninstall(bundle.model)
 
 
-def _ppl_decode(bundle, ids, kv_dtype=None):
+def ppl_decode(bundle, ids, kv_dtype=None):
     cache = make_cache(bundle.model, kv_dtype=kv_dtype)
     nll = 0.0
     for i in range(len(ids) - 1):
@@ -47,10 +47,10 @@ def _ppl_decode(bundle, ids, kv_dtype=None):
 def test_decode_perplexity_matches_mlx_attention_and_fp16_kv_stays_close(routed_fp32, monkeypatch):
     ids = routed_fp32.tokenizer.encode(TEXT)
     monkeypatch.setattr(attention, "impl", "mlx")
-    p_mlx = _ppl_decode(routed_fp32, ids)
+    p_mlx = ppl_decode(routed_fp32, ids)
     monkeypatch.setattr(attention, "impl", "flash")
-    p_flash = _ppl_decode(routed_fp32, ids)
-    p_kv16 = _ppl_decode(routed_fp32, ids, mx.float16)
+    p_flash = ppl_decode(routed_fp32, ids)
+    p_kv16 = ppl_decode(routed_fp32, ids, mx.float16)
     print(f"decode ppl fp32 weights: mlx attention {p_mlx:.5f}, fused {p_flash:.5f}, fused + fp16 KV {p_kv16:.5f}")
     assert abs(p_flash / p_mlx - 1) < 1e-4
     assert abs(p_kv16 / p_mlx - 1) < 5e-3

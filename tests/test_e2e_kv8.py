@@ -11,7 +11,6 @@ issue's 0.5% gate is missed on SmolLM2, which is why q8 stays an opt-in preset
 level (a broken pack or kernel moves perplexity by far more than 1%).
 """
 
-import math
 
 from engine import kernels
 from engine.generation.generate import generate_step
@@ -23,6 +22,7 @@ from engine.sampling import SamplingParams
 import mlx.core as mx
 import pytest
 
+from tests.test_e2e_attention import ppl_decode
 from tests.test_e2e_kernels import PROMPTS, TEXT
 
 pytestmark = [
@@ -39,15 +39,6 @@ def _bundle(name):
     except CatalogError as e:
         pytest.skip(f"{name} not available: {e}")
     return load_bundle(path, "quantized")
-
-
-def ppl_decode(bundle, ids, kv_dtype) -> float:
-    cache = make_cache(bundle.model, kv_dtype=kv_dtype)
-    nll = 0.0
-    for i in range(len(ids) - 1):
-        logits = bundle.model(mx.array([[ids[i]]]), cache=cache)[0, -1].astype(mx.float32)
-        nll -= float((logits - mx.logsumexp(logits))[ids[i + 1]])
-    return math.exp(nll / (len(ids) - 1))
 
 
 def greedy(bundle, text, kv_dtype, n=64) -> list[int]:

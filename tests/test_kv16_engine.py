@@ -100,21 +100,21 @@ WRITER = textwrap.dedent(
 )
 
 
-@needs_kernels
-def test_fp16_checkpoint_from_another_process_restores_bit_for_bit(tmp_path, tiny_llama_dir):
-    profile = _profile(tmp_path, tiny_llama_dir)
+def _restores_bit_for_bit_in_another_process(profile, model_dir: Path, kv_format: str, dtype) -> None:
+    """A checkpoint written by another process under ``profile`` restores caches of ``dtype``
+    equal to a fresh prefill's, and the continuation is the same."""
     toks = tokens(90, seed=3)
     done = subprocess.run([sys.executable, "-c", WRITER, str(profile.path), json.dumps(toks)],
                           cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-1] == "fp16"
-    model = _routed(tiny_llama_dir)
+    assert done.stdout.split()[-1] == kv_format
+    model = _routed(model_dir)
     pc = PromptCache(model, profile)
     try:
         got = pc.acquire(toks + [7, 8])
         assert got.source == "ssd" and got.cached_tokens == len(toks)
-        assert {c.keys.dtype for c in got.cache} == {mx.float16}
+        assert {c.keys.dtype for c in got.cache} == {dtype}
         warm = pc.new_cache()
         prefill(model, warm, toks)
         for a, b in zip(got.cache, warm, strict=True):
@@ -125,6 +125,12 @@ def test_fp16_checkpoint_from_another_process_restores_bit_for_bit(tmp_path, tin
         assert t1 == t2 and np.array_equal(lp1, lp2)
     finally:
         pc.close(0)
+
+
+@needs_kernels
+def test_fp16_checkpoint_from_another_process_restores_bit_for_bit(tmp_path, tiny_llama_dir):
+    profile = _profile(tmp_path, tiny_llama_dir)
+    _restores_bit_for_bit_in_another_process(profile, tiny_llama_dir, "fp16", mx.float16)
 
 
 @needs_kernels
@@ -215,25 +221,4 @@ def test_q8_falls_back_to_fp16_when_the_group_does_not_fit_the_head(tmp_path, ti
 @needs_kernels
 def test_q8_checkpoint_from_another_process_restores_bit_for_bit(tmp_path, wide_head_llama_dir):
     profile = _q8_profile(tmp_path, wide_head_llama_dir)
-    toks = tokens(90, seed=3)
-    done = subprocess.run([sys.executable, "-c", WRITER, str(profile.path), json.dumps(toks)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-1] == "q8rows-g32"
-    model = _routed(wide_head_llama_dir)
-    pc = PromptCache(model, profile)
-    try:
-        got = pc.acquire(toks + [7, 8])
-        assert got.source == "ssd" and got.cached_tokens == len(toks)
-        warm = pc.new_cache()
-        prefill(model, warm, toks)
-        for a, b in zip(got.cache, warm, strict=True):
-            assert a.keys.dtype == mx.uint8
-            assert np.array_equal(np.array(a.keys[..., : len(toks), :]), np.array(b.keys[..., : len(toks), :]))
-            assert np.array_equal(np.array(a.values[..., : len(toks), :]), np.array(b.values[..., : len(toks), :]))
-        t1, lp1 = continuation(model, got.cache, [7, 8], toks)
-        t2, lp2 = continuation(model, warm, [7, 8], toks)
-        assert t1 == t2 and np.array_equal(lp1, lp2)
-    finally:
-        pc.close(0)
+    _restores_bit_for_bit_in_another_process(profile, wide_head_llama_dir, "q8rows-g32", mx.uint8)
