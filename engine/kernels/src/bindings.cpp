@@ -20,10 +20,11 @@ NB_MODULE(_ext, m) {
   m.def(
       "quantized_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
-         const mlx::core::array& biases, int group_size, int bits, bool exact) {
-        return mlxterm::quantized_matmul(x, w, scales, biases, group_size, bits, exact);
+         const mlx::core::array& biases, int group_size, int bits, bool exact, bool symmetric) {
+        return mlxterm::quantized_matmul(x, w, scales, biases, group_size, bits, exact, symmetric);
       },
       "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "exact"_a = false,
+      "symmetric"_a = false,
       "x @ dequantize(w, scales, biases).T on the CPU, float32 out.");
   m.def(
       "masked_softmax",
