@@ -240,12 +240,13 @@ def symmetric(lin: Any) -> bool:
 
 
 def _weights(*lins: Any) -> tuple[list[mx.array], list[int]]:
-    """The layers' (weight, scales, biases) in one flat list, and their (group size, bits)."""
+    """The layers' (weight, scales, biases) in one flat list, and their (group size, bits,
+    symmetric)."""
     arrays: list[mx.array] = []
     formats: list[int] = []
     for lin in lins:
         arrays += qparams(lin)
-        formats += [lin.group_size, lin.bits]
+        formats += [lin.group_size, lin.bits, int(symmetric(lin))]
     return arrays, formats
 
 
