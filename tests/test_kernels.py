@@ -95,6 +95,33 @@ def test_half_scales_only_when_exact_and_while_current():
 
 
 @needs_ext
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("M", [1, 8, 15])
+def test_symmetric_weights_skip_the_biases_with_the_same_bits(bits, M):
+    """GGUF Q8_0/Q4_0/Q5_0 biases are exactly -2^(bits-1) * scale: ``symmetric`` makes the
+    decode path derive them from the scales (fewer bytes), with the very same results; and it
+    really does not read them (nonsense biases under the flag change nothing)."""
+    x, wq, s, _, _ = _case(M, 75, 320, bits, 32, seed=7 * bits + M)
+    s16 = s.astype(mx.float16)
+    b16 = (s16.astype(mx.float32) * -(2 ** (bits - 1))).astype(mx.float16)
+    y = kernels.quantized_matmul(x, wq, s16, b16, 32, bits)
+    assert mx.array_equal(
+        kernels.quantized_matmul(x, wq, s16, b16, 32, bits, symmetric=True), y
+    ).item()
+    if M < kernels.dense_rows():
+        junk = mx.zeros_like(b16)
+        assert mx.array_equal(
+            kernels.quantized_matmul(x, wq, s16, junk, 32, bits, symmetric=True), y
+        ).item()
+    lin = nn.QuantizedLinear(320, 75, group_size=32, bits=bits)
+    lin.weight, lin.scales, lin.biases = wq, s16.astype(mx.float32), b16.astype(mx.float32)
+    assert kernels.half_scales(lin) and kernels.symmetric(lin)
+    lin.biases = lin.biases * 0.5  # an affine layer (and stale copies): not symmetric
+    assert not kernels.symmetric(lin)
+    assert kernels.half_scales(lin) and not kernels.symmetric(lin)
+
+
+@needs_ext
 def test_batched_and_non_contiguous_inputs():
     x, wq, s, b, _ = _case(6, 40, 256, 4, 32)
     x3 = mx.stack([x, 2 * x])  # (2, 6, 256)

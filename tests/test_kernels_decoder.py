@@ -107,6 +107,42 @@ def test_routed_layers_equal_the_layer_op_by_op(fused_on, make):
         assert mx.array_equal(m(tok, cache=caches[0]), _ops_forward(m, tok, cache=caches[1]))
 
 
+def _symmetric_llama():
+    """_llama with every quantized layer in a symmetric form (float16-exact scales, biases
+    -2^(bits-1) * scale, as GGUF Q4_0/Q5_0/Q8_0 load)."""
+    m = _llama(bits_o=5, bits_down=8)
+    for _, lin in m.named_modules():
+        if isinstance(lin, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            s = lin.scales.astype(mx.float16).astype(mx.float32)
+            lin.scales, lin.biases = s, s * -(2 ** (lin.bits - 1))
+    mx.eval(m.parameters())
+    return m
+
+
+@needs_ext
+def test_symmetric_weights_give_the_bits_of_reading_their_biases(fused_on, monkeypatch):
+    """The decoder primitives and the head take each layer's ``symmetric`` flag (the biases
+    are then made from the scales, not read): same logits as with every flag off."""
+    from engine.generation.kv_cache import make_cache
+
+    m = _symmetric_llama()
+    hook.install(m)
+    flags = [kernels.symmetric(x) for _, x in m.named_modules() if hasattr(x, "bits")]
+    assert len(flags) == 15 and all(flags)  # 2 layers x 7 linears + the tied embedding
+
+    def run():
+        cache = make_cache(m)
+        outs = [m(mx.array([[3, 14, 15, 92, 65, 35]]), cache=cache)]
+        outs += [m(mx.array([[t]]), cache=cache) for t in (26, 53)]
+        outs.append(m(mx.array([[1, 2, 3]])))
+        return outs
+
+    flagged = run()
+    monkeypatch.setattr(kernels, "symmetric", lambda lin: False)
+    for a, b in zip(flagged, run(), strict=True):
+        assert mx.array_equal(a, b)
+
+
 @needs_ext
 def test_prefill_sized_inputs_keep_the_layer_op_by_op(fused_on):
     m = _llama()

@@ -43,7 +43,9 @@ def _fits(m: nn.Module, K: int) -> bool:
 
 
 def _matmul(m: nn.Module, x: mx.array) -> mx.array:
-    y = kernels.quantized_matmul(x, *kernels.qparams(m), m.group_size, m.bits)
+    y = kernels.quantized_matmul(
+        x, *kernels.qparams(m), m.group_size, m.bits, symmetric=kernels.symmetric(m)
+    )
     return y if x.dtype == mx.float32 else y.astype(x.dtype)
 
 

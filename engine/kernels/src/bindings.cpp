@@ -20,10 +20,11 @@ NB_MODULE(_ext, m) {
   m.def(
       "quantized_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
-         const mlx::core::array& biases, int group_size, int bits, bool exact) {
-        return mlxterm::quantized_matmul(x, w, scales, biases, group_size, bits, exact);
+         const mlx::core::array& biases, int group_size, int bits, bool exact, bool symmetric) {
+        return mlxterm::quantized_matmul(x, w, scales, biases, group_size, bits, exact, symmetric);
       },
       "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "exact"_a = false,
+      "symmetric"_a = false,
       "x @ dequantize(w, scales, biases).T on the CPU, float32 out.");
   m.def(
       "masked_softmax",
@@ -77,10 +78,11 @@ NB_MODULE(_ext, m) {
          const std::vector<mlx::core::array>& w, const std::vector<int>& formats,
          const std::vector<mlx::core::array>& biases, const mlx::core::array& offset,
          int n_heads, int n_kv_heads, int rope_dims, bool traditional, float base, float scale) {
-        if (w.size() != 9 || formats.size() != 6)
-          throw std::invalid_argument("[mlxterm.norm_qkv_rope] 9 weight arrays and 6 formats.");
+        if (w.size() != 9 || formats.size() != 9)
+          throw std::invalid_argument("[mlxterm.norm_qkv_rope] 9 weight arrays and 9 formats.");
         auto qw = [&](int i) {
-          return mlxterm::QWeight{w[3 * i], w[3 * i + 1], w[3 * i + 2], formats[2 * i], formats[2 * i + 1]};
+          return mlxterm::QWeight{w[3 * i], w[3 * i + 1], w[3 * i + 2], formats[3 * i], formats[3 * i + 1],
+                                  formats[3 * i + 2] != 0};
         };
         return mlxterm::norm_qkv_rope(x, norm_w, eps, qw(0), qw(1), qw(2), biases, offset, n_heads,
                                       n_kv_heads, rope_dims, traditional, base, scale);
@@ -92,10 +94,11 @@ NB_MODULE(_ext, m) {
       "attn_out_mlp",
       [](const mlx::core::array& a, const mlx::core::array& h, const mlx::core::array& norm_w,
          float eps, const std::vector<mlx::core::array>& w, const std::vector<int>& formats) {
-        if (w.size() != 12 || formats.size() != 8)
-          throw std::invalid_argument("[mlxterm.attn_out_mlp] 12 weight arrays and 8 formats.");
+        if (w.size() != 12 || formats.size() != 12)
+          throw std::invalid_argument("[mlxterm.attn_out_mlp] 12 weight arrays and 12 formats.");
         auto qw = [&](int i) {
-          return mlxterm::QWeight{w[3 * i], w[3 * i + 1], w[3 * i + 2], formats[2 * i], formats[2 * i + 1]};
+          return mlxterm::QWeight{w[3 * i], w[3 * i + 1], w[3 * i + 2], formats[3 * i], formats[3 * i + 1],
+                                  formats[3 * i + 2] != 0};
         };
         return mlxterm::attn_out_mlp(a, h, qw(0), norm_w, eps, qw(1), qw(2), qw(3));
       },

@@ -104,7 +104,10 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
   const int32_t* off = inputs[2].data<int32_t>();
   const int n_off = int(inputs[2].size());
   QmmProblem p[3];
-  for (int i = 0; i < 3; ++i) p[i] = problem(nullptr, rows, Dm, &inputs[3 + 3 * i], group_size_, bits_[i], nullptr);
+  for (int i = 0; i < 3; ++i) {
+    p[i] = problem(nullptr, rows, Dm, &inputs[3 + 3 * i], group_size_, bits_[i], nullptr);
+    p[i].symmetric = bits_[3 + i] != 0;
+  }
   const float* lb[3] = {nullptr, nullptr, nullptr};
   if (has_bias_)
     for (int i = 0; i < 3; ++i) lb[i] = inputs[12 + i].data<float>();
@@ -183,10 +186,14 @@ void AttnOutMlp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   const float* ap = a.data<float>();
   const float* hp = h.data<float>();
   const float* nw = inputs[5].data<float>();
-  const QmmProblem po = problem(nullptr, rows, Ka, &inputs[2], formats_[0], formats_[1], nullptr);
-  const QmmProblem pg = problem(nullptr, rows, Dm, &inputs[6], formats_[2], formats_[3], nullptr);
-  const QmmProblem pu = problem(nullptr, rows, Dm, &inputs[9], formats_[2], formats_[3], nullptr);
-  const QmmProblem pd = problem(nullptr, rows, pg.N, &inputs[12], formats_[4], formats_[5], nullptr);
+  QmmProblem po = problem(nullptr, rows, Ka, &inputs[2], formats_[0], formats_[1], nullptr);
+  QmmProblem pg = problem(nullptr, rows, Dm, &inputs[6], formats_[2], formats_[3], nullptr);
+  QmmProblem pu = problem(nullptr, rows, Dm, &inputs[9], formats_[2], formats_[3], nullptr);
+  QmmProblem pd = problem(nullptr, rows, pg.N, &inputs[12], formats_[4], formats_[5], nullptr);
+  po.symmetric = formats_[6] != 0;
+  pg.symmetric = formats_[7] != 0;
+  pu.symmetric = formats_[8] != 0;
+  pd.symmetric = formats_[9] != 0;
   float* op = out.data<float>();
   const float eps = eps_;
   enc.dispatch([=]() mutable {
@@ -262,7 +269,7 @@ std::vector<mx::array> norm_qkv_rope(
   for (auto& b : biases) in.push_back(f32c(b, st));
   auto prim = std::make_shared<NormQkvRope>(
       st, eps, n_heads, n_kv_heads, rope_dims, traditional, base, scale, q.group_size,
-      std::vector<int>{q.bits, k.bits, v.bits}, !biases.empty());
+      std::vector<int>{q.bits, k.bits, v.bits, q.symmetric, k.symmetric, v.symmetric}, !biases.empty());
   auto shapes = prim->output_shapes(in);
   return mx::array::make_arrays(std::move(shapes), {mx::float32, mx::float32, mx::float32}, prim, in);
 }
@@ -295,7 +302,8 @@ mx::array attn_out_mlp(
   push_weight(in, gate, st);
   push_weight(in, up, st);
   push_weight(in, down, st);
-  std::vector<int> formats = {o.group_size, o.bits, gate.group_size, gate.bits, down.group_size, down.bits};
+  std::vector<int> formats = {o.group_size, o.bits, gate.group_size, gate.bits, down.group_size, down.bits,
+                              o.symmetric, gate.symmetric, up.symmetric, down.symmetric};
   return mx::array(h.shape(), mx::float32, std::make_shared<AttnOutMlp>(st, eps, formats), in);
 }
 

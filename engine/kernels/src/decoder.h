@@ -26,6 +26,7 @@ namespace mx = mlx::core;
 struct QWeight {
   mx::array w, scales, biases;
   int group_size, bits;
+  bool symmetric = false;  // biases == -2^(bits-1) * scales (see QmmProblem::symmetric)
 };
 
 // x (B, L, Dm) float32; offset int32 of size 1 or B (RoPE positions offset[b] + l);
@@ -68,7 +69,7 @@ class NormQkvRope : public mx::Primitive {
   bool traditional_;
   float base_, scale_;
   int group_size_;
-  std::vector<int> bits_;  // q, k, v
+  std::vector<int> bits_;  // bits of q, k, v, then their symmetric flags
   bool has_bias_;
 };
 
@@ -89,7 +90,7 @@ class AttnOutMlp : public mx::UnaryPrimitive {
 
  private:
   float eps_;
-  std::vector<int> formats_;  // (group_size, bits) of o, gate/up, down
+  std::vector<int> formats_;  // (group_size, bits) of o, gate/up, down; symmetric of o, gate, up, down
 };
 
 }  // namespace mlxterm

@@ -248,8 +248,8 @@ mx::array quantized_swiglu(
     const mx::array& wu, const mx::array& su, const mx::array& bu, int group_size, int bits,
     bool exact, mx::StreamOrDevice s) {
   // Each projection must be a valid quantized_matmul; building both checks every shape.
-  quantized_matmul(x, wg, sg, bg, group_size, bits, exact, s);
-  quantized_matmul(x, wu, su, bu, group_size, bits, exact, s);
+  quantized_matmul(x, wg, sg, bg, group_size, bits, exact, false, s);
+  quantized_matmul(x, wu, su, bu, group_size, bits, exact, false, s);
   if (wg.shape() != wu.shape())
     throw std::invalid_argument("[mlxterm.quantized_swiglu] gate and up weights must have one shape.");
   auto st = mx::to_stream(s);

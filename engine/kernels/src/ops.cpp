@@ -224,7 +224,8 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   enc.set_input_array(scales);
   enc.set_input_array(biases);
   enc.set_output_array(out);
-  const QmmProblem p = qmm_problem(x, w, scales, biases, group_size_, bits_, out.data<float>());
+  QmmProblem p = qmm_problem(x, w, scales, biases, group_size_, bits_, out.data<float>());
+  p.symmetric = symmetric_;
   bool exact = exact_;
   enc.dispatch([p, exact]() { run_qmm(p, exact); });
 }
@@ -241,7 +242,7 @@ std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::arra
 
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const QuantizedMatmul&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_ && exact_ == o.exact_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && exact_ == o.exact_ && symmetric_ == o.symmetric_;
 }
 
 mx::array quantized_matmul(
@@ -252,6 +253,7 @@ mx::array quantized_matmul(
     int group_size,
     int bits,
     bool exact,
+    bool symmetric,
     mx::StreamOrDevice s) {
   if (bits != 4 && bits != 5 && bits != 8)
     throw std::invalid_argument("[mlxterm.quantized_matmul] bits must be 4, 5 or 8.");
@@ -275,7 +277,7 @@ mx::array quantized_matmul(
   auto shape = x.shape();
   shape.back() = N;
   return mx::array(
-      shape, mx::float32, std::make_shared<QuantizedMatmul>(st, group_size, bits, exact), inputs);
+      shape, mx::float32, std::make_shared<QuantizedMatmul>(st, group_size, bits, exact, symmetric), inputs);
 }
 
 }  // namespace mlxterm

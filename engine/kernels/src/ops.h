@@ -19,6 +19,7 @@ mx::array quantized_matmul(
     int group_size,
     int bits,
     bool exact,
+    bool symmetric = false,
     mx::StreamOrDevice s = {});
 
 // The kernel's view of evaluated arrays: x (..., K) float32, w/scales/biases as
@@ -32,8 +33,8 @@ mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st);
 
 class QuantizedMatmul : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmul(mx::Stream stream, int group_size, int bits, bool exact)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), exact_(exact) {}
+  QuantizedMatmul(mx::Stream stream, int group_size, int bits, bool exact, bool symmetric = false)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), exact_(exact), symmetric_(symmetric) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -44,6 +45,7 @@ class QuantizedMatmul : public mx::UnaryPrimitive {
  private:
   int group_size_, bits_;
   bool exact_;
+  bool symmetric_;  // biases == -2^(bits-1) * scales (the caller checked): see QmmProblem
 };
 
 }  // namespace mlxterm

@@ -24,6 +24,10 @@ struct QmmProblem {
   // pack_group reads them as such; the other paths widen them first (f32_scales).
   const uint16_t* scales16 = nullptr;
   const uint16_t* biases16 = nullptr;
+  // The biases are exactly -2^(bits-1) * scales (GGUF Q8_0/Q4_0/Q5_0 hold a scale only): the
+  // int8 path's pack_group then makes the bias terms from the scales and never reads the
+  // biases (2 of a Q8_0 block's 36 bytes; the same numbers, so the same bits).
+  bool symmetric = false;
 };
 
 // p with float32 scales/biases: p itself, or widened into buf when p has float16 ones.
