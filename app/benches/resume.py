@@ -89,7 +89,7 @@ def _long_context(args) -> dict:
     from engine import kernels
     from engine.checkpoints.fingerprint import live_kv_format
     from engine.generation.generate import generate_step
-    from engine.generation.kv_cache import Q8, make_cache
+    from engine.generation.kv_cache import Q8, live_kv_dtype, make_cache
     from engine.kernels import attention, hook
     from engine.model.catalog import resolve_source
     from engine.model.loader import load_bundle
@@ -137,8 +137,8 @@ def _long_context(args) -> dict:
         return {"bench": "resume-long", "skipped": f"CPU kernels unavailable: {kernels.status()['reason']}"}
     hook.install(fast.model)
     engine_kv = live_kv_format(profile.kv_cache, backend(), fast.model)  # as PromptCache.new_cache
-    q8 = Q8(int(engine_kv.removeprefix("q8rows-g")) if engine_kv.startswith("q8rows-g") else 64)
-    engine_dtype = {"fp16": mx.float16}.get(engine_kv, q8 if engine_kv.startswith("q8rows-g") else None)
+    engine_dtype = live_kv_dtype(engine_kv)
+    q8 = engine_dtype if isinstance(engine_dtype, Q8) else Q8(64)
     arms = [a for a in args.arms.split(",") if a]
     unknown = set(arms) - {"engine", "flash", "flash-kv16", "flash-q8", "softmax", "today"}
     if unknown:

@@ -218,7 +218,7 @@ def q8_unpack(x: mx.array, dtype: mx.Dtype = mx.float32, D: int | None = None) -
     if D is None:
         D, group = q8_dims(W)
     else:
-        group = D // ((W - D) // 4)
+        group = q8_group(D, W)
     q = mx.contiguous(x[..., :D]).view(mx.int8).astype(mx.float32)
     s = mx.contiguous(x[..., D:]).view(mx.float32)
     *lead, _ = x.shape
@@ -229,6 +229,15 @@ def q8_unpack(x: mx.array, dtype: mx.Dtype = mx.float32, D: int | None = None) -
 GROUPS = (32, 64, 128)
 
 
+def q8_group(D: int, width: int) -> int:
+    """The group size of q8 rows ``width`` bytes wide holding ``D`` values (D int8 bytes, then
+    one float32 scale per group); 0 when no whole number of groups fits."""
+    scales = (width - D) // 4
+    if width <= D or (width - D) % 4 or D % scales:
+        return 0
+    return D // scales
+
+
 def q8_dims(width: int, group: int | None = None) -> tuple[int, int]:
     """(D, group) of a q8 row ``width`` bytes wide (the largest D when several fit)."""
     for g in (group,) if group else GROUPS:
@@ -237,14 +246,24 @@ def q8_dims(width: int, group: int | None = None) -> tuple[int, int]:
     raise ValueError(f"no q8 row layout is {width} bytes wide")
 
 
+def live_kv_dtype(kv_format: str) -> mx.Dtype | Q8 | None:
+    """The ``kv_dtype`` of live caches in the CPU format ``kv_format`` (as
+    engine.checkpoints.fingerprint.live_kv_format names it): float16 for "fp16", ``Q8`` for
+    "q8rows-g<group>", None (K/V as computed) otherwise."""
+    if kv_format == "fp16":
+        return mx.float16
+    if kv_format.startswith("q8rows-g"):
+        return Q8(int(kv_format.removeprefix("q8rows-g")))
+    return None
+
+
 def _storage(dtype, buffer: mx.array | None, keys: mx.array):
     """How new K/V are stored: the cache's setting, else like the buffer it holds (the compiled
     step's scratch caches are bound to the live buffers and have no setting of their own)."""
     if dtype is not None or buffer is None or buffer.dtype == keys.dtype:
         return dtype
     if buffer.dtype == mx.uint8:
-        D = keys.shape[-1]
-        return Q8(D // ((buffer.shape[-1] - D) // 4))
+        return Q8(q8_group(keys.shape[-1], buffer.shape[-1]))
     return buffer.dtype
 
 
@@ -295,6 +314,7 @@ __all__ = [
     "Q8",
     "q8_pack",
     "q8_unpack",
+    "live_kv_dtype",
     "make_cache",
     "is_static",
     "create_causal_mask",

@@ -224,19 +224,27 @@ def half_scales(lin: Any) -> bool:
 def qparams(lin: Any) -> tuple[mx.array, mx.array, mx.array]:
     """(weight, scales, biases) of quantized layer ``lin`` as the kernels read them: the
     float16 copies of ``half_scales`` while they match the module's arrays."""
-    s, b = lin["scales"], lin["biases"]
-    half = lin.__dict__.get("_kernel_half")
-    if half is not None and half[0] is s and half[1] is b:
+    half = _half(lin)
+    if half is not None:
         return lin["weight"], half[2], half[3]
-    return lin["weight"], s, b
+    return lin["weight"], lin["scales"], lin["biases"]
+
+
+def _half(lin: Any) -> tuple | None:
+    """``half_scales``' record for ``lin`` while the module's arrays are the ones it was made
+    from (a weight update makes it stale), else None."""
+    half = lin.__dict__.get("_kernel_half")
+    if half is None or half[0] is not lin["scales"] or half[1] is not lin["biases"]:
+        return None
+    return half
 
 
 def symmetric(lin: Any) -> bool:
     """Whether ``qparams(lin)`` gives float16 copies whose biases are exactly
     ``-2**(bits - 1) * scales`` (Q8_0/Q4_0/Q5_0): the decode matmul then reads the scales
     only (Q8_0: 34 instead of 36 bytes per 32 weights, llama.cpp's size)."""
-    half = lin.__dict__.get("_kernel_half")
-    return half is not None and half[0] is lin["scales"] and half[1] is lin["biases"] and half[4]
+    half = _half(lin)
+    return half is not None and half[4]
 
 
 def _weights(*lins: Any) -> tuple[list[mx.array], list[int]]:

@@ -93,8 +93,10 @@ def _mask_array(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
 def q8_readable(D: int, k_width: int, v_width: int) -> bool:
     """True when the fused kernel reads q8 rows of these widths for head dim ``D`` (V rows
     as wide as K rows: Dv = D)."""
-    ng4 = k_width - D
-    return ng4 > 0 and ng4 % 4 == 0 and D % (ng4 // 4) == 0 and (D // (ng4 // 4)) % 32 == 0 and v_width == k_width
+    from engine.generation.kv_cache import q8_group
+
+    group = q8_group(D, k_width)
+    return group > 0 and group % 32 == 0 and v_width == k_width
 
 
 def _widened(queries, keys, values):

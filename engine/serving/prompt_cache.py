@@ -18,10 +18,8 @@ from engine.checkpoints import (
     open_store,
 )
 from engine.checkpoints.fingerprint import live_kv_format
-from engine.generation.kv_cache import Q8, make_cache
+from engine.generation.kv_cache import live_kv_dtype, make_cache
 from engine.model.weight_policy import backend
-
-import mlx.core as mx
 
 Reuse = Restored
 
@@ -44,9 +42,7 @@ class PromptCache:
         # checkpoints), float16 where the fused attention kernel reads it ("fp16"), or 8-bit
         # rows ("q8rows-g<group>").
         bits = {"q8": 8, "q4": 4}.get(kv.format) if self.kv_format.startswith(("q8-", "q4-")) else None
-        dtype = mx.float16 if self.kv_format == "fp16" else None
-        if self.kv_format.startswith("q8rows-g"):
-            dtype = Q8(int(self.kv_format.removeprefix("q8rows-g")))
+        dtype = live_kv_dtype(self.kv_format)
         return make_cache(self.model, kv_bits=bits, kv_group_size=kv.group_size, kv_dtype=dtype)
 
     def acquire(self, prompt: list[int], session_id: str | None = None) -> Restored:

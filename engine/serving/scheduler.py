@@ -37,6 +37,7 @@ agent or background rows decode), whose first token should not wait for a whole 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -85,6 +86,28 @@ class SchedulerStats:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def lap(self, lane: str, seconds: float) -> None:
+        """One ``lane`` ("serial" or "batched") step that took ``seconds``."""
+        setattr(self, f"{lane}_s", getattr(self, f"{lane}_s") + seconds)
+        setattr(self, f"{lane}_steps", getattr(self, f"{lane}_steps") + 1)
+
+
+def _timed(lane: str):
+    """Decorate a scheduler's step method: its time and count go to ``stats`` for ``lane``."""
+
+    def wrap(step):
+        @functools.wraps(step)
+        def timed(self) -> None:
+            t = time.perf_counter()
+            try:
+                step(self)
+            finally:
+                self.stats.lap(lane, time.perf_counter() - t)
+
+        return timed
+
+    return wrap
 
 
 class Row:
@@ -576,15 +599,8 @@ class Scheduler:
         self.solo = row
 
     # -- decode lanes --------------------------------------------------------------------------------
+    @_timed("serial")
     def _serial_step(self) -> None:
-        t = time.perf_counter()
-        try:
-            self._serial_token()
-        finally:
-            self.stats.serial_s += time.perf_counter() - t
-            self.stats.serial_steps += 1
-
-    def _serial_token(self) -> None:
         row = self.solo
         finish = None
         if row.handle.cancelled:
@@ -634,15 +650,8 @@ class Scheduler:
         row.cache = None
         self.rows.append(row)
 
+    @_timed("batched")
     def _batched_step(self) -> None:
-        t = time.perf_counter()
-        try:
-            self._batched_token()
-        finally:
-            self.stats.batched_s += time.perf_counter() - t
-            self.stats.batched_steps += 1
-
-    def _batched_token(self) -> None:
         """Every batched row feeds its pending token; live rows draw their next one."""
         rows = self.rows
         self.stats.batched_rows += len(rows)

@@ -64,15 +64,12 @@ def speculative_decode(
     n = 0
     pending = int(y.item())
 
-    def mask_of(allowed: mx.array | None) -> mx.array | None:
-        return _mask_of(allowed, vocab)
-
     while True:
         mask = allowed = None
         if constraint is not None:
             constraint.advance(pending)  # as plain decoding does before building the next step
             allowed = constraint.allowed()
-            mask = mask_of(allowed)
+            mask = _mask_of(allowed, vocab)
         room = min(k_cap, max_tokens - n - 1)  # drafts this round may hold at most
         draft = drafter.propose(pending, min(k, room)) if room > 0 else []
         masks = [mask]

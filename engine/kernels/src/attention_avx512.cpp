@@ -41,22 +41,42 @@ inline void score_tile(const float* q, int D, const float* Kt, int kstride, floa
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(s + size_t(t) * sstride + 16 * j, acc[t][j]);
 }
 
-// O[r][c0, c0 + 16 * NC) += sum_c P[r][c] V[c][...] for rows [0, 6).
-template <int NC>
-inline void pv_tile(const float* P, int pstride, const float* V, int Dv, int n, float* O) {
-  __m512 acc[kAttnRowTile][NC];
-  for (int t = 0; t < kAttnRowTile; ++t)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// O[t][16 NC columns] += sum_c P[t][c] V[c][...] for RT rows of P (``pstride`` apart):
+// attention.cpp's chain per element (fma(p, v, acc) over the keys in order), 16 lanes per
+// instruction. Prefill tiles (6 rows, float V) and decode rows (float or float16 V) share it.
+template <int RT, int NC, typename T>
+inline void pv_tile(const float* P, int pstride, const T* V, int n, int Dv, float* O) {
+  __m512 acc[RT][NC];
+  for (int t = 0; t < RT; ++t)
     for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_loadu_ps(O + size_t(t) * Dv + 16 * j);
   for (int c = 0; c < n; ++c) {
     __m512 v[NC];
-    for (int j = 0; j < NC; ++j) v[j] = _mm512_loadu_ps(V + size_t(c) * Dv + 16 * j);
-    for (int t = 0; t < kAttnRowTile; ++t) {
+    for (int j = 0; j < NC; ++j) v[j] = load16(V + size_t(c) * Dv + 16 * j);
+    for (int t = 0; t < RT; ++t) {
       const __m512 p = _mm512_set1_ps(P[size_t(t) * pstride + c]);
       for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_fmadd_ps(p, v[j], acc[t][j]);
     }
   }
-  for (int t = 0; t < kAttnRowTile; ++t)
+  for (int t = 0; t < RT; ++t)
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O + size_t(t) * Dv + 16 * j, acc[t][j]);
+}
+
+// pv_tile over all Dv columns: 64 at a time, then the 16-column rest.
+template <int RT, typename T>
+inline void pv_columns(const float* P, int pstride, const T* V, int n, int Dv, float* O) {
+  int c0 = 0;
+  for (; c0 + 64 <= Dv; c0 += 64) pv_tile<RT, 4>(P, pstride, V + c0, n, Dv, O + c0);
+  switch ((Dv - c0) / 16) {
+    case 3: pv_tile<RT, 3>(P, pstride, V + c0, n, Dv, O + c0); break;
+    case 2: pv_tile<RT, 2>(P, pstride, V + c0, n, Dv, O + c0); break;
+    case 1: pv_tile<RT, 1>(P, pstride, V + c0, n, Dv, O + c0); break;
+    default: break;
+  }
 }
 
 // vmath.h's exp_neg, 16 lanes: the same operations per element.
@@ -107,67 +127,21 @@ void scores_tiled(const float* Q, int Rp, const float* Kt, int kstride, int npad
 }
 
 void pv_tiled(const float* P, int pstride, int R6, const float* V, int n, int Dv, float* O) {
-  for (int r = 0; r < R6; r += kAttnRowTile) {
-    const float* p = P + size_t(r) * pstride;
-    float* o = O + size_t(r) * Dv;
-    int c0 = 0;
-    for (; c0 + 64 <= Dv; c0 += 64) pv_tile<4>(p, pstride, V + c0, Dv, n, o + c0);
-    switch ((Dv - c0) / 16) {
-      case 3: pv_tile<3>(p, pstride, V + c0, Dv, n, o + c0); break;
-      case 2: pv_tile<2>(p, pstride, V + c0, Dv, n, o + c0); break;
-      case 1: pv_tile<1>(p, pstride, V + c0, Dv, n, o + c0); break;
-      default: break;
-    }
-  }
+  for (int r = 0; r < R6; r += kAttnRowTile)
+    pv_columns<kAttnRowTile>(P + size_t(r) * pstride, pstride, V, n, Dv, O + size_t(r) * Dv);
 }
 
 namespace {
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// O[t][16 NC columns] += sum_c P[t][c] V[c][...] for RT rows: attention.cpp's accumulate<>
-// chain per element (fma(p, v, acc) over the keys in order), 16 lanes per instruction.
-template <int RT, int NC, typename T>
-inline void pv_decode_tile(const float* P, const T* V, int n, int Dv, float* O) {
-  __m512 acc[RT][NC];
-  for (int t = 0; t < RT; ++t)
-    for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_loadu_ps(O + size_t(t) * Dv + 16 * j);
-  for (int c = 0; c < n; ++c) {
-    __m512 v[NC];
-    for (int j = 0; j < NC; ++j) v[j] = load16(V + size_t(c) * Dv + 16 * j);
-    for (int t = 0; t < RT; ++t) {
-      const __m512 p = _mm512_set1_ps(P[size_t(t) * kAttnBlock + c]);
-      for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_fmadd_ps(p, v[j], acc[t][j]);
-    }
-  }
-  for (int t = 0; t < RT; ++t)
-    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O + size_t(t) * Dv + 16 * j, acc[t][j]);
-}
-
-template <int RT, typename T>
-inline void pv_decode_rows(const float* P, const T* V, int n, int Dv, float* O) {
-  int c0 = 0;
-  for (; c0 + 64 <= Dv; c0 += 64) pv_decode_tile<RT, 4>(P, V + c0, n, Dv, O + c0);
-  switch ((Dv - c0) / 16) {
-    case 3: pv_decode_tile<RT, 3>(P, V + c0, n, Dv, O + c0); break;
-    case 2: pv_decode_tile<RT, 2>(P, V + c0, n, Dv, O + c0); break;
-    case 1: pv_decode_tile<RT, 1>(P, V + c0, n, Dv, O + c0); break;
-    default: break;
-  }
-}
-
 template <typename T>
 void pv_decode_impl(const float* P, int R, const T* V, int n, int Dv, float* O) {
   int r = 0;
-  for (; r + 4 <= R; r += 4) pv_decode_rows<4>(P + size_t(r) * kAttnBlock, V, n, Dv, O + size_t(r) * Dv);
+  for (; r + 4 <= R; r += 4) pv_columns<4>(P + size_t(r) * kAttnBlock, kAttnBlock, V, n, Dv, O + size_t(r) * Dv);
   const float* p = P + size_t(r) * kAttnBlock;
   float* o = O + size_t(r) * Dv;
   switch (R - r) {
-    case 3: pv_decode_rows<3>(p, V, n, Dv, o); break;
-    case 2: pv_decode_rows<2>(p, V, n, Dv, o); break;
-    case 1: pv_decode_rows<1>(p, V, n, Dv, o); break;
+    case 3: pv_columns<3>(p, kAttnBlock, V, n, Dv, o); break;
+    case 2: pv_columns<2>(p, kAttnBlock, V, n, Dv, o); break;
+    case 1: pv_columns<1>(p, kAttnBlock, V, n, Dv, o); break;
     default: break;
   }
 }
