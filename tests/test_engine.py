@@ -52,7 +52,9 @@ def test_same_seed_same_text(tiny_engine):
 
 def test_cancel_stops_within_a_token(tiny_engine):
     ids = _chat(tiny_engine, "long one")
-    params = tiny_engine.sampling(max_tokens=400, temperature=1.0, seed=1)
+    # A budget far beyond what the tiny model decodes while this thread is starved on a loaded
+    # machine, so the run can only end by the cancel (400 ran out once at load 6).
+    params = tiny_engine.sampling(max_tokens=3500, temperature=1.0, seed=1)
     handle = tiny_engine.submit(GenerationRequest(ids, params, split_reasoning=False))
     seen = 0
     for ev in handle:
@@ -64,7 +66,7 @@ def test_cancel_stops_within_a_token(tiny_engine):
         if isinstance(ev, Done):
             done = ev
     assert done.finish_reason == "cancelled"
-    assert 3 <= done.usage.completion_tokens < 400
+    assert 3 <= done.usage.completion_tokens < 3500
     assert done.text  # the partial reply is kept
     assert time.perf_counter() - t_cancel < 5
 
