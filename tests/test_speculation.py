@@ -542,3 +542,45 @@ async def test_tui_status_bar_shows_acceptance_while_a_speculative_preset_stream
         streaming = [t for t in shown if t.startswith("generating…")]
         assert any("drafts" in t and "% accepted" in t for t in streaming), shown
         assert "% accepted" in screen.status.query_one("#status-turn").render().plain
+
+
+def test_a_shared_draft_model_counts_into_the_request_drafting(tmp_path, tiny_llama_dir):
+    """The draft model is one drafter shared by the engine's requests: a request admitted while
+    another still speculates must not take over the other's counters. Two requests alternate
+    token by token; each counts at least what it counts alone, and together exactly what the
+    draft model read."""
+    from engine.generation.speculation.methods import Speculator
+    from engine.model.loader import load_bundle
+    from engine.model.weight_policy import choose_weights
+
+    other = make_model_dir(tmp_path / "draft-llama", LLAMA_CONFIG, seed=5)
+    prof = load_profile(str(write_profile(tmp_path / "spec.yaml", tiny_llama_dir, speculation={
+        "mode": "draft", "draft_model": str(other), "num_draft_tokens": 4, "draft_min_prob": 0.05})))
+    bundle = load_bundle(Path(tiny_llama_dir), choose_weights(prof.model.weights))
+    speculator = Speculator(prof, bundle)
+    model, params = bundle.model, SamplingParams(temperature=0.0, max_tokens=24)
+    prompts = (PROMPT, [7, 8, 9, *PROMPT[5:]])
+
+    def run(prompt):
+        spec = speculator.new()
+        return spec, generate_step(model, prompt, make_cache(model), params, speculation=spec)
+
+    alone = []
+    for prompt in prompts:
+        spec, gen = run(prompt)
+        alone.append((list(gen), spec.stats.draft_prefilled))
+    fed = speculator._drafter.fed
+    spec_a, gen_a = run(prompts[0])
+    got_a = [next(gen_a)]
+    spec_b, gen_b = run(prompts[1])  # admitted while the first still drafts
+    got_b = []
+    for a, b in zip(gen_a, gen_b, strict=False):
+        got_a.append(a)
+        got_b.append(b)
+    got_a += list(gen_a)
+    got_b += list(gen_b)
+    assert [o.token for o in got_a] == [o.token for o in alone[0][0]]
+    assert [o.token for o in got_b] == [o.token for o in alone[1][0]]
+    assert spec_a.stats.rounds > 1 and spec_b.stats.rounds > 1
+    assert spec_a.stats.draft_prefilled >= alone[0][1] and spec_b.stats.draft_prefilled >= alone[1][1]
+    assert spec_a.stats.draft_prefilled + spec_b.stats.draft_prefilled == speculator._drafter.fed - fed

@@ -45,7 +45,7 @@ class DraftModelDrafter:
         self.store = None  # engine.checkpoints.CheckpointStore for the draft KV, if any
         self.fed = 0  # tokens prefilled through the draft model (its cost outside drafting)
         self._restore: tuple[list[int], str | None, int] | None = None  # acquire()'s, until the first draft
-        self.stats = None  # the current request's SpecStats (draft_prefilled is counted here)
+        self.stats = None  # the drafting request's SpecStats (verify binds it before each draft)
         self._discarded = 0  # the store's discarded-file count at the last acquire
 
     def use_store(self, store) -> None:

@@ -83,9 +83,8 @@ class Speculator:
         else:
             drafter = self._drafter
         stats = SpecStats(self.mode)
-        if isinstance(drafter, DraftModelDrafter):
+        if isinstance(drafter, DraftModelDrafter):  # the drafter counts into it while it drafts
             stats.draft_restored, stats.draft_prefilled = 0, 0
-            drafter.stats = stats
         return Speculation(drafter, self.policy, stats)
 
     # -- the draft model's KV checkpoints, beside the target's (engine.serving.prompt_cache) ----
