@@ -109,16 +109,37 @@ def test_a_batch_row_equals_the_same_row_alone():
         assert mx.array_equal(batch[b : b + 1], alone), b
 
 
+# Decode shapes beyond SmolLM2's for the AVX-512 scores (16 keys per vector, rows in passes of
+# 3 or 4): 4 and 8 query rows per KV head, a 32-dim tail chunk (D 96), groups spanning two
+# 64-dim chunks (G 128), key counts that leave a partial 16-key tile.
+_DECODE_SHAPES = (
+    ((1, 8, 2, 1, 517), 96, 32),
+    ((1, 8, 1, 1, 301), 128, 128),
+    ((2, 4, 1, 1, 263), 128, 32),
+    ((1, 10, 2, 1, 95), 64, 64),
+)
+
+
+@pytest.mark.parametrize("shape,D,G", _DECODE_SHAPES)
+def test_decode_shapes_match_the_reference(shape, D, G):
+    q, k, v = _qkv(*shape, D=D, G=G, seed=D + G)
+    S = shape[4]
+    got = kernels.flash_attention(q, k, v, SCALE, causal_offset=S - 1)
+    ref = kernels.flash_attention(q, k, v, SCALE, causal_offset=S - 1, reference=True)
+    assert float(mx.abs(got - ref).max()) < 2e-5
+
+
 def _isa_results() -> dict:
     out = {}
-    for shape, G in (
-        ((1, 9, 3, 1, 3000), 32),
-        ((2, 14, 2, 1, 700), 64),
-        ((1, 9, 3, 2, 333), 32),
-        ((1, 9, 3, 40, 400), 64),
+    for shape, G, D in (
+        ((1, 9, 3, 1, 3000), 32, 64),
+        ((2, 14, 2, 1, 700), 64, 64),
+        ((1, 9, 3, 2, 333), 32, 64),
+        ((1, 9, 3, 40, 400), 64, 64),
+        *((s, g, d) for s, d, g in _DECODE_SHAPES),
     ):
-        q, k, v = _qkv(*shape, G=G, seed=shape[4])
-        out[f"{shape}-{G}"] = np.array(
+        q, k, v = _qkv(*shape, D=D, G=G, seed=shape[4])
+        out[f"{shape}-{G}-{D}"] = np.array(
             kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
         )
     return out

@@ -107,9 +107,7 @@ void widen_q8(const uint8_t* src, size_t stride, int n, int D, int G, float* dst
   }
 }
 
-#define Q8_VNNI 0
 #include "attention_q8.inc"
-#undef Q8_VNNI
 
 // q (already scaled) quantized per group of G dims as the q8 decode scores read it:
 // qs = max|q| / 127, qi = round-to-even(q * (127 / max|q|)) in -127..127 (all zero: 0, 0).
@@ -458,7 +456,7 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
       const Prefetch pf{reinterpret_cast<const char*>(kblk), p.kst, reinterpret_cast<const char*>(vblk), p.vst};
       if (use_avx512()) avx512::q8_scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data(), pf);
       else q8::scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data(), pf);
-      if (!softmax_block(p, t, sc, R, kb, n)) continue;
+      if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;
       if (use_avx512()) avx512::q8_pv(sc.s.data(), R, vblk, p.vst, n, Dv, p.G, sc.o.data());
       else q8::pv_rows(sc.s.data(), 0, R, vblk, p.vst, n, Dv, p.G, sc.o.data());
       continue;
@@ -469,7 +467,7 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     const Prefetch pf{kbase + size_t(kb) * D * es, D * es, vbase + size_t(kb) * Dv * es, Dv * es};
     if (p.half) scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data(), pf);
     else scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data(), pf);
-    if (!softmax_block(p, t, sc, R, kb, n)) continue;
+    if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;
     if (p.half) pv(sc, R, v16 + size_t(kb) * Dv, n, Dv);
     else pv(sc, R, vf32 + size_t(kb) * Dv, n, Dv);
   }

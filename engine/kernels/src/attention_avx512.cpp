@@ -14,13 +14,6 @@
 
 namespace mlxterm::avx512 {
 
-namespace vnni {
-constexpr int kBlock = kAttnBlock;
-#define Q8_VNNI 1
-#include "attention_q8.inc"
-#undef Q8_VNNI
-}  // namespace vnni
-
 namespace {
 
 // s[r][c] for rows [r0, r0 + 6) and keys [c, c + 16 * NC).
@@ -152,9 +145,125 @@ void pv_decode(const float* P, int R, const uint16_t* V, int n, int Dv, float* O
   pv_decode_impl(P, R, V, n, Dv, O);
 }
 
+namespace {
+// 16 x 16 int32 transpose: rows a[i] (one key's 16 dwords) -> a[j] lane i = key i's dword j.
+// Four shuffle stages (64 shuffles), shared by every query row scored against these keys.
+inline void transpose16(__m512i a[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(a[i], a[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(a[i], a[i + 1]);
+  }
+  __m512i u[16];  // u[4q + k], 128-bit lane L: keys 4q..4q+3, dword 4L + k
+  for (int q = 0; q < 4; ++q) {
+    u[4 * q + 0] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+    u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+    u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // 4 x 4 transpose of 128-bit lanes
+    const __m512i y0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44), y1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xEE);
+    const __m512i y2 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44),
+                  y3 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xEE);
+    a[k] = _mm512_shuffle_i32x4(y0, y2, 0x88);
+    a[4 + k] = _mm512_shuffle_i32x4(y0, y2, 0xDD);
+    a[8 + k] = _mm512_shuffle_i32x4(y1, y3, 0x88);
+    a[12 + k] = _mm512_shuffle_i32x4(y1, y3, 0xDD);
+  }
+}
+
+// Scale of group g of 16 rows (`stride` bytes apart from `scale0`) as one vector. Scalar
+// loads: vgatherdps measured slower here than the loads it replaces.
+inline __m512 scales16(const uint8_t* scale0, size_t stride, int nk) {
+  alignas(64) float v[16];
+  for (int i = 0; i < 16; ++i) std::memcpy(v + i, scale0 + size_t(std::min(i, nk - 1)) * stride, 4);
+  return _mm512_load_ps(v);
+}
+
+// acc[t][*] += the dwords [8 H, 8 H + 8) of a (keys' transposed dims) x row t's q dwords:
+// two accumulators per row (alternate dwords) so consecutive dpbusd do not wait for each other.
+template <int RT, int H>
+inline void q8_dots8(const __m512i a[16], const int32_t* qd, int qstride, __m512i acc[][2]) {
+#pragma GCC unroll 8
+  for (int j = 8 * H; j < 8 * H + 8; ++j)
+    for (int t = 0; t < RT; ++t)
+      acc[t][j & 1] = _mm512_dpbusd_epi32(acc[t][j & 1], a[j], _mm512_set1_epi32(qd[t * qstride + j]));
+}
+
+// Scores of RT query rows against 16 keys (rows k[0..15]), lanes = keys: the keys' 64-byte
+// chunks are transposed to one dword (4 dims) of 16 keys per vector, so dpbusd runs 16 keys x
+// 4 dims per instruction against q's dword broadcast, with no horizontal sums. dpbusd wants
+// unsigned x signed: k ^ 0x80 = k + 128 in 0..255, so it adds k.q + 128 sum(q), and corr
+// (128 sum(q) per row and group) is taken off -- the exact integer dot of the AVX2 path. Then
+// the same float chain per score: f = fma(float(dot_g), qs_g * sk_g, f) over the groups.
+template <int RT>
+inline void q8_score_tile(const int32_t* qd, const int32_t* corr, const float* Qs, int D, int G,
+                          const uint8_t* const* k, size_t stride, int nk, const uint8_t* scale0, float* s) {
+  const int ng = D / G, qstride = D / 4;
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  __m512 f[RT];
+  for (auto& x : f) x = _mm512_setzero_ps();
+  __m512i acc[RT][2];
+  int g = 0, left = G;  // current group, its dims still to add
+  for (int b = 0; b < D; b += 64) {
+    const bool half = D - b < 64;  // a 32-dim tail (D % 32 == 0)
+    const __mmask64 lm = half ? __mmask64(0xFFFFFFFF) : ~__mmask64(0);
+    __m512i a[16];
+    for (int i = 0; i < 16; ++i) a[i] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(lm, k[i] + b), flip);
+    transpose16(a);
+    for (int h = 0; h < (half ? 1 : 2); ++h) {
+      if (left == G)
+        for (auto& row : acc) row[0] = row[1] = _mm512_setzero_si512();
+      if (h == 0) q8_dots8<RT, 0>(a, qd + b / 4, qstride, acc);
+      else q8_dots8<RT, 1>(a, qd + b / 4, qstride, acc);
+      left -= 32;
+      if (left == 0) {  // group done: exact dot, then the float chain
+        const __m512 sk = scales16(scale0 + 4 * g, stride, nk);
+        for (int t = 0; t < RT; ++t) {
+          const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(acc[t][0], acc[t][1]), _mm512_set1_epi32(corr[t * ng + g]));
+          f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(_mm512_set1_ps(Qs[t * ng + g]), sk), f[t]);
+        }
+        ++g;
+        left = G;
+      }
+    }
+  }
+  const __mmask16 keep = __mmask16((1u << nk) - 1);
+  for (int t = 0; t < RT; ++t) _mm512_mask_storeu_ps(s + size_t(t) * kAttnBlock, keep, f[t]);
+}
+}  // namespace
+
 void q8_scores(const int8_t* Qi, const float* Qs, int R, const uint8_t* K, size_t stride, int n, int D, int G,
                float* s, const Prefetch& pf) {
-  vnni::q8::scores(Qi, Qs, R, K, stride, n, D, G, s, pf);
+  const int ng = D / G;
+  // q as dwords (4 int8 dims each) and 128 * sum(q) per row and group (the unsigned offset).
+  int32_t qd[8 * 512 / 4], corr[8 * 512 / 32];
+  std::memcpy(qd, Qi, size_t(R) * D);
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < ng; ++g) {
+      int sum = 0;
+      for (int d = g * G; d < (g + 1) * G; ++d) sum += Qi[size_t(r) * D + d];
+      corr[r * ng + g] = 128 * sum;
+    }
+  for (int c = 0; c < n; c += 16) {
+    for (int t = 0; t < 16; t += 4) prefetch_tile(pf, c + t);
+    const int nk = std::min(16, n - c);
+    const uint8_t* k[16];
+    for (int i = 0; i < 16; ++i) k[i] = K + size_t(c + std::min(i, nk - 1)) * stride;
+    const uint8_t* scale0 = K + size_t(c) * stride + D;
+    for (int r = 0; r < R;) {
+      const int rt = std::min(R - r, R == 4 || R > 6 ? 4 : 3);  // rows per pass (3: SmolLM2's GQA)
+      const int32_t* q = qd + size_t(r) * (D / 4);
+      float* sr = s + size_t(r) * kAttnBlock + c;
+      switch (rt) {
+        case 4: q8_score_tile<4>(q, corr + r * ng, Qs + r * ng, D, G, k, stride, nk, scale0, sr); break;
+        case 3: q8_score_tile<3>(q, corr + r * ng, Qs + r * ng, D, G, k, stride, nk, scale0, sr); break;
+        case 2: q8_score_tile<2>(q, corr + r * ng, Qs + r * ng, D, G, k, stride, nk, scale0, sr); break;
+        default: q8_score_tile<1>(q, corr + r * ng, Qs + r * ng, D, G, k, stride, nk, scale0, sr); break;
+      }
+      r += rt;
+    }
+  }
 }
 
 namespace {

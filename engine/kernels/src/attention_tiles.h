@@ -53,8 +53,8 @@ void pv_decode(const float* P, int R, const uint16_t* V, int n, int Dv, float* O
 // s[c] = exp(s[c] - m) for c in [0, n) (n % 8 == 0, s[c] <= m), with vmath.h's exp_neg
 // arithmetic lane for lane (same values as the AVX2 loop).
 void exp_shifted(float* s, int n, float m);
-// q8 decode (attention_q8.inc): scores with VNNI dot products, P @ V 16 lanes wide; the same
-// bits as the AVX2 versions.
+// q8 decode: scores 16 keys per vector (K transposed in registers, VNNI dpbusd, no horizontal
+// sums), P @ V 16 lanes wide; the same bits as the AVX2 versions (attention_q8.inc).
 void q8_scores(const int8_t* Qi, const float* Qs, int R, const uint8_t* K, size_t stride, int n, int D, int G,
                float* s, const Prefetch& pf);
 void q8_pv(const float* P, int R, const uint8_t* V, size_t stride, int n, int Dv, int G, float* O);
