@@ -175,3 +175,63 @@ def test_q8_cache_in_the_compiled_decode_step(tiny_llama_dir):
         toks.append(int(mx.argmax(logits).item()))
         logits = bundle.model(mx.array([[toks[-1]]]), cache=plain)[0, -1]
     assert [s.token for s in steps] == toks
+
+
+# -- K rows hold rotated keys (kv_cache.q8_rotate), attention rotates q to match -------------
+def test_rotation_is_orthonormal_self_inverse_and_row_by_row():
+    from engine.generation.kv_cache import q8_rotate
+
+    for D in (16, 64, 96, 128):  # 96: three 32-wide blocks
+        x = mx.random.normal((3, 4, 7, D), key=mx.random.key(D))
+        y = mx.random.normal((3, 4, 7, D), key=mx.random.key(D + 1))
+        rx = q8_rotate(x)
+        assert float(mx.abs(q8_rotate(rx) - x).max()) < 1e-5, D  # H @ H = I
+        dots = (rx * q8_rotate(y)).sum(-1)
+        assert float(mx.abs(dots - (x * y).sum(-1)).max()) < 1e-4 * D, D  # q . k kept
+        assert mx.array_equal(q8_rotate(x[1:2, :, 3:4]), rx[1:2, :, 3:4]), D  # a row alone
+    x = mx.zeros((1, 1, 1, 64)).at[..., 5].add(8.0)
+    assert mx.array_equal(mx.abs(q8_rotate(x)), mx.ones((1, 1, 1, 64)))  # exact at D = 64
+
+
+def _outlier_qkv(S=400, seed=5):
+    """K with a few large channels (as real models' keys have), q, v plain."""
+    k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
+    q = mx.random.normal((1, 9, 1, 64), key=k1)
+    boost = mx.where(mx.arange(64) % 16 == 3, 12.0, 1.0)
+    k = mx.random.normal((1, 3, S, 64), key=k2) * boost
+    v = mx.random.normal((1, 3, S, 64), key=k3)
+    return q, k, v
+
+
+def test_q8_cache_stores_rotated_keys_and_plain_values():
+    from engine.generation.kv_cache import StaticKVCache, q8_rotate
+
+    _, k, v = _outlier_qkv(S=40)
+    cache = StaticKVCache(Q8(32))
+    ks, vs = cache.update_and_fetch(k, v)
+    assert mx.array_equal(ks, q8_pack(q8_rotate(k), 32))
+    assert mx.array_equal(vs, q8_pack(v, 32))
+
+
+@pytest.mark.parametrize("impl", ["flash", "mlx"])
+def test_attention_over_q8_caches_reads_the_rotated_keys(impl, monkeypatch):
+    """Through the model-facing function (kernel and MLX fallback alike): attention over a q8
+    cache is close to float attention -- it would be far off if q were not rotated like K --
+    and the rotation makes it closer than unrotated rows are on keys with large channels."""
+    from engine.generation.kv_cache import StaticKVCache
+    from engine.kernels import attention
+
+    monkeypatch.setattr(attention, "impl", impl)
+    q, k, v = _outlier_qkv()
+    S = k.shape[2]
+    scale = 0.125
+    want = kernels.flash_attention(q, k, v, scale, reference=True)
+    cache = StaticKVCache(Q8(64))
+    ks, vs = cache.update_and_fetch(k, v)
+    with attention.routing():
+        got = attention.scaled_dot_product_attention(q, ks, vs, cache, scale, None)
+    # the same rows without the rotation (round 4-5's format), read with the plain q
+    plain = kernels.flash_attention(q, q8_pack(k, 64), vs, scale)
+    err, err_plain = (float(mx.abs(x - want).max()) for x in (got, plain))
+    assert got.shape == want.shape == (1, 9, 1, 64) and cache.offset == S
+    assert err < 0.6 * err_plain, (err, err_plain)

@@ -178,7 +178,7 @@ def test_fp16_live_kv_with_other_checkpoint_storage(tmp_path, tiny_llama_dir, st
         second.close(0)
 
 
-# -- live 8-bit KV (kv_cache.format: q8 -> "q8rows-g<group>") --------------------------------
+# -- live 8-bit KV (kv_cache.format: q8 -> "q8hrows-g<group>") --------------------------------
 @pytest.fixture(scope="module")
 def wide_head_llama_dir(tmp_path_factory):
     """The tiny llama with head dim 32 (the tiny models' 16 is below the kernel's groups)."""
@@ -199,7 +199,7 @@ def test_q8_profile_makes_8bit_row_caches_and_says_so_in_the_fingerprint(tmp_pat
     profile = _q8_profile(tmp_path, wide_head_llama_dir)
     pc = PromptCache(_routed(wide_head_llama_dir), profile)
     try:
-        assert pc.kv_format == "q8rows-g32" == pc.store.fingerprint.kv_format
+        assert pc.kv_format == "q8hrows-g32" == pc.store.fingerprint.kv_format
         cache = pc.new_cache()
         prefill(pc.model, cache, tokens(40, seed=1))
         assert {c.keys.dtype for c in cache} == {mx.uint8}
@@ -221,4 +221,4 @@ def test_q8_falls_back_to_fp16_when_the_group_does_not_fit_the_head(tmp_path, ti
 @needs_kernels
 def test_q8_checkpoint_from_another_process_restores_bit_for_bit(tmp_path, wide_head_llama_dir):
     profile = _q8_profile(tmp_path, wide_head_llama_dir)
-    _restores_bit_for_bit_in_another_process(profile, wide_head_llama_dir, "q8rows-g32", mx.uint8)
+    _restores_bit_for_bit_in_another_process(profile, wide_head_llama_dir, "q8hrows-g32", mx.uint8)

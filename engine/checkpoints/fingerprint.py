@@ -26,7 +26,7 @@ HASH_CACHE = "weights-sha256.json"
 class Fingerprint:
     weights_sha256: str
     weight_format: str  # quantized, fp32, fp16, bf16
-    kv_format: str  # live KV: "dense" (dtype follows the weights), "fp16", e.g. "q8-g64" (GPU), "q8rows-g64" (CPU)
+    kv_format: str  # live KV: "dense" (dtype follows the weights), "fp16", e.g. "q8-g64" (GPU), "q8hrows-g64" (CPU)
     checkpoint_format: str  # storage: same, fp16, q8, q4
     backend: str  # cpu, metal, cuda (kernels differ numerically)
     engine_version: str  # mlxterm, mlx-lm and checkpoint format versions
@@ -121,7 +121,7 @@ def live_kv_format(kv_cache_config, backend: str, model=None, weight_format: str
     its attention is routed there; without it, when the kernels are built and the weights
     load as ``quantized``/``hybrid`` (the formats the loader routes). Half the bytes per decode
     step at long context. ``q8`` stores each token's K/V per head as 8-bit rows
-    (engine.generation.kv_cache.Q8, "q8rows-g<group>") under the same condition, when the head
+    (engine.generation.kv_cache.Q8, "q8hrows-g<group>": K rotated) under the same condition, when the head
     dims fit the kernel (group 32/64/128 dividing the head dim): ~0.56 of fp16's bytes and
     int8 dot products at decode. Everything else on the CPU keeps K/V as computed ("dense").
     Checkpoints made before a format existed carry another name and simply miss.
@@ -132,6 +132,7 @@ def live_kv_format(kv_cache_config, backend: str, model=None, weight_format: str
     if fmt not in ("fp16", "q8"):
         return "dense"
     from engine import kernels
+    from engine.generation.kv_cache import Q8_FORMAT
     from engine.kernels.attention import reads_fp16_kv
 
     if model is not None:
@@ -143,7 +144,8 @@ def live_kv_format(kv_cache_config, backend: str, model=None, weight_format: str
     if fmt == "q8":
         g = kv_cache_config.group_size
         head = _head_dim(model) if model is not None else None
-        return f"q8rows-g{g}" if g % 32 == 0 and (head is None or head % g == 0) else "fp16"
+        ok = g % 32 == 0 and (head is None or head % g == 0)
+        return f"{Q8_FORMAT}-g{g}" if ok else "fp16"
     return "fp16"
 
 

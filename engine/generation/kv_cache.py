@@ -16,6 +16,16 @@ format): the head's D values quantized symmetrically per group of ``group`` dims
 one array per K and V, so the compiled step, batching, snapshots and checkpoints carry it like
 any other dtype; the fused attention kernel reads the rows directly (0.56 of float16's bytes at
 D = 64, group 32) and ``q8_unpack`` gives the float values anywhere else (pure MLX).
+
+K rows hold the key *rotated*: ``q8_rotate(k)``, an orthonormal Walsh-Hadamard transform of the
+head dims, and attention reads them with ``q8_rotate(q)`` (engine.kernels.attention), so
+q . k = (q H) . (k H) -- the scores are unchanged up to float32 rounding and the kernel's
+arithmetic is untouched. The rotation spreads K's large channels over all dims, so a group's
+int8 step (set by its largest value) shrinks for every channel: SmolLM2's decode KL to fp16
+KV drops 3.2x (docs/benchmarks.md, "Long context, round 6"). V rows are stored as computed
+(8-bit V costs ~14x less than 8-bit K). The checkpoint fingerprint names this format
+"q8hrows-g<group>"; rows of the unrotated format (round 4-5: "q8rows-g<group>") mean
+something else and are never read as these.
 """
 
 from __future__ import annotations
@@ -191,6 +201,24 @@ class Q8:
     def pack(self, x: mx.array) -> mx.array:
         return q8_pack(x, self.group)
 
+    def pack_kv(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """The stored rows of float K/V: K rotated (``q8_rotate``), V as is."""
+        return self.pack(q8_rotate(keys)), self.pack(values)
+
+
+def q8_rotate(x: mx.array) -> mx.array:
+    """``x`` (..., D) times H, the orthonormal Walsh-Hadamard matrix (symmetric, H @ H = I) on
+    blocks of the largest power of two dividing D (all of D for the usual 64/128): how q8 K
+    rows store keys and how attention reads queries against them. One op per call, row by row
+    (a row's result does not depend on how many rows share the call: batches and the
+    compiled step store the bytes a solo prefill does). Exact at D = 64 (scale 1/8)."""
+    D = x.shape[-1]
+    p = D & -D
+    if p == D:
+        return mx.hadamard_transform(x, scale=p**-0.5)
+    blocks = x.reshape(*x.shape[:-1], D // p, p)
+    return mx.hadamard_transform(blocks, scale=p**-0.5).reshape(x.shape)
+
 
 def q8_pack(x: mx.array, group: int, use_kernel: bool = True) -> mx.array:
     """Float (..., D) -> uint8 (..., D + 4 * D / group): per group, scale = max|x| / 127 and
@@ -246,14 +274,19 @@ def q8_dims(width: int, group: int | None = None) -> tuple[int, int]:
     raise ValueError(f"no q8 row layout is {width} bytes wide")
 
 
+# The fingerprint's name of live q8 rows (K rotated, see the module docstring): "-g<group>"
+# follows. A new rule for what the rows hold gets a new name, so older checkpoints miss.
+Q8_FORMAT = "q8hrows"
+
+
 def live_kv_dtype(kv_format: str) -> mx.Dtype | Q8 | None:
     """The ``kv_dtype`` of live caches in the CPU format ``kv_format`` (as
     engine.checkpoints.fingerprint.live_kv_format names it): float16 for "fp16", ``Q8`` for
-    "q8rows-g<group>", None (K/V as computed) otherwise."""
+    "q8hrows-g<group>", None (K/V as computed) otherwise."""
     if kv_format == "fp16":
         return mx.float16
-    if kv_format.startswith("q8rows-g"):
-        return Q8(int(kv_format.removeprefix("q8rows-g")))
+    if kv_format.startswith(f"{Q8_FORMAT}-g"):
+        return Q8(int(kv_format.removeprefix(f"{Q8_FORMAT}-g")))
     return None
 
 
@@ -271,7 +304,7 @@ def _stored(dtype, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array
     if isinstance(dtype, Q8):
         if keys.dtype == mx.uint8:  # already 8-bit rows
             return keys, values
-        return dtype.pack(keys), dtype.pack(values)
+        return dtype.pack_kv(keys, values)
     if dtype is None or keys.dtype == dtype:
         return keys, values
     return keys.astype(dtype), values.astype(dtype)
@@ -314,6 +347,8 @@ __all__ = [
     "Q8",
     "q8_pack",
     "q8_unpack",
+    "q8_rotate",
+    "Q8_FORMAT",
     "live_kv_dtype",
     "make_cache",
     "is_static",

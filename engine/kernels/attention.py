@@ -17,7 +17,9 @@ broadcastable to (B or 1, 1, L, S), boolean (True = attend) or additive -- which
 static caches' key-validity masks in the compiled decode step, sliding windows, and per-row
 masks of a batch. float16 K/V (``kv_cache`` on CPU) go to the original widened to float32;
 8-bit K/V rows (the live "q8" format, engine.generation.kv_cache.Q8) go to the fused kernel,
-which reads them as stored, and anywhere else are unpacked to the queries' dtype first.
+which reads them as stored, and anywhere else are unpacked to the queries' dtype first. Their
+K rows hold rotated keys (``kv_cache.q8_rotate``), so the queries are rotated the same way
+first, on every path: (q H) . (k H) = q . k.
 """
 
 from __future__ import annotations
@@ -112,6 +114,10 @@ def _widened(queries, keys, values):
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """Drop-in for ``mlx_lm.models.base.scaled_dot_product_attention``."""
+    if isinstance(keys, mx.array) and keys.dtype == mx.uint8:  # q8 rows: K stored rotated
+        from engine.generation.kv_cache import q8_rotate
+
+        queries = q8_rotate(queries)
     if (
         impl == "mlx"
         or not getattr(_active, "on", False)

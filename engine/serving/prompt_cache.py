@@ -40,7 +40,7 @@ class PromptCache:
         # GPUs run the profile's quantized formats live. On the CPU live attention stays in
         # float (quantized SDPA is far slower there; quantized formats apply to stored
         # checkpoints), float16 where the fused attention kernel reads it ("fp16"), or 8-bit
-        # rows ("q8rows-g<group>").
+        # rows ("q8hrows-g<group>").
         bits = {"q8": 8, "q4": 4}.get(kv.format) if self.kv_format.startswith(("q8-", "q4-")) else None
         dtype = live_kv_dtype(self.kv_format)
         return make_cache(self.model, kv_bits=bits, kv_group_size=kv.group_size, kv_dtype=dtype)
