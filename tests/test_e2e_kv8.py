@@ -1,25 +1,33 @@
-"""Live 8-bit KV on the CPU (``kv_cache.format: q8``, engine.generation.kv_cache.Q8) on real
-weights: perplexity of a fixed text fed one token at a time (the decode path: int8 q . k dots
-in the fused attention) vs float16 KV's, for SmolLM2-135M and Qwen2.5-Coder-0.5B; greedy
-tokens over 64 tokens on 3 prompts are compared with float16 KV's and the first divergence
-(if any) is reported, not asserted (a different numeric path: near-ties flip).
+"""Live 8-bit KV on the CPU (``kv_cache.format: q8``, engine.generation.kv_cache.Q8: K rows hold
+Hadamard-rotated keys) on real weights, vs float16 KV, for SmolLM2-135M and Qwen2.5-Coder-0.5B:
+a fixed text fed one token at a time (the decode path: int8 q . k dots in the fused attention).
 
-Measured (round 4, group 64 / 32): SmolLM2 +0.88% / +0.73%, Qwen 0.5B +0.48% / -1.91%; greedy
-divergence at tokens [5, 17, 16] / [5, 6, 26] (SmolLM2) and [-, -, 9] / [0, 47, -] (Qwen). The
-issue's 0.5% gate is missed on SmolLM2, which is why q8 stays an opt-in preset
-(``smollm2-135m-kv8``, group 64) and fp16 the default. The bound below guards the measured
-level (a broken pack or kernel moves perplexity by far more than 1%).
+Two measures, because one of them is noise. On the shipped quantized weights the int8
+activation path turns any change into another noise realisation (docs/kernels.md): float32 KV
+-- strictly closer to the truth than float16 -- already moves SmolLM2's perplexity +0.51% from
+float16 KV's on this 338-token text, so a 0.5% perplexity gate there cannot tell a good KV format
+from a bad one; that test prints the numbers and bounds gross breakage only. On float32 weights
+the paths agree to 1e-4 (tests/test_e2e_attention.py) and the q8 error shows alone: the mean
+KL(fp16 KV || q8) per token and the perplexity change are what the gate holds.
+
+Measured (round 6, g64; docs/benchmarks.md "Long context, round 6"), fp32 weights, KL / ppl:
+SmolLM2 rotated 0.38e-3 / -0.06%, unrotated rows (rounds 4-5) 1.23e-3 / +0.19%; Qwen 0.5B see
+the docs. Greedy tokens over 64 tokens on 3 prompts are compared with float16 KV's and the
+first divergence (if any) is reported, not asserted (a different numeric path: near-ties flip).
 """
 
+import math
 
 from engine import kernels
 from engine.generation.generate import generate_step
 from engine.generation.kv_cache import Q8, make_cache
+from engine.kernels import hook
 from engine.model.catalog import CatalogError, model_path
 from engine.model.loader import load_bundle
 from engine.sampling import SamplingParams
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from tests.test_e2e_attention import ppl_decode
@@ -33,12 +41,15 @@ pytestmark = [
 ]
 
 
-def _bundle(name):
+def _bundle(name, weights="quantized"):
     try:
         path = model_path(name)
     except CatalogError as e:
         pytest.skip(f"{name} not available: {e}")
-    return load_bundle(path, "quantized")
+    bundle = load_bundle(path, weights)
+    if weights != "quantized":
+        hook.install(bundle.model)  # routes attention (nothing quantized to route)
+    return bundle
 
 
 def greedy(bundle, text, kv_dtype, n=64) -> list[int]:
@@ -56,18 +67,54 @@ def divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
 
 
+def logprobs_decode(bundle, ids, kv_dtype) -> np.ndarray:
+    """Log-probabilities (len(ids) - 1, vocab) of ``ids`` fed one token per call."""
+    cache = make_cache(bundle.model, kv_dtype=kv_dtype)
+    rows = []
+    for i in range(len(ids) - 1):
+        logits = bundle.model(mx.array([[ids[i]]]), cache=cache)[0, -1].astype(mx.float32)
+        rows.append(np.array(logits - mx.logsumexp(logits)))
+    return np.stack(rows)
+
+
 @pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 @pytest.mark.parametrize("group", [64])
 def test_q8_kv_perplexity_close_to_fp16(name, group):
     bundle = _bundle(name)
     ids = bundle.tokenizer.encode(TEXT)
     p16 = ppl_decode(bundle, ids, mx.float16)
+    p32 = ppl_decode(bundle, ids, None)  # the noise floor: float32 KV
     p8 = ppl_decode(bundle, ids, Q8(group))
     diverged = [
         divergence(greedy(bundle, t, mx.float16), greedy(bundle, t, Q8(group))) for t in PROMPTS
     ]
     print(
-        f"{name} q8-g{group}: ppl fp16 {p16:.4f}, q8 {p8:.4f} ({(p8 / p16 - 1) * 100:+.3f}%); "
+        f"{name} q8-g{group}: ppl fp16 KV {p16:.4f}, q8 {p8:.4f} ({(p8 / p16 - 1) * 100:+.3f}%), "
+        f"fp32 KV {p32:.4f} ({(p32 / p16 - 1) * 100:+.3f}%: the noise floor); "
         f"first greedy divergence per prompt (None: all 64 equal): {diverged}"
     )
     assert abs(p8 / p16 - 1) < 0.0125
+
+
+@pytest.mark.parametrize("name, max_kl", [("smollm2-135m", 0.7e-3), ("qwen2.5-coder-0.5b", 0.7e-3)])
+def test_q8_kv_on_fp32_weights_within_the_gate(name, max_kl):
+    """The quality gate: perplexity within 0.5% of float16 KV's, and a KL bound between the
+    measured level and unrotated rows' (SmolLM2 0.38e-3 vs 1.23e-3), so losing the rotation
+    fails it."""
+    bundle = _bundle(name, "fp32")
+    ids = bundle.tokenizer.encode(TEXT)
+    target = np.array(ids[1:])
+    ref = logprobs_decode(bundle, ids, mx.float16)
+    q8 = logprobs_decode(bundle, ids, Q8(64))
+
+    def ppl(lp):
+        return math.exp(-lp[np.arange(len(target)), target].mean())
+
+    kl = float((np.exp(ref) * (ref - q8)).sum(1).mean())
+    rel = ppl(q8) / ppl(ref) - 1
+    top1 = float((q8.argmax(1) == ref.argmax(1)).mean())
+    print(
+        f"{name} fp32 weights, q8-g64 vs fp16 KV: ppl {rel * 100:+.3f}%, KL {kl:.3e}, top-1 {top1:.3f}"
+    )
+    assert abs(rel) < 0.005
+    assert kl < max_kl
