@@ -12,7 +12,8 @@ KL(fp16 KV || q8) per token and the perplexity change are what the gate holds.
 
 Measured (round 6, g64; docs/benchmarks.md "Long context, round 6"), fp32 weights, vs fp16 KV:
 SmolLM2 rotated KL 0.35e-3 / ppl -0.35% (unrotated rows of rounds 4-5: 1.23e-3 / +0.19%) --
-the gate is met; Qwen 0.5B rotated KL 4.07e-3 / ppl +0.88% -- the gate is **missed** (Qwen's
+the gate is met; Qwen 0.5B rotated KL 4.07e-3 / ppl +0.88% (unrotated: 11.5e-3 / +1.22%) --
+the gate is **missed** (Qwen's
 keys carry large k_proj biases; see the docs), so its bound guards the measured level only.
 Greedy tokens over 64 tokens on 3 prompts are compared with float16 KV's and the first
 divergence (if any) is reported, not asserted (a different numeric path: near-ties flip).
