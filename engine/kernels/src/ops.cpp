@@ -217,9 +217,15 @@ void run_amx(const QmmProblem& p) {
   thread_local PreparedX x;
   prepare_x(p, true, x);
   const size_t rows = size_t(p.M + 15) & ~size_t(15);
+  const int nb = p.K / 32;
   x.q.resize(rows * p.K);  // grows with zeros
-  x.d.resize(rows * (p.K / 32));
-  const XView xv{x.q.data(), x.d.data(), x.gsum.data()};
+  // The activation scales tile by tile (16 rows of a block side by side): the tile's float
+  // chain reads one block's 16 from one place.
+  thread_local std::vector<float> dt;
+  dt.assign(rows * nb, 0.0f);
+  for (int m = 0; m < p.M; ++m)
+    for (int b = 0; b < nb; ++b) dt[size_t(m / 16) * nb * 16 + size_t(b) * 16 + m % 16] = x.d[size_t(m) * nb + b];
+  const XView xv{x.q.data(), dt.data(), x.gsum.data()};
   const int T = pool.threads();
   int chunk = (p.N + 4 * T - 1) / (4 * T);
   chunk = std::max(16, (chunk + 15) & ~15);

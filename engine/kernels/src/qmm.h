@@ -63,8 +63,9 @@ MLXTERM_DECLARE_ISA(avx2)
 MLXTERM_DECLARE_ISA(avxvnni)
 MLXTERM_DECLARE_ISA(avx512vnni)
 
-// The many-row path on AMX-INT8 tiles (qmm_amx.cpp), output columns [n0, n1) for all M rows;
-// x's q and d padded with zero rows to a multiple of 16. The row path's bits (see there).
+// The many-row path on AMX-INT8 tiles (qmm_amx.cpp), output columns [n0, n1) for all M rows,
+// the row path's bits. x as prepare_x makes it, but q padded with zero rows to whole 16-row
+// tiles and d laid out tile by tile: d[(m / 16) * nb * 16 + blk * 16 + m % 16].
 namespace amx {
 void qmm_amx(const QmmProblem& p, const XView& x, int n0, int n1);
 }
