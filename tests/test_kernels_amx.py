@@ -137,3 +137,15 @@ def test_narrower_instruction_set_has_no_amx():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [4, 8])
+def test_amx_rows_over_several_activation_slices(bits):
+    # K = 3072: the activation rows go in slices of 256 (each panel rebuilt per slice).
+    M, N, K = 300, 40, 3072
+    wq, s, b = _weights(N, K, bits, 128, 11 + bits, "f32")
+    x = mx.array(np.random.default_rng(9).standard_normal((M, K)).astype(np.float32))
+    y = kernels.quantized_matmul(x, wq, s, b, 128, bits)
+    few = _rows_one_by_one(x, wq, s, b, 128, bits, 15)
+    assert mx.array_equal(y, few).item()
