@@ -1,6 +1,8 @@
 """The prefill (M >= 16) float-panel path: the AVX-512 12x32 micro-kernel gives bit-identical
 results to the AVX2 6x16 one (same FMA chain per output element), for every bit width, row
-remainder, partial panel and K-block split; both match dequantize + matmul."""
+remainder, partial panel and K-block split; both match dequantize + matmul. The panels run
+exact=True matmuls of every size and the non-exact ones where AMX is off or absent (with AMX the
+non-exact ones run on tiles: test_kernels_amx.py), so they are checked with exact=True."""
 
 import engine  # noqa: F401
 from engine import kernels
@@ -25,7 +27,7 @@ def _results(bits_list=(4, 5, 8)) -> dict[str, np.ndarray]:
             w = mx.array(rng.standard_normal((N, K)).astype(np.float32))
             x = mx.array(rng.standard_normal((M, K)).astype(np.float32))
             wq, s, b = mx.quantize(w, group_size=32, bits=bits)
-            y = kernels.quantized_matmul(x, wq, s, b, 32, bits)
+            y = kernels.quantized_matmul(x, wq, s, b, 32, bits, exact=True)
             ref = x @ mx.dequantize(wq, s, b, group_size=32, bits=bits).T
             assert float(mx.abs(y - ref).max() / mx.abs(ref).max()) < 2e-6, (bits, M, N, K)
             out[f"{bits}-{M}-{N}-{K}"] = np.array(y)

@@ -75,7 +75,8 @@ def available() -> bool:
 
 
 def status() -> dict[str, Any]:
-    """{"available", "reason" (why not, else None), "isa", "threads"}."""
+    """{"available", "reason" (why not, else None), "isa", "amx", "threads"}; "amx": many-row
+    matmuls run on AMX-INT8 tiles (src/qmm_amx.cpp)."""
     ext = _load()
     on_cpu = mx.default_device() == mx.cpu
     reason = _state["reason"] if ext is None else (None if on_cpu else "default device is not the CPU")
@@ -83,6 +84,7 @@ def status() -> dict[str, Any]:
         "available": ext is not None and on_cpu,
         "reason": reason,
         "isa": ext.isa() if ext is not None else None,
+        "amx": ext.amx() if ext is not None else False,
         "threads": ext.threads() if ext is not None else None,
     }
 
@@ -94,6 +96,13 @@ def note() -> str | None:
         return None
     _state["said"] = True
     return f"CPU kernels off ({_state['reason']}); running the fp32 + OpenBLAS path"
+
+
+def set_amx(on: bool) -> bool:
+    """Run non-exact many-row matmuls on AMX-INT8 tiles (where the CPU and OS allow) or on the
+    float panels (A/B measurements); returns the previous setting."""
+    ext = _load()
+    return bool(ext.set_amx(on)) if ext is not None else False
 
 
 def set_threads(n: int) -> None:

@@ -111,4 +111,7 @@ NB_MODULE(_ext, m) {
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });
+  m.def("amx", [] { return mlxterm::amx_on(); }, "True when non-exact many-row matmuls run on AMX-INT8 tiles.");
+  m.def("set_amx", [](bool on) { return mlxterm::set_amx(on); }, "on"_a,
+        "Switch the AMX path on or off (A/B); returns the previous setting.");
 }

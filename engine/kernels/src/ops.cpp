@@ -1,12 +1,16 @@
 #include "ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
@@ -81,16 +85,15 @@ mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st) 
   return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
 }
 
-void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out) {
+namespace {
+
+// Rows [m0, m1) of prepare_x into out (already sized): each row on its own, so row ranges can
+// run on different threads with the same bits.
+void prepare_rows(const QmmProblem& p, bool quantize, PreparedX& out, int m0, int m1) {
   const int K = p.K, nb = K / 32, ng = K / p.group_size;
-  out.gsum.resize(size_t(p.M) * ng);
-  if (quantize) {
-    out.q.resize(size_t(p.M) * K);
-    out.d.resize(size_t(p.M) * nb);
-  }
   const __m256 sign = _mm256_set1_ps(-0.0f);
   std::vector<float> bsum;
-  for (int m = 0; m < p.M; ++m) {
+  for (int m = m0; m < m1; ++m) {
     const float* xr = p.x + size_t(m) * K;
     for (int g = 0; g < ng && !quantize; ++g) {
       const float* xg = xr + size_t(g) * p.group_size;
@@ -144,6 +147,18 @@ void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out) {
   }
 }
 
+}  // namespace
+
+void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out) {
+  const int K = p.K, nb = K / 32, ng = K / p.group_size;
+  out.gsum.resize(size_t(p.M) * ng);
+  if (quantize) {
+    out.q.resize(size_t(p.M) * K);
+    out.d.resize(size_t(p.M) * nb);
+  }
+  prepare_rows(p, quantize, out, 0, p.M);
+}
+
 namespace {
 
 using Kernel = void (*)(const QmmProblem&, const XView&, int, int);
@@ -174,7 +189,82 @@ int dense_min_rows() {
   return m;
 }
 
+// The CPU has AMX-TILE and AMX-INT8 (CPUID.(7,0):EDX bits 24, 25) and Linux granted this
+// process the tile data state: since 5.16 a process must ask once (ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA) before any thread touches the tiles, else the first tile load faults.
+// The grant covers every thread of the process, the pool's included.
+bool amx_capable() {
+  static const bool ok = [] {
+    if (best_isa() != Isa::avx512vnni) return false;  // MLXTERM_KERNEL_ISA narrows AMX away too
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!(d & (1u << 24)) || !(d & (1u << 25))) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+std::atomic<bool>& amx_switch() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("MLXTERM_NO_AMX");
+    return !(e && e[0] == '1');
+  }()};
+  return on;
+}
+
+int amx_rows() {
+  static const int m = [] {
+    const char* env = std::getenv("MLXTERM_AMX_MIN_M");
+    return env ? std::max(2, std::atoi(env)) : 16;
+  }();
+  return m;
+}
+
+// Many rows on AMX tiles: the row path's int8 activations (prepare_x), padded with zero rows to
+// whole 16-row tiles, and chunks of whole 16-column panels.
+void run_amx(const QmmProblem& p) {
+  Pool& pool = Pool::get();
+  const size_t rows = size_t(p.M + 15) & ~size_t(15);
+  const int nb = p.K / 32;
+  thread_local PreparedX x;
+  x.gsum.resize(size_t(p.M) * (p.K / p.group_size));
+  x.q.resize(rows * p.K);
+  x.d.resize(size_t(p.M) * nb);
+  std::fill(x.q.begin() + size_t(p.M) * p.K, x.q.end(), int8_t(0));  // the padding rows
+  // The activation scales tile by tile (16 rows of a block side by side): the tile's float
+  // chain reads one block's 16 from one place.
+  thread_local std::vector<float> dt;
+  dt.assign(rows * nb, 0.0f);
+  // Quantizing the activations on all threads too: on one it was ~30% of a prefill layer's
+  // matmul time (the tiles made the rest that much faster).
+  // (Through plain references: a lambda does not capture thread_locals, a worker running it
+  // would see its own.)
+  PreparedX& xs = x;
+  float* const dtp = dt.data();
+  constexpr int kRowChunk = 32;
+  pool.run((p.M + kRowChunk - 1) / kRowChunk, [&](int c) {
+    const int m0 = c * kRowChunk, m1 = std::min(p.M, m0 + kRowChunk);
+    prepare_rows(p, true, xs, m0, m1);
+    for (int m = m0; m < m1; ++m)
+      for (int b = 0; b < nb; ++b) dtp[size_t(m / 16) * nb * 16 + size_t(b) * 16 + m % 16] = xs.d[size_t(m) * nb + b];
+  });
+  const XView xv{x.q.data(), dt.data(), x.gsum.data()};
+  const int T = pool.threads();
+  int chunk = (p.N + 4 * T - 1) / (4 * T);
+  chunk = std::max(16, (chunk + 15) & ~15);
+  const int n_chunks = (p.N + chunk - 1) / chunk;
+  pool.run(n_chunks, [&](int c) {
+    int n0 = c * chunk, n1 = std::min(p.N, n0 + chunk);
+    amx::qmm_amx(p, xv, n0, n1);
+  });
+}
+
 void run_qmm(const QmmProblem& p0, bool exact) {
+  if (!exact && p0.M >= amx_rows() && amx_on()) {
+    run_amx(p0);  // reads float16 scales as such, as the row path does
+    return;
+  }
   Pool& pool = Pool::get();
   // float16 scales are read as such by the int8 decode path only.
   thread_local std::vector<float> wide;
@@ -286,4 +376,7 @@ namespace mlxterm {
 void qmm_run(const QmmProblem& p, bool exact) { run_qmm(p, exact); }
 QmmColumns qmm_columns(bool exact) { return pick(exact); }
 int qmm_dense_min_rows() { return dense_min_rows(); }
+bool amx_on() { return amx_capable() && amx_switch().load(std::memory_order_relaxed); }
+bool set_amx(bool on) { return amx_switch().exchange(on); }
+int amx_min_rows() { return amx_rows(); }
 }  // namespace mlxterm

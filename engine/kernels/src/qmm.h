@@ -63,6 +63,13 @@ MLXTERM_DECLARE_ISA(avx2)
 MLXTERM_DECLARE_ISA(avxvnni)
 MLXTERM_DECLARE_ISA(avx512vnni)
 
+// The many-row path on AMX-INT8 tiles (qmm_amx.cpp), output columns [n0, n1) for all M rows,
+// the row path's bits. x as prepare_x makes it, but q padded with zero rows to whole 16-row
+// tiles and d laid out tile by tile: d[(m / 16) * nb * 16 + blk * 16 + m % 16].
+namespace amx {
+void qmm_amx(const QmmProblem& p, const XView& x, int n0, int n1);
+}
+
 enum class Isa { avx2 = 0, avxvnni = 1, avx512vnni = 2 };
 Isa best_isa();
 const char* isa_name(Isa isa);
@@ -76,4 +83,12 @@ using QmmColumns = void (*)(const QmmProblem&, const XView&, int, int);
 void qmm_run(const QmmProblem& p, bool exact);
 QmmColumns qmm_columns(bool exact);
 int qmm_dense_min_rows();
+// AMX-INT8 usable in this process: the CPU has it, the OS granted the tile state
+// (arch_prctl), best_isa() is avx512vnni and it is switched on (MLXTERM_NO_AMX=1 or set_amx).
+bool amx_on();
+// Turn the AMX path on or off at run time (A/B in one process); returns the old setting.
+// Has no effect on a machine without AMX.
+bool set_amx(bool on);
+// The fewest rows a non-exact matmul sends to the AMX path (MLXTERM_AMX_MIN_M, default 16).
+int amx_min_rows();
 }  // namespace mlxterm

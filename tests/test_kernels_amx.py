@@ -1,0 +1,151 @@
+"""The many-row matmul on AMX-INT8 tiles (engine/kernels/src/qmm_amx.cpp): its outputs are the
+row path's bit for bit (prefill rows equal decode rows), for every format the row path takes,
+row and column remainders and odd K; the same bits on 1 and 2 threads; off (set_amx /
+MLXTERM_NO_AMX=1) the float panels run again. Skipped where the CPU or the OS has no AMX."""
+
+import os
+import subprocess
+import sys
+
+from engine import kernels
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from tests.kernel_checks import on_one_and_two_threads
+
+
+def _ext():
+    return kernels._load()
+
+
+needs_amx = pytest.mark.skipif(
+    not kernels.available() or not _ext().amx(),
+    reason="no AMX-INT8 here (CPU without amx_tile/amx_int8, OS refused the tile state, or MLXTERM_NO_AMX=1)",
+)
+
+# (M, N, K): one tile, a row past it, many tiles with a remainder, a long prefill chunk; odd N
+# (partial 16-column panels and panels of <= 8 rows) and K an odd number of 32-blocks.
+SHAPES = [(16, 67, 256), (17, 37, 96), (64, 128, 512), (300, 77, 640), (33, 8, 160)]
+
+
+def _weights(N, K, bits, gs, seed, fmt):
+    rng = np.random.default_rng(seed)
+    w = mx.array(rng.standard_normal((N, K)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
+    if fmt == "half":  # float16 scales/biases, read as such (GGUF-derived)
+        s, b = s.astype(mx.float16), b.astype(mx.float16)
+    return wq, s, b
+
+
+def _rows_one_by_one(x, wq, s, b, gs, bits, step, symmetric=False):
+    return mx.concatenate(
+        [
+            kernels.quantized_matmul(x[i : i + step], wq, s, b, gs, bits, symmetric=symmetric)
+            for i in range(0, x.shape[0], step)
+        ]
+    )
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("gs", [32, 64, 128])
+@pytest.mark.parametrize("fmt", ["f32", "half"])
+def test_amx_rows_equal_decode_rows(bits, gs, fmt):
+    for i, (M, N, K) in enumerate(SHAPES):
+        if K % gs:
+            continue
+        wq, s, b = _weights(N, K, bits, gs, 10 * bits + gs + i, fmt)
+        x = mx.array(np.random.default_rng(i).standard_normal((M, K)).astype(np.float32))
+        y = kernels.quantized_matmul(x, wq, s, b, gs, bits)
+        one = _rows_one_by_one(x, wq, s, b, gs, bits, 1)  # decode: M = 1
+        few = _rows_one_by_one(x, wq, s, b, gs, bits, 15)  # the multi-row step: M < 16
+        assert mx.array_equal(y, one).item(), (bits, gs, fmt, M, N, K, float(mx.abs(y - one).max()))
+        assert mx.array_equal(y, few).item(), (bits, gs, fmt, M, N, K)
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [4, 5, 8])
+def test_amx_symmetric_weights_equal_decode_rows(bits):
+    # GGUF Q4_0/Q5_0/Q8_0: bias = -2^(bits-1) * scale, float16 scales, the biases never read.
+    M, N, K = 40, 45, 256
+    rng = np.random.default_rng(bits)
+    q = rng.integers(0, 2**bits, size=(N, K)).astype(np.float32)
+    scale = rng.uniform(0.01, 0.1, size=(N, K // 32, 1)).astype(np.float32)
+    w = mx.array(((q.reshape(N, K // 32, 32) - 2 ** (bits - 1)) * scale).reshape(N, K))
+    wq, s, b = mx.quantize(w, group_size=32, bits=bits)
+    s = s.astype(mx.float16)
+    b = (s.astype(mx.float32) * -(2 ** (bits - 1))).astype(mx.float16)
+    x = mx.array(rng.standard_normal((M, K)).astype(np.float32))
+    y = kernels.quantized_matmul(x, wq, s, b, 32, bits, symmetric=True)
+    one = _rows_one_by_one(x, wq, s, b, 32, bits, 1, symmetric=True)
+    assert mx.array_equal(y, one).item()
+
+
+@needs_amx
+def test_amx_close_to_float_reference_and_exact_stays_on_float_panels():
+    M, N, K = 64, 96, 384
+    wq, s, b = _weights(N, K, 4, 64, 7, "f32")
+    x = mx.array(np.random.default_rng(3).standard_normal((M, K)).astype(np.float32))
+    ref = x @ mx.dequantize(wq, s, b, group_size=64, bits=4).T
+    y = kernels.quantized_matmul(x, wq, s, b, 64, 4)
+    rel = float(mx.sqrt(mx.mean((y - ref) ** 2)) / mx.sqrt(mx.mean(ref**2)))
+    assert 0 < rel < 1.5e-2  # int8 activations: the row path's tolerance (and not the fp32 path)
+    exact = kernels.quantized_matmul(x, wq, s, b, 64, 4, exact=True)
+    assert float(mx.abs(exact - ref).max() / mx.abs(ref).max()) < 2e-6
+
+
+@needs_amx
+def test_amx_one_and_two_threads_bit_identical():
+    M, N, K = 300, 77, 640
+    wq, s, b = _weights(N, K, 4, 32, 1, "half")
+    x = mx.array(np.random.default_rng(5).standard_normal((M, K)).astype(np.float32))
+    one, two = on_one_and_two_threads(lambda: kernels.quantized_matmul(x, wq, s, b, 32, 4))
+    assert mx.array_equal(one, two).item()
+
+
+@needs_amx
+def test_switched_off_runs_the_float_panels():
+    M, N, K = 48, 64, 256
+    wq, s, b = _weights(N, K, 8, 32, 2, "f32")
+    x = mx.array(np.random.default_rng(6).standard_normal((M, K)).astype(np.float32))
+    on = kernels.quantized_matmul(x, wq, s, b, 32, 8)
+    panels = kernels.quantized_matmul(x, wq, s, b, 32, 8, exact=True)
+    was = kernels.set_amx(False)
+    try:
+        assert not kernels.status()["amx"]
+        off = kernels.quantized_matmul(x, wq, s, b, 32, 8)
+        mx.eval(off)  # lazily evaluated: while the switch is off
+    finally:
+        kernels.set_amx(was)
+    mx.eval(on, off, panels)
+    assert mx.array_equal(off, panels).item() and not mx.array_equal(on, off).item()
+    code = "import engine\nfrom engine import kernels\nprint(kernels._load().amx())\n"
+    env = dict(os.environ, MLXTERM_NO_AMX="1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.skipif(not kernels.available(), reason="CPU kernels not built")
+def test_narrower_instruction_set_has_no_amx():
+    code = "import engine\nfrom engine import kernels\nprint(kernels._load().amx())\n"
+    env = dict(os.environ, MLXTERM_KERNEL_ISA="avx2")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [4, 8])
+def test_amx_rows_over_several_activation_slices(bits):
+    # K = 3072: the activation rows go in slices of 256 (each panel rebuilt per slice).
+    M, N, K = 300, 40, 3072
+    wq, s, b = _weights(N, K, bits, 128, 11 + bits, "f32")
+    x = mx.array(np.random.default_rng(9).standard_normal((M, K)).astype(np.float32))
+    y = kernels.quantized_matmul(x, wq, s, b, 128, bits)
+    few = _rows_one_by_one(x, wq, s, b, 128, bits, 15)
+    assert mx.array_equal(y, few).item()
