@@ -37,6 +37,13 @@ def preload() -> str | None:
         return None
     paths = [os.environ["MLXTERM_OPENBLAS"]] if os.environ.get("MLXTERM_OPENBLAS") else []
     paths += list(_CANDIDATES) + sorted(glob.glob("/usr/lib/*/libopenblas*.so*"))
+    # One OpenBLAS thread unless the user asks for more. Debian's OpenBLAS 0.3.21 (pthreads)
+    # loses wake-ups between its thread server and a worker going to sleep: a caller then spins
+    # in exec_blas_async_wait forever, or a fork() (its atfork shutdown joins the workers) hangs.
+    # Both hung test runs here. With one thread there is no server. The engine's hot paths run
+    # on the CPU kernels' own pool; fp32 matmuls (fp32 profiles, the no-kernels fallback) use
+    # one core (dictation already transcribes on one, engine.speech.threads).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for path in paths:
         if os.path.exists(path):
             try:
