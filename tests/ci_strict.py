@@ -4,7 +4,8 @@ Under ``CI=true`` a skipped test fails instead, so a missing install step (espea
 tmux, OpenBLAS, bubblewrap, chromium...) cannot turn the run green. Two kinds of skip stay
 skips: ``@pytest.mark.optin`` tests (optional big downloads) and reasons that state a fact
 about the machine rather than a missing package, which start with one of ``ENVIRONMENT_FACTS``
-(e.g. a container that cannot create user namespaces for the sandbox).
+(a container that cannot create user namespaces for the sandbox; a CPU without AMX, whose
+kernel tests then have nothing to run).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 
 import pytest
 
-ENVIRONMENT_FACTS = ("namespaces unavailable:",)
+ENVIRONMENT_FACTS = ("namespaces unavailable:", "CPU feature missing:")
 
 
 def strict() -> bool:

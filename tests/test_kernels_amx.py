@@ -22,7 +22,8 @@ def _ext():
 
 needs_amx = pytest.mark.skipif(
     not kernels.available() or not _ext().amx(),
-    reason="no AMX-INT8 here (CPU without amx_tile/amx_int8, OS refused the tile state, or MLXTERM_NO_AMX=1)",
+    reason="CPU feature missing: no AMX-INT8 here (no amx_tile/amx_int8, the OS refused the tile state, "
+           "or MLXTERM_NO_AMX=1)",
 )
 
 # (M, N, K): one tile, a row past it, many tiles with a remainder, a long prefill chunk; odd N
