@@ -60,6 +60,9 @@ class Oracle:
     def commit(self, tokens):
         self.n += len(tokens)
 
+    def bind(self, stats):
+        pass
+
 
 class RandomDrafter(Oracle):
     def __init__(self, seed: int):

@@ -28,6 +28,10 @@ class Drafter(Protocol):
     def commit(self, tokens: list[int]) -> None:
         """``tokens`` (the pending token and the accepted drafts) joined the committed context."""
 
+    def bind(self, stats: SpecStats) -> None:
+        """``stats`` belong to the request drafting next (a drafter shared by requests counts its
+        restores and prefills there); a drafter without such work ignores it."""
+
 
 @dataclass(frozen=True)
 class DraftPolicy:

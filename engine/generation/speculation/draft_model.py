@@ -24,6 +24,7 @@ import math
 from engine.generation.generate import decode_step_for, prefill
 from engine.generation.kv_cache import WindowKVCache, make_cache
 from engine.generation.sampling import SamplingParams
+from engine.generation.speculation.base import SpecStats
 
 import mlx.core as mx
 
@@ -45,7 +46,7 @@ class DraftModelDrafter:
         self.store = None  # engine.checkpoints.CheckpointStore for the draft KV, if any
         self.fed = 0  # tokens prefilled through the draft model (its cost outside drafting)
         self._restore: tuple[list[int], str | None, int] | None = None  # acquire()'s, until the first draft
-        self.stats = None  # the drafting request's SpecStats (verify binds it before each draft)
+        self.stats: SpecStats | None = None  # the drafting request's (``bind``, before each draft)
         self._discarded = 0  # the store's discarded-file count at the last acquire
 
     def use_store(self, store) -> None:
@@ -128,6 +129,9 @@ class DraftModelDrafter:
             self.stats.draft_prefilled += len(target) - same
         self.cached = list(target)
         return logits
+
+    def bind(self, stats: SpecStats) -> None:
+        self.stats = stats
 
     def propose(self, pending: int, k: int, hidden: mx.array | None = None) -> list[int]:
         if k <= 0:

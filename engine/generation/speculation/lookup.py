@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from engine.generation.speculation.base import SpecStats
+
 import mlx.core as mx
 
 
@@ -102,6 +104,9 @@ class LookupDrafter:
         self._context = context
         self._escaped_index = None
         self._drafted = self._copy = None
+
+    def bind(self, stats: SpecStats) -> None:
+        pass  # one index per request: nothing to count elsewhere
 
     def propose(self, pending: int, k: int, hidden: mx.array | None = None) -> list[int]:
         if self._copy is not None:

@@ -71,8 +71,7 @@ def speculative_decode(
             allowed = constraint.allowed()
             mask = _mask_of(allowed, vocab)
         room = min(k_cap, max_tokens - n - 1)  # drafts this round may hold at most
-        if hasattr(drafter, "stats"):  # a drafter shared by requests (the draft model) counts
-            drafter.stats = stats  # its restores/prefills into the request drafting now
+        drafter.bind(stats)  # a shared drafter (the draft model) counts into this request
         draft = drafter.propose(pending, min(k, room)) if room > 0 else []
         masks = [mask]
         if constraint is not None and room > 0:
