@@ -73,7 +73,7 @@ def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | N
     started = time.monotonic()
     sandbox = sandbox if sandbox is not None else Sandbox(status=UNCONFINED)
     env = {**scrub_env(os.environ, str(cwd)), **(extra_env or {})}
-    with sandbox.launch(command, cwd, env) as (argv, preexec):
+    with sandbox.launch(command, cwd, env) as argv:
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
@@ -82,7 +82,6 @@ def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | N
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,  # own process group: killpg reaches every child
-            preexec_fn=preexec,
         )
         out, err = HeadTail(STREAM_CAP), HeadTail(STREAM_CAP)
         outcome = _pump(proc, {proc.stdout: out, proc.stderr: err}, started + timeout, cancel)

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -260,12 +260,12 @@ class Sandbox:
         return self.status.available
 
     @contextlib.contextmanager
-    def launch(self, command: str, workspace: Path, env: dict[str, str]) -> Iterator[tuple[list[str], Callable[[], None] | None]]:
-        """``(argv, preexec_fn)`` to start ``bash -c command`` confined (plain ``bash -c``
-        where no sandbox is available); cleans up after."""
+    def launch(self, command: str, workspace: Path, env: dict[str, str]) -> Iterator[list[str]]:
+        """The argv that starts ``bash -c command`` confined (plain ``bash -c`` where no sandbox
+        is available); cleans up after."""
         bash = shutil.which("bash") or "/bin/bash"
         if not self.active:
-            yield [bash, "-c", command], None
+            yield [bash, "-c", command]
             return
         limits = self.policy.limits
         home = os.path.expanduser("~")  # this process's home (the command's HOME is the workspace)
@@ -279,7 +279,7 @@ class Sandbox:
             else:
                 argv = [shutil.which("bwrap") or "bwrap", *bwrap_args(self.policy, workspace, home),
                         "--", bash, "-c", inner, bash, command]
-            yield argv, (cgroup.join if cgroup is not None else None)
+            yield cgroup.wrap(argv) if cgroup is not None else argv
         finally:
             if cgroup is not None:
                 cgroup.remove()
@@ -327,12 +327,13 @@ class _PidsCgroup:
             return None
         return cls(path)
 
-    def join(self) -> None:
-        fd = os.open(os.path.join(self.path, "cgroup.procs"), os.O_WRONLY)
-        try:
-            os.write(fd, b"0")  # "0" moves the writing process itself
-        finally:
-            os.close(fd)
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` started from a shell that first moves itself into the group ("0" is the
+        writer) and then execs it, so the limit holds from the first instruction. A shell
+        rather than a ``preexec_fn``: with one, Python forks its whole (large) process and
+        runs every library's atfork handlers instead of spawning."""
+        join = 'echo 0 > "$0" && exec "$@"'  # a failed write ends here: never run unlimited
+        return ["/bin/sh", "-c", join, os.path.join(self.path, "cgroup.procs"), *argv]
 
     def remove(self) -> None:
         """Kill anything left in the group, then remove it (empty once all are reaped)."""
