@@ -42,8 +42,9 @@ def test_quantized_matmul_matches_dequantize_matmul(bits, gs, M):
     assert float(mx.abs(exact - ref).max() / mx.abs(ref).max()) < 2e-6
     fast = kernels.quantized_matmul(x, wq, s, b, gs, bits)
     # int8 activations: ~0.5% RMS (prefill sizes run float panels and stay exact, unless they
-    # run on AMX-INT8 tiles: int8 activations as the row path, see test_kernels_amx.py)
-    exact_prefill = M >= 16 and not kernels.status()["amx"]
+    # run on an int8 GEMM -- AMX or VNNI tiles: int8 activations as the row path, see
+    # test_kernels_int8_gemm.py)
+    exact_prefill = kernels.prefill_path(M) == "float panels"
     assert _rel(fast, ref) < (1e-6 if exact_prefill else 1.5e-2)
 
 

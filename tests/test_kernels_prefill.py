@@ -1,8 +1,8 @@
 """The prefill (M >= 16) float-panel path: the AVX-512 12x32 micro-kernel gives bit-identical
 results to the AVX2 6x16 one (same FMA chain per output element), for every bit width, row
 remainder, partial panel and K-block split; both match dequantize + matmul. The panels run
-exact=True matmuls of every size and the non-exact ones where AMX is off or absent (with AMX the
-non-exact ones run on tiles: test_kernels_amx.py), so they are checked with exact=True."""
+exact=True matmuls of every size and the non-exact ones only where no int8 GEMM (AMX or AVX512-VNNI
+tiles: test_kernels_int8_gemm.py) is on, so they are checked with exact=True."""
 
 import engine  # noqa: F401
 from engine import kernels

@@ -12,8 +12,10 @@ Arms, alternated in order then in reverse each round (medians over rounds):
                 own RMSNorm, RoPE and SiLU*mul, as MLXTERM_NO_FUSED=1 runs it)
   engine_ops    the engine arm's weights and kernels with each decoder layer op by op (the single
                 fused ops, without the decoder-layer primitives of engine/kernels/src/decoder.h)
-  engine_noamx  the engine arm with the AMX-INT8 matmul path switched off (prefill on the float
-                panels, kernels.set_amx(False) around each run); same model object
+  engine_float_prefill  the engine arm with the int8 many-row matmul paths (AMX-INT8 tiles, the
+                AVX512-VNNI GEMM) switched off: prefill on the float panels
+                (kernels.set_int8_prefill(False) around each run); same model object.
+                ``engine_noamx`` is an older name for it
   engine_full_head  the engine, but prefill applies the output head to every prompt position
                 (mlx_lm's forward as is) instead of the last rows only (last_logits)
   llama_cpp     llama.cpp (PyPI ``xllamacpp``, the ``peer`` extra) on the same GGUF, prompt
@@ -46,7 +48,7 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=2, help="each round runs every arm twice (in order, then reversed)")
     p.add_argument("--arms", default="engine,engine_fp32,llama_cpp",
                    help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, "
-                        "engine_full_head, engine_unfused, engine_ops, engine_noamx, llama_cpp")
+                        "engine_full_head, engine_unfused, engine_ops, engine_float_prefill, llama_cpp")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the kernel pool's)")
 
 
@@ -143,6 +145,7 @@ def run(args) -> dict:
     from transformers import PreTrainedTokenizerFast
 
     want = [a.strip() for a in args.arms.split(",") if a.strip()]
+    want = ["engine_float_prefill" if a == "engine_noamx" else a for a in want]  # the older name
     kernels.set_threads(args.threads)
     profile = load_profile(args.profile)
     source = resolve_source(profile.model.source, profile.base_dir)
@@ -196,13 +199,13 @@ def run(args) -> dict:
 
         return run_
 
-    def without_amx(fn):
+    def float_prefill(fn):
         def run_():
-            was = kernels.set_amx(False)
+            was = kernels.set_int8_prefill(False)
             try:
                 return fn()
             finally:
-                kernels.set_amx(was)
+                kernels.restore_int8_prefill(was)
 
         return run_
 
@@ -228,7 +231,7 @@ def run(args) -> dict:
         "llama_cpp": None,
         "engine_unfused": engine_arm(unfused) if unfused else None,
         "engine_ops": engine_arm(oplayers) if oplayers else None,
-        "engine_noamx": without_amx(engine_arm(ours)),
+        "engine_float_prefill": float_prefill(engine_arm(ours)),
     }
     if "llama_cpp" in want:
         fn, info = _llama_cpp_arm(source, prompt, n, args.threads)
@@ -264,7 +267,7 @@ def run(args) -> dict:
 
     ratios = {}
     for other in ("llama_cpp", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid", "engine_unfused",
-                  "engine_full_head", "engine_ops", "engine_noamx"):
+                  "engine_full_head", "engine_ops", "engine_float_prefill"):
         for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
             r = ratio("engine", other, key)
             if r is not None:
@@ -274,7 +277,7 @@ def run(args) -> dict:
     weights = {"engine": fmt, "engine_hybrid": "hybrid", "stock_same": fmt,
                "stock_loaded": "quantized (MLX ops)", "engine_fp32": "fp32", "llama_cpp": "GGUF",
                "engine_unfused": f"{fmt}, no fusions", "engine_full_head": fmt,
-               "engine_ops": f"{fmt}, layers op by op", "engine_noamx": f"{fmt}, no AMX"}
+               "engine_ops": f"{fmt}, layers op by op", "engine_float_prefill": f"{fmt}, float-panel prefill"}
     for name in arms:
         r = summary[name]
         table.append(f"| {name} | {weights[name]} | {r['prefill_tps']} | {r['decode_tps']} | {r['ttft_ms']} "

@@ -1,14 +1,17 @@
-"""Quantized matmul microbench: the AMX-INT8 tile path vs the float panels / int8 row path.
+"""Quantized matmul microbench: the int8 many-row paths (AMX-INT8 tiles, AVX512-VNNI register
+tiles) vs the float panels / int8 row path.
 
 For each (M, N, K) -- the weight shapes of SmolLM2-135M and Qwen2.5-0.5B at prefill chunk sizes
-(M >= 16) and multi-row step sizes (M < 16) -- two arms on the same random 4-bit weights,
-alternated A/B/B/A in one process:
-  amx   engine.kernels.quantized_matmul with the AMX path on (MLXTERM_AMX_MIN_M is set to 2 in
-        this process, so M < 16 runs on tiles too)
-  off   the same call with kernels.set_amx(False): M >= 16 on the float panels (src/qmm_kernel.inc
-        dense_run), M < 16 on the int8 row path (group_rows)
+(M >= 16) and multi-row step sizes (M < 16) -- the arms this CPU has, on the same random weights,
+alternated in order then reversed (A/B/B/A) in one process:
+  amx      engine.kernels.quantized_matmul with the AMX path on and the VNNI GEMM off
+           (MLXTERM_AMX_MIN_M is set to 2 in this process, so M < 16 runs on tiles too)
+  vnni512  the AVX512-VNNI GEMM (src/qmm_gemm512.cpp) on, AMX off: M >= 16 (MLXTERM_QMM_DENSE_M)
+  float    both off (kernels.set_int8_prefill(False)): M >= 16 on the float panels
+           (src/qmm_kernel.inc dense_run), M < 16 on the int8 row path (group_rows)
 Reported per arm: the median process CPU time per call (steadier than wall time on a shared
-machine; the kernel pool runs ``--threads`` threads) and GOP/s from it (2 M N K / time).
+machine; the kernel pool runs ``--threads`` threads), GOP/s from it (2 M N K / time), and each
+int8 arm's speed-up over ``float``.
 """
 
 from __future__ import annotations
@@ -44,10 +47,16 @@ def run(args) -> dict:
         return {"bench": "qmm", "skipped": f"CPU kernels unavailable: {kernels.status()['reason']}"}
     kernels.set_threads(args.threads)
     rows = [int(m) for m in args.rows.split(",")]
+    ext = kernels._load()
+    # (amx, vnni_gemm) switch settings per arm; only the paths this CPU has.
+    settings = {"amx": (True, False), "vnni512": (False, True), "float": (False, False)}
+    names = [a for a, have in (("amx", ext.amx()), ("vnni512", ext.isa() == "avx2+avx512vnni")) if have]
+    names.append("float")
     out = []
     table = [
-        "| model | M | N x K | amx ms | off ms | amx GOP/s | off GOP/s | speed-up |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | M | N x K | " + " | ".join(f"{a} ms" for a in names) + " | "
+        + " | ".join(f"{a} GOP/s" for a in names) + " | " + " | ".join(f"{a} speed-up" for a in names[:-1]) + " |",
+        "|---" * (3 + 2 * len(names) + len(names) - 1) + "|",
     ]
     for model in args.models.split(","):
         for N, K in SHAPES[model]:
@@ -57,9 +66,9 @@ def run(args) -> dict:
             for M in rows:
                 x = mx.array(rng.standard_normal((M, K)).astype(np.float32))
                 mx.eval(wq, s, b, x)
-                times: dict[str, list[float]] = {"amx": [], "off": []}
-                for arm in ("amx", "off", "off", "amx"):
-                    was = kernels.set_amx(arm == "amx")
+                times: dict[str, list[float]] = {a: [] for a in names}
+                for arm in names + names[::-1]:
+                    was = kernels.set_amx(settings[arm][0]), kernels.set_vnni_gemm(settings[arm][1])
                     try:
                         mx.eval(kernels.quantized_matmul(x, wq, s, b, 32, args.bits))  # warm-up
                         for _ in range(args.reps):
@@ -67,30 +76,25 @@ def run(args) -> dict:
                             mx.eval(kernels.quantized_matmul(x, wq, s, b, 32, args.bits))
                             times[arm].append(time.process_time() - t)
                     finally:
-                        kernels.set_amx(was)
+                        kernels.restore_int8_prefill(was)
                 ms = {k: statistics.median(v) * 1000 for k, v in times.items()}
                 gops = {k: 2 * M * N * K / (v / 1000) / 1e9 for k, v in ms.items()}
-                row = {
-                    "model": model,
-                    "M": M,
-                    "N": N,
-                    "K": K,
-                    "amx_ms": round(ms["amx"], 4),
-                    "off_ms": round(ms["off"], 4),
-                    "amx_gops": round(gops["amx"], 1),
-                    "off_gops": round(gops["off"], 1),
-                    "speedup": round(ms["off"] / ms["amx"], 2),
-                }
+                row = {"model": model, "M": M, "N": N, "K": K}
+                row.update({f"{a}_ms": round(ms[a], 4) for a in names})
+                row.update({f"{a}_gops": round(gops[a], 1) for a in names})
+                row.update({f"{a}_speedup": round(ms["float"] / ms[a], 2) for a in names[:-1]})
                 out.append(row)
                 table.append(
-                    f"| {model} | {M} | {N} x {K} | {row['amx_ms']} | {row['off_ms']} | {row['amx_gops']} "
-                    f"| {row['off_gops']} | {row['speedup']}x |"
+                    f"| {model} | {M} | {N} x {K} | " + " | ".join(str(row[f"{a}_ms"]) for a in names) + " | "
+                    + " | ".join(str(row[f"{a}_gops"]) for a in names) + " | "
+                    + " | ".join(f"{row[f'{a}_speedup']}x" for a in names[:-1]) + " |"
                 )
     return {
         "bench": "qmm",
         "kernels": kernels.status(),
         "threads": args.threads,
         "bits": args.bits,
+        "arms": names,
         "load_avg": list(os.getloadavg()),
         "results": out,
         "summary": "\n".join(table),

@@ -75,8 +75,10 @@ def available() -> bool:
 
 
 def status() -> dict[str, Any]:
-    """{"available", "reason" (why not, else None), "isa", "amx", "threads"}; "amx": many-row
-    matmuls run on AMX-INT8 tiles (src/qmm_amx.cpp)."""
+    """{"available", "reason" (why not, else None), "isa", "amx", "prefill", "threads"}; "amx":
+    many-row matmuls run on AMX-INT8 tiles (src/qmm_amx.cpp); "prefill": the path non-exact
+    matmuls of 16+ rows take now -- "amx", "vnni512" (src/qmm_gemm512.cpp; both int8
+    activations, the decode rows' bits) or "float panels"."""
     ext = _load()
     on_cpu = mx.default_device() == mx.cpu
     reason = _state["reason"] if ext is None else (None if on_cpu else "default device is not the CPU")
@@ -85,6 +87,7 @@ def status() -> dict[str, Any]:
         "reason": reason,
         "isa": ext.isa() if ext is not None else None,
         "amx": ext.amx() if ext is not None else False,
+        "prefill": prefill_path(),
         "threads": ext.threads() if ext is not None else None,
     }
 
@@ -103,6 +106,33 @@ def set_amx(on: bool) -> bool:
     float panels (A/B measurements); returns the previous setting."""
     ext = _load()
     return bool(ext.set_amx(on)) if ext is not None else False
+
+
+def set_vnni_gemm(on: bool) -> bool:
+    """Run non-exact many-row matmuls that AMX does not take on the AVX512-VNNI GEMM (int8
+    activations, the row path's bits) or on the float panels (A/B measurements); returns the
+    previous setting. ``MLXTERM_NO_VNNI_GEMM=1`` starts with it off."""
+    ext = _load()
+    return bool(ext.set_vnni_gemm(on)) if ext is not None else False
+
+
+def set_int8_prefill(on: bool) -> tuple[bool, bool]:
+    """Both int8 many-row paths (AMX and the VNNI GEMM) on or off: off, prefill runs on the
+    float panels. Returns the previous (amx, vnni_gemm) settings for restore_int8_prefill."""
+    return set_amx(on), set_vnni_gemm(on)
+
+
+def restore_int8_prefill(was: tuple[bool, bool]) -> None:
+    """Undo set_int8_prefill."""
+    set_amx(was[0])
+    set_vnni_gemm(was[1])
+
+
+def prefill_path(rows: int = 16) -> str | None:
+    """The path a non-exact quantized matmul of ``rows`` rows takes now: "amx", "vnni512",
+    "float panels" or "int8 rows" (the decode row path); None without the kernels."""
+    ext = _load()
+    return str(ext.qmm_path(rows)) if ext is not None else None
 
 
 def set_threads(n: int) -> None:

@@ -114,4 +114,10 @@ NB_MODULE(_ext, m) {
   m.def("amx", [] { return mlxterm::amx_on(); }, "True when non-exact many-row matmuls run on AMX-INT8 tiles.");
   m.def("set_amx", [](bool on) { return mlxterm::set_amx(on); }, "on"_a,
         "Switch the AMX path on or off (A/B); returns the previous setting.");
+  m.def("vnni_gemm", [] { return mlxterm::vnni_gemm_on(); },
+        "True when non-exact many-row matmuls (where AMX does not take them) run on the AVX512-VNNI GEMM.");
+  m.def("set_vnni_gemm", [](bool on) { return mlxterm::set_vnni_gemm(on); }, "on"_a,
+        "Switch the AVX512-VNNI GEMM on or off (A/B); returns the previous setting.");
+  m.def("qmm_path", [](int rows) { return std::string(mlxterm::qmm_path(rows)); }, "rows"_a,
+        "The path a non-exact quantized matmul of this many rows takes now.");
 }

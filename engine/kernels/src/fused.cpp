@@ -177,7 +177,7 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   std::vector<float> g(size_t(M) * N), u(size_t(M) * N);
   pg.out = g.data();
   pu.out = u.data();
-  if (M >= qmm_dense_min_rows()) {  // prefill-sized: the float-panel path, then the activation
+  if (M >= qmm_dense_min_rows()) {  // prefill-sized: the many-row path (qmm_run), then the activation
     qmm_run(pg, exact);
     qmm_run(pu, exact);
     // silu(g) * u on the pool, 8 lanes: e = exp(-|g|) (vmath.h's exp_neg), sigmoid(g) =

@@ -260,9 +260,50 @@ void run_amx(const QmmProblem& p) {
   });
 }
 
+std::atomic<bool>& vnni_gemm_switch() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("MLXTERM_NO_VNNI_GEMM");
+    return !(e && e[0] == '1');
+  }()};
+  return on;
+}
+
+bool vnni_gemm_active() {
+  return best_isa() == Isa::avx512vnni && vnni_gemm_switch().load(std::memory_order_relaxed);
+}
+
+// Many rows on the AVX512-VNNI GEMM: the row path's int8 activations (quantized on all threads,
+// each row on its own, so the same bits), then chunks of whole 16-column panels.
+void run_gemm512(const QmmProblem& p) {
+  Pool& pool = Pool::get();
+  thread_local PreparedX x;
+  x.gsum.resize(size_t(p.M) * (p.K / p.group_size));
+  x.q.resize(size_t(p.M) * p.K);
+  x.d.resize(size_t(p.M) * (p.K / 32));
+  PreparedX& xs = x;  // a lambda does not capture thread_locals (see run_amx)
+  constexpr int kRowChunk = 32;
+  pool.run((p.M + kRowChunk - 1) / kRowChunk, [&](int c) {
+    const int m0 = c * kRowChunk;
+    prepare_rows(p, true, xs, m0, std::min(p.M, m0 + kRowChunk));
+  });
+  const XView xv{x.q.data(), x.d.data(), x.gsum.data()};
+  const int T = pool.threads();
+  int chunk = (p.N + 4 * T - 1) / (4 * T);
+  chunk = std::max(16, (chunk + 15) & ~15);
+  const int n_chunks = (p.N + chunk - 1) / chunk;
+  pool.run(n_chunks, [&](int c) {
+    int n0 = c * chunk, n1 = std::min(p.N, n0 + chunk);
+    gemm512::qmm_gemm(p, xv, n0, n1);
+  });
+}
+
 void run_qmm(const QmmProblem& p0, bool exact) {
   if (!exact && p0.M >= amx_rows() && amx_on()) {
     run_amx(p0);  // reads float16 scales as such, as the row path does
+    return;
+  }
+  if (!exact && p0.M >= dense_min_rows() && vnni_gemm_active()) {
+    run_gemm512(p0);  // float16 scales read as such too (pack_group)
     return;
   }
   Pool& pool = Pool::get();
@@ -379,4 +420,11 @@ int qmm_dense_min_rows() { return dense_min_rows(); }
 bool amx_on() { return amx_capable() && amx_switch().load(std::memory_order_relaxed); }
 bool set_amx(bool on) { return amx_switch().exchange(on); }
 int amx_min_rows() { return amx_rows(); }
+bool vnni_gemm_on() { return vnni_gemm_active(); }
+bool set_vnni_gemm(bool on) { return vnni_gemm_switch().exchange(on); }
+const char* qmm_path(int rows) {
+  if (rows >= amx_rows() && amx_on()) return "amx";
+  if (rows < dense_min_rows()) return "int8 rows";
+  return vnni_gemm_active() ? "vnni512" : "float panels";
+}
 }  // namespace mlxterm

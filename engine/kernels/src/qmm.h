@@ -70,6 +70,13 @@ namespace amx {
 void qmm_amx(const QmmProblem& p, const XView& x, int n0, int n1);
 }
 
+// The many-row path on AVX512-VNNI register tiles (qmm_gemm512.cpp) for CPUs without AMX (or
+// with it switched off): output columns [n0, n1) for all M rows, the row path's bits; x exactly
+// as prepare_x makes it.
+namespace gemm512 {
+void qmm_gemm(const QmmProblem& p, const XView& x, int n0, int n1);
+}
+
 enum class Isa { avx2 = 0, avxvnni = 1, avx512vnni = 2 };
 Isa best_isa();
 const char* isa_name(Isa isa);
@@ -91,4 +98,13 @@ bool amx_on();
 bool set_amx(bool on);
 // The fewest rows a non-exact matmul sends to the AMX path (MLXTERM_AMX_MIN_M, default 16).
 int amx_min_rows();
+// Non-exact matmuls of qmm_dense_min_rows() rows or more run on the AVX512-VNNI GEMM
+// (qmm_gemm512.cpp) where AMX does not take them: best_isa() is avx512vnni and it is switched
+// on (MLXTERM_NO_VNNI_GEMM=1 or set_vnni_gemm turn it off: the float panels run).
+bool vnni_gemm_on();
+// Turn the VNNI GEMM on or off at run time (A/B in one process); returns the old setting.
+bool set_vnni_gemm(bool on);
+// The path a non-exact matmul of `rows` rows takes now: "amx", "vnni512", "float panels" or
+// "int8 rows" (the row path, below the many-row threshold).
+const char* qmm_path(int rows);
 }  // namespace mlxterm

@@ -1,7 +1,9 @@
-"""The many-row matmul on AMX-INT8 tiles (engine/kernels/src/qmm_amx.cpp): its outputs are the
-row path's bit for bit (prefill rows equal decode rows), for every format the row path takes,
-row and column remainders and odd K; the same bits on 1 and 2 threads; off (set_amx /
-MLXTERM_NO_AMX=1) the float panels run again. Skipped where the CPU or the OS has no AMX."""
+"""The many-row int8 matmul paths -- AMX-INT8 tiles (engine/kernels/src/qmm_amx.cpp) and
+AVX512-VNNI register tiles (src/qmm_gemm512.cpp) -- checked as one parametrized set: their outputs
+are the row path's bit for bit (prefill rows equal decode rows), for every format the row path
+takes, row and column remainders and odd K; the same bits on 1 and 2 threads; off (set_amx /
+set_vnni_gemm, MLXTERM_NO_AMX=1 / MLXTERM_NO_VNNI_GEMM=1) the float panels run again. Each path
+is skipped where the CPU (or the OS, for AMX's tile state) does not have it."""
 
 import os
 import subprocess
@@ -20,15 +22,37 @@ def _ext():
     return kernels._load()
 
 
-needs_amx = pytest.mark.skipif(
-    not kernels.available() or not _ext().amx(),
-    reason="CPU feature missing: no AMX-INT8 here (no amx_tile/amx_int8, the OS refused the tile state, "
+# Whether each path can run here, read once before any test switches anything.
+_HAVE = {
+    "amx": kernels.available() and bool(_ext().amx()),
+    "vnni512": kernels.available() and _ext().isa() == "avx2+avx512vnni",
+}
+_MISSING = {
+    "amx": "CPU feature missing: no AMX-INT8 here (no amx_tile/amx_int8, the OS refused the tile state, "
            "or MLXTERM_NO_AMX=1)",
-)
+    "vnni512": "CPU feature missing: no AVX512-VNNI here (or MLXTERM_KERNEL_ISA narrows it)",
+}
+_ENV_OFF = {"amx": "MLXTERM_NO_AMX", "vnni512": "MLXTERM_NO_VNNI_GEMM"}
+
+
+@pytest.fixture(params=["amx", "vnni512"])
+def path(request):
+    """One int8 many-row path switched on, the other off, for the test's duration."""
+    name = request.param
+    if not _HAVE[name]:
+        pytest.skip(_MISSING[name])
+    was = kernels.set_int8_prefill(False)
+    (kernels.set_amx if name == "amx" else kernels.set_vnni_gemm)(True)
+    try:
+        assert kernels.status()["prefill"] == name
+        yield name
+    finally:
+        kernels.restore_int8_prefill(was)
+
 
 # (M, N, K): one tile, a row past it, many tiles with a remainder, a long prefill chunk; odd N
-# (partial 16-column panels and panels of <= 8 rows) and K an odd number of 32-blocks.
-SHAPES = [(16, 67, 256), (17, 37, 96), (64, 128, 512), (300, 77, 640), (33, 8, 160)]
+# (partial 16-column panels and panels of <= 8 rows), one whole panel, K an odd number of 32-blocks.
+SHAPES = [(16, 67, 256), (17, 37, 96), (64, 128, 512), (300, 77, 640), (33, 8, 160), (47, 16, 224)]
 
 
 def _weights(N, K, bits, gs, seed, fmt):
@@ -49,11 +73,10 @@ def _rows_one_by_one(x, wq, s, b, gs, bits, step, symmetric=False):
     )
 
 
-@needs_amx
 @pytest.mark.parametrize("bits", [4, 5, 8])
 @pytest.mark.parametrize("gs", [32, 64, 128])
 @pytest.mark.parametrize("fmt", ["f32", "half"])
-def test_amx_rows_equal_decode_rows(bits, gs, fmt):
+def test_many_rows_equal_decode_rows(path, bits, gs, fmt):
     for i, (M, N, K) in enumerate(SHAPES):
         if K % gs:
             continue
@@ -66,9 +89,8 @@ def test_amx_rows_equal_decode_rows(bits, gs, fmt):
         assert mx.array_equal(y, few).item(), (bits, gs, fmt, M, N, K)
 
 
-@needs_amx
 @pytest.mark.parametrize("bits", [4, 5, 8])
-def test_amx_symmetric_weights_equal_decode_rows(bits):
+def test_symmetric_weights_equal_decode_rows(path, bits):
     # GGUF Q4_0/Q5_0/Q8_0: bias = -2^(bits-1) * scale, float16 scales, the biases never read.
     M, N, K = 40, 45, 256
     rng = np.random.default_rng(bits)
@@ -84,8 +106,7 @@ def test_amx_symmetric_weights_equal_decode_rows(bits):
     assert mx.array_equal(y, one).item()
 
 
-@needs_amx
-def test_amx_close_to_float_reference_and_exact_stays_on_float_panels():
+def test_close_to_float_reference_and_exact_stays_on_float_panels(path):
     M, N, K = 64, 96, 384
     wq, s, b = _weights(N, K, 4, 64, 7, "f32")
     x = mx.array(np.random.default_rng(3).standard_normal((M, K)).astype(np.float32))
@@ -97,8 +118,7 @@ def test_amx_close_to_float_reference_and_exact_stays_on_float_panels():
     assert float(mx.abs(exact - ref).max() / mx.abs(ref).max()) < 2e-6
 
 
-@needs_amx
-def test_amx_one_and_two_threads_bit_identical():
+def test_one_and_two_threads_bit_identical(path):
     M, N, K = 300, 77, 640
     wq, s, b = _weights(N, K, 4, 32, 1, "half")
     x = mx.array(np.random.default_rng(5).standard_normal((M, K)).astype(np.float32))
@@ -106,44 +126,51 @@ def test_amx_one_and_two_threads_bit_identical():
     assert mx.array_equal(one, two).item()
 
 
-@needs_amx
-def test_switched_off_runs_the_float_panels():
+def test_switched_off_runs_the_float_panels(path):
     M, N, K = 48, 64, 256
     wq, s, b = _weights(N, K, 8, 32, 2, "f32")
     x = mx.array(np.random.default_rng(6).standard_normal((M, K)).astype(np.float32))
     on = kernels.quantized_matmul(x, wq, s, b, 32, 8)
     panels = kernels.quantized_matmul(x, wq, s, b, 32, 8, exact=True)
-    was = kernels.set_amx(False)
+    mx.eval(on, panels)
+    was = (kernels.set_amx if path == "amx" else kernels.set_vnni_gemm)(False)
     try:
-        assert not kernels.status()["amx"]
+        assert kernels.status()["prefill"] == "float panels"
         off = kernels.quantized_matmul(x, wq, s, b, 32, 8)
         mx.eval(off)  # lazily evaluated: while the switch is off
     finally:
-        kernels.set_amx(was)
-    mx.eval(on, off, panels)
+        (kernels.set_amx if path == "amx" else kernels.set_vnni_gemm)(was)
     assert mx.array_equal(off, panels).item() and not mx.array_equal(on, off).item()
-    code = "import engine\nfrom engine import kernels\nprint(kernels._load().amx())\n"
-    env = dict(os.environ, MLXTERM_NO_AMX="1")
+    code = (
+        "import engine\nfrom engine import kernels\n"
+        "print(kernels._load().amx(), kernels._load().vnni_gemm(), kernels.status()['prefill'])\n"
+    )
+    env = dict(os.environ, **{_ENV_OFF[path]: "1"})
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
-    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+    assert out.returncode == 0, out.stderr
+    amx_on, vnni_on, prefill = out.stdout.split(maxsplit=2)
+    assert (amx_on if path == "amx" else vnni_on) == "False"
+    assert prefill.strip() != path
 
 
 @pytest.mark.skipif(not kernels.available(), reason="CPU kernels not built")
-def test_narrower_instruction_set_has_no_amx():
-    code = "import engine\nfrom engine import kernels\nprint(kernels._load().amx())\n"
+def test_narrower_instruction_set_has_no_int8_gemm():
+    code = (
+        "import engine\nfrom engine import kernels\n"
+        "print(kernels._load().amx(), kernels._load().vnni_gemm(), kernels.status()['prefill'])\n"
+    )
     env = dict(os.environ, MLXTERM_KERNEL_ISA="avx2")
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
-    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+    assert out.returncode == 0 and out.stdout.strip() == "False False float panels", out.stderr
 
 
-@needs_amx
 @pytest.mark.parametrize("bits", [4, 8])
-def test_amx_rows_over_several_activation_slices(bits):
-    # K = 3072: the activation rows go in slices of 256 (each panel rebuilt per slice).
+def test_rows_over_several_activation_slices(path, bits):
+    # K = 3072: the activation rows go in slices (AMX 256, VNNI 160; each panel rebuilt per slice).
     M, N, K = 300, 40, 3072
     wq, s, b = _weights(N, K, bits, 128, 11 + bits, "f32")
     x = mx.array(np.random.default_rng(9).standard_normal((M, K)).astype(np.float32))

@@ -1,0 +1,154 @@
+// The quantized matmul's many-row path (prefill chunks, long verifies) on AVX512-VNNI CPUs
+// without AMX: the row path's int8 arithmetic (qmm_kernel.inc's group_rows) in 512-bit register
+// tiles, so every output is the row path's bit for bit -- a prefill row equals its decode row.
+//
+// Why: on AMD Zen 4 (AVX-512 VNNI, no AMX) the float panels (dense_run: dequantize to float,
+// fp32 FMA micro-kernel) peak at ~90 GOP/s per core, while `vpdpbusd` does 4 int8 products per
+// lane: the row path already ran M >= 16 at ~2x that on 256-bit vectors. This kernel keeps its
+// arithmetic and widens the tile to 16 weight rows per vector:
+//   - a panel of 16 weight rows (two of pack_group's 8-row panels side by side) is built once
+//     per activation slice; block blk is 8 zmm, vector t holding, for weight row j = 0..15, its
+//     bytes 4t..4t+3; plus 16 scales per group and 16 bias terms per group;
+//   - a block's 8 weight vectors stay in registers while up to 16 activation rows pass over them
+//     (16 float accumulators): per row 8 `vpdpbusd` (unsigned weights x signed activations, the
+//     activation's 4-byte piece broadcast from memory) give the exact int32 block dot of 16
+//     outputs, then the row path's float chain: acc = fma(float(dot), scale_w * scale_x, acc);
+//   - at the end the bias chain over groups, + acc, as group_rows does.
+// The integer dot is exact in any order, and the float operations per output lane are the row
+// path's in the same order, so the results are identical whatever the tile, slice or chunk.
+#define MLXTERM_ISA gemm512
+#define MLXTERM_VNNI 2
+#include "qmm_kernel.inc"
+
+namespace mlxterm {
+namespace gemm512 {
+namespace {
+
+// One panel of 16 weight rows: the blocks (nb * 8 vectors), per group their 16 scales and 16
+// bias terms (bias + shift * scale, pack_scales' values).
+struct Panel {
+  __m512i* w;
+  float* scale;
+  float* bias;
+};
+
+template <int BITS>
+void pack_panel(const QmmProblem& p, int n0, int nr, const Group& ga, const Group& gb, const Panel& out) {
+  const int nb = p.K / 32, ng = p.K / p.group_size;
+  pack_group<BITS>(p, n0, std::min(8, nr), ga);
+  // A panel of <= 8 rows: the upper half repeats the lower one (its outputs are never stored).
+  const Group& hi = nr > 8 ? gb : ga;
+  if (nr > 8) pack_group<BITS>(p, n0 + 8, nr - 8, gb);
+  for (int i = 0; i < nb * 8; ++i)
+    _mm512_storeu_si512(out.w + i, _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(ga.w + i)),
+                                                      _mm256_loadu_si256(hi.w + i), 1));
+  for (int q = 0; q < ng; ++q) {
+    _mm256_storeu_ps(out.scale + q * 16, _mm256_loadu_ps(ga.scale + q * 8));
+    _mm256_storeu_ps(out.scale + q * 16 + 8, _mm256_loadu_ps(hi.scale + q * 8));
+    _mm256_storeu_ps(out.bias + q * 16, _mm256_loadu_ps(ga.bias + q * 8));
+    _mm256_storeu_ps(out.bias + q * 16 + 8, _mm256_loadu_ps(hi.bias + q * 8));
+  }
+}
+
+// A 4-byte piece of an activation block, broadcast (folded into vpdpbusd as {1to16}).
+inline __m512i piece16(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// Activation rows [m0, m0 + MR) against one panel: out[m, n0 + j] for j < nr.
+template <int MR>
+void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int n0, int nr) {
+  const int K = p.K, nb = K / 32, ng = K / p.group_size, bpg = p.group_size / 32;
+  __m512 acc[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  const int8_t* xq = x.q + size_t(m0) * K;
+  const float* xd = x.d + size_t(m0) * nb;
+  for (int blk = 0; blk < nb; ++blk) {
+    const __m512i* wb = pn.w + size_t(blk) * 8;
+    const __m512i w0 = _mm512_loadu_si512(wb), w1 = _mm512_loadu_si512(wb + 1);
+    const __m512i w2 = _mm512_loadu_si512(wb + 2), w3 = _mm512_loadu_si512(wb + 3);
+    const __m512i w4 = _mm512_loadu_si512(wb + 4), w5 = _mm512_loadu_si512(wb + 5);
+    const __m512i w6 = _mm512_loadu_si512(wb + 6), w7 = _mm512_loadu_si512(wb + 7);
+    const __m512 sv = _mm512_loadu_ps(pn.scale + (blk / bpg) * 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const int8_t* xb = xq + size_t(i) * K + size_t(blk) * 32;
+      const __m512i z = _mm512_setzero_si512();
+      __m512i d0 = _mm512_dpbusd_epi32(z, w0, piece16(xb));
+      __m512i d1 = _mm512_dpbusd_epi32(z, w1, piece16(xb + 4));
+      d0 = _mm512_dpbusd_epi32(d0, w2, piece16(xb + 8));
+      d1 = _mm512_dpbusd_epi32(d1, w3, piece16(xb + 12));
+      d0 = _mm512_dpbusd_epi32(d0, w4, piece16(xb + 16));
+      d1 = _mm512_dpbusd_epi32(d1, w5, piece16(xb + 20));
+      d0 = _mm512_dpbusd_epi32(d0, w6, piece16(xb + 24));
+      d1 = _mm512_dpbusd_epi32(d1, w7, piece16(xb + 28));
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+      const __m512 s = _mm512_mul_ps(sv, _mm512_set1_ps(xd[size_t(i) * nb + blk]));
+      acc[i] = _mm512_fmadd_ps(dot, s, acc[i]);
+    }
+  }
+  // The affine biases: per row, sum over groups of bias term * sum(x of the group), in group
+  // order, then + acc (group_rows' order); the rows' chains side by side.
+  const __mmask16 mask = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+  const float* gs = x.gsum + size_t(m0) * ng;
+  __m512 b[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) b[i] = _mm512_setzero_ps();
+  for (int q = 0; q < ng; ++q) {
+    const __m512 bv = _mm512_loadu_ps(pn.bias + q * 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) b[i] = _mm512_fmadd_ps(bv, _mm512_set1_ps(gs[size_t(i) * ng + q]), b[i]);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+    _mm512_mask_storeu_ps(p.out + size_t(m0 + i) * p.N + n0, mask, _mm512_add_ps(acc[i], b[i]));
+}
+
+template <int BITS>
+void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
+  const int nb = p.K / 32, ng = p.K / p.group_size;
+  thread_local std::vector<__m256i> wa, wb;
+  thread_local std::vector<float> fa, fb, pf;
+  thread_local std::vector<__m512i> pw;
+  wa.resize(size_t(nb) * 8);
+  wb.resize(size_t(nb) * 8);
+  fa.resize(size_t(ng) * 16);
+  fb.resize(size_t(ng) * 16);
+  pw.resize(size_t(nb) * 8);
+  pf.resize(size_t(ng) * 32);
+  const Group ga{wa.data(), fa.data(), fa.data() + size_t(ng) * 8};
+  const Group gb{wb.data(), fb.data(), fb.data() + size_t(ng) * 8};
+  const Panel pn{pw.data(), pf.data(), pf.data() + size_t(ng) * 16};
+  // Activation rows in slices that stay in L2 while every panel of this chunk passes over them
+  // (a panel is decoded once per slice; for K <= ~2k that is once per matmul).
+  const int slice = std::max(16, int((512 * 1024) / size_t(p.K)) & ~15);
+  for (int s0 = 0; s0 < p.M; s0 += slice) {
+    const int s1 = std::min(p.M, s0 + slice);
+    for (int n = n0; n < n1; n += 16) {
+      const int nr = std::min(16, n1 - n);
+      pack_panel<BITS>(p, n, nr, ga, gb, pn);
+      int m = s0;
+      for (; m + 16 <= s1; m += 16) panel_rows<16>(p, x, pn, m, n, nr);
+      if (s1 - m >= 8) { panel_rows<8>(p, x, pn, m, n, nr); m += 8; }
+      if (s1 - m >= 4) { panel_rows<4>(p, x, pn, m, n, nr); m += 4; }
+      if (s1 - m >= 2) { panel_rows<2>(p, x, pn, m, n, nr); m += 2; }
+      if (s1 - m >= 1) panel_rows<1>(p, x, pn, m, n, nr);
+    }
+  }
+}
+
+}  // namespace
+
+void qmm_gemm(const QmmProblem& p, const XView& x, int n0, int n1) {
+  switch (p.bits) {
+    case 4: gemm_run<4>(p, x, n0, n1); break;
+    case 5: gemm_run<5>(p, x, n0, n1); break;
+    default: gemm_run<8>(p, x, n0, n1); break;
+  }
+}
+
+}  // namespace gemm512
+}  // namespace mlxterm
