@@ -142,6 +142,9 @@ def _isa_results() -> dict:
         out[f"{shape}-{G}-{D}"] = np.array(
             kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3])
         )
+        out[f"{shape}-{G}-{D}-rotated"] = np.array(
+            kernels.flash_attention(q, k, v, SCALE, causal_offset=shape[4] - shape[3], rotate_q=True)
+        )
     return out
 
 
@@ -201,6 +204,30 @@ def _outlier_qkv(S=400, seed=5):
     k = mx.random.normal((1, 3, S, 64), key=k2) * boost
     v = mx.random.normal((1, 3, S, 64), key=k3)
     return q, k, v
+
+
+@pytest.mark.parametrize("shape,D,G", [((1, 9, 3, 1, 700), 64, 64), ((1, 8, 2, 1, 300), 128, 64),
+                                       ((1, 8, 2, 1, 517), 96, 32), ((1, 9, 3, 40, 400), 64, 32)])
+def test_kernel_rotates_q_as_q8_rotate_does(shape, D, G):
+    """``rotate_q`` rotates q inside the kernel (decode and prefill tiles; D 96: two 32-blocks):
+    its reference reads the same rotated q, and up to float rounding of the rotated q it is
+    attention on ``q8_rotate(q)`` -- which it would be far from if q were not rotated."""
+    from engine.generation.kv_cache import q8_rotate
+
+    q, k, v = _qkv(*shape, D=D, G=G, seed=D + shape[4])
+    off = shape[4] - shape[3]
+    got = kernels.flash_attention(q, k, v, SCALE, causal_offset=off, rotate_q=True)
+    ref = kernels.flash_attention(q, k, v, SCALE, causal_offset=off, reference=True, rotate_q=True)
+    mlx_rot = kernels.flash_attention(q8_rotate(q), k, v, SCALE, causal_offset=off, reference=True)
+    unrotated = kernels.flash_attention(q, k, v, SCALE, causal_offset=off, reference=True)
+    assert float(mx.abs(got - ref).max()) < 2e-5
+    # q rounds to int8 per group: a 1-ulp difference in the rotated q may flip one rounding
+    assert float(mx.abs(ref - mlx_rot).max()) < 2e-3
+    assert float(mx.abs(ref - unrotated).max()) > 1e-2
+    one, two = on_one_and_two_threads(
+        lambda: kernels.flash_attention(q, k, v, SCALE, causal_offset=off, rotate_q=True)
+    )
+    assert mx.array_equal(one, two) and mx.array_equal(one, got)
 
 
 def test_q8_cache_stores_rotated_keys_and_plain_values():

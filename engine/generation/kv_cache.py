@@ -18,9 +18,9 @@ any other dtype; the fused attention kernel reads the rows directly (0.56 of flo
 D = 64, group 32) and ``q8_unpack`` gives the float values anywhere else (pure MLX).
 
 K rows hold the key *rotated*: ``q8_rotate(k)``, an orthonormal Walsh-Hadamard transform of the
-head dims, and attention reads them with ``q8_rotate(q)`` (engine.kernels.attention), so
-q . k = (q H) . (k H) -- the scores are unchanged up to float32 rounding and the kernel's
-arithmetic is untouched. The rotation spreads K's large channels over all dims, so a group's
+head dims, and attention reads them with q rotated the same way (engine.kernels.attention: the
+fused kernel rotates q itself, ``rotate_q``; other paths call ``q8_rotate(q)``), so
+q . k = (q H) . (k H) -- the scores are unchanged up to float32 rounding. The rotation spreads K's large channels over all dims, so a group's
 int8 step (set by its largest value) shrinks for every channel: SmolLM2's decode KL to fp16
 KV drops 3.2x (docs/benchmarks.md, "Long context, round 6"). V rows are stored as computed
 (8-bit V costs ~14x less than 8-bit K). The checkpoint fingerprint names this format

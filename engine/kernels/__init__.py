@@ -187,18 +187,22 @@ def flash_attention(
     window: int = 0,
     mask: mx.array | None = None,
     reference: bool = False,
+    rotate_q: bool = False,
 ) -> mx.array:
     """Fused ``softmax(scale * q @ k^T + mask) @ v``: q float32 (B, H, L, D), k/v float32 or
     float16 (B, Hk, S, D|Dv), H % Hk == 0, D % 8 == 0, Dv % 16 == 0; float32 (B, H, L, Dv) out.
     ``causal_offset``: query i sees keys j <= i + offset (``window`` > 0: and j > i + offset -
     window); ``mask``: additive float (B or 1, 1, 1 or L, S). ``reference`` runs the scalar
-    reference (tests). Fully masked rows give zeros."""
+    reference (tests). ``rotate_q``: q times ``kv_cache.q8_rotate``'s Walsh-Hadamard matrix
+    first, inside the kernel (what q8 K rows, stored rotated, need; up to float rounding the
+    same as rotating q with that MLX op, one op per layer less). Fully masked rows give zeros."""
     ext = _required()
+    rot = bool(rotate_q)
     if mask is not None:
-        return ext.flash_attention(q, k, v, float(scale), 2, 0, 0, mask, reference)
+        return ext.flash_attention(q, k, v, float(scale), 2, 0, 0, mask, reference, rot)
     if causal_offset is not None:
-        return ext.flash_attention(q, k, v, float(scale), 1, int(causal_offset), int(window), None, reference)
-    return ext.flash_attention(q, k, v, float(scale), 0, 0, 0, None, reference)
+        return ext.flash_attention(q, k, v, float(scale), 1, int(causal_offset), int(window), None, reference, rot)
+    return ext.flash_attention(q, k, v, float(scale), 0, 0, 0, None, reference, rot)
 
 
 def q8_pack(x: mx.array, group: int) -> mx.array:

@@ -19,7 +19,8 @@ masks of a batch. float16 K/V (``kv_cache`` on CPU) go to the original widened t
 8-bit K/V rows (the live "q8" format, engine.generation.kv_cache.Q8) go to the fused kernel,
 which reads them as stored, and anywhere else are unpacked to the queries' dtype first. Their
 K rows hold rotated keys (``kv_cache.q8_rotate``), so the queries are rotated the same way
-first, on every path: (q H) . (k H) = q . k.
+first, on every path: (q H) . (k H) = q . k -- inside the fused kernel (``rotate_q``: one MLX
+op per layer and token less), with ``q8_rotate`` before any other path.
 """
 
 from __future__ import annotations
@@ -114,10 +115,6 @@ def _widened(queries, keys, values):
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """Drop-in for ``mlx_lm.models.base.scaled_dot_product_attention``."""
-    if isinstance(keys, mx.array) and keys.dtype == mx.uint8:  # q8 rows: K stored rotated
-        from engine.generation.kv_cache import q8_rotate
-
-        queries = q8_rotate(queries)
     if (
         impl == "mlx"
         or not getattr(_active, "on", False)
@@ -138,20 +135,25 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sink
     if q8 and (impl != "flash" or not q8_readable(D, keys.shape[-1], values.shape[-1])):
         return _fallback(queries, keys, values, cache, scale, mask, sinks)
     if impl == "flash" and D % 8 == 0 and (q8 or values.shape[-1] % 16 == 0):
+        rot = {"rotate_q": True} if q8 else {}  # q8 K rows are rotated: the kernel rotates q
         if mask is None:
-            return kernels.flash_attention(queries, keys, values, scale)
+            return kernels.flash_attention(queries, keys, values, scale, **rot)
         if isinstance(mask, str):
             if mask == "causal":
-                return kernels.flash_attention(queries, keys, values, scale, causal_offset=S - L)
+                return kernels.flash_attention(queries, keys, values, scale, causal_offset=S - L, **rot)
         else:
             m = _key_mask(mask, B, L, S)
             if m is not None:
-                return kernels.flash_attention(queries, keys, values, scale, mask=m)
+                return kernels.flash_attention(queries, keys, values, scale, mask=m, **rot)
         return _fallback(queries, keys, values, cache, scale, mask, sinks)
     return _softmax_path(queries, keys, values, cache, scale, mask, sinks)
 
 
 def _fallback(queries, keys, values, cache, scale, mask, sinks):
+    if isinstance(keys, mx.array) and keys.dtype == mx.uint8:  # q8 rows: K stored rotated
+        from engine.generation.kv_cache import q8_rotate
+
+        queries = q8_rotate(queries)
     if not hasattr(cache, "bits"):
         keys, values = _widened(queries, keys, values)
     return _original(queries, keys, values, cache, scale, mask, sinks)

@@ -66,6 +66,7 @@ struct Problem {
   int B, H, L, D, Hk, S, Dv, Bm, Lm;
   float scale;
   int mode, offset, window;
+  bool rotate;  // q times the orthonormal Walsh-Hadamard matrix first (q8 K rows are rotated)
 };
 
 struct Split {
@@ -108,6 +109,26 @@ void widen_q8(const uint8_t* src, size_t stride, int n, int D, int G, float* dst
 }
 
 #include "attention_q8.inc"
+
+// x (D) times the orthonormal Walsh-Hadamard matrix on blocks of P = the largest power of two
+// dividing D, in place: butterflies (a + b, a - b) over strides 1, 2, ..., P / 2, then
+// P^-1/2 (exact for D = 64). The same transform as kv_cache.q8_rotate (mx.hadamard_transform)
+// up to float rounding; the kernel's paths and its reference all read this one.
+void rotate_row(float* x, int D) {
+  const int P = D & -D;
+  const float norm = float(1.0 / std::sqrt(double(P)));
+  for (int b = 0; b < D; b += P) {
+    float* y = x + b;
+    for (int h = 1; h < P; h *= 2)
+      for (int i = 0; i < P; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          const float a = y[j], c = y[j + h];
+          y[j] = a + c;
+          y[j + h] = a - c;
+        }
+    for (int d = 0; d < P; ++d) y[d] *= norm;
+  }
+}
 
 // q (already scaled) quantized per group of G dims as the q8 decode scores read it:
 // qs = max|q| / 127, qi = round-to-even(q * (127 / max|q|)) in -127..127 (all zero: 0, 0).
@@ -390,8 +411,13 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
   for (int r = 0; r < R; ++r) {
     const int h = t.kvh * rep + r / t.nt, i = t.i0 + r % t.nt;
     const float* src = p.q + ((size_t(t.b) * p.H + h) * p.L + i) * D;
-    for (int d = 0; d < D; d += 8)
-      _mm256_storeu_ps(sc.q.data() + size_t(r) * D + d, _mm256_mul_ps(_mm256_loadu_ps(src + d), vscale));
+    float* dst = sc.q.data() + size_t(r) * D;
+    if (p.rotate) {
+      std::copy(src, src + D, dst);
+      rotate_row(dst, D);
+      src = dst;
+    }
+    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_loadu_ps(src + d), vscale));
   }
   if (p.q8) {  // q quantized per group: int8 dots at decode, its float values in the tiles
     const int ng = D / p.G;
@@ -591,6 +617,12 @@ void run_reference(const Problem& p) {
       for (int i = 0; i < p.L; ++i) {
         const size_t kvh = size_t(b) * p.Hk + h / rep;
         const float* q = p.q + ((size_t(b) * p.H + h) * p.L + i) * p.D;
+        std::vector<float> qr;
+        if (p.rotate) {
+          qr.assign(q, q + p.D);
+          rotate_row(qr.data(), p.D);
+          q = qr.data();
+        }
         std::vector<float> qq;
         double qscale = double(p.scale);
         if (p.q8) {  // the kernel's quantized q (scaled first, then int8 per group)
@@ -657,7 +689,7 @@ void FlashAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   }
   p.Bm = inputs.size() > 3 ? inputs[3].shape(0) : 1;
   p.Lm = inputs.size() > 3 ? inputs[3].shape(2) : 1;
-  p.scale = scale_, p.mode = mode_, p.offset = offset_, p.window = window_;
+  p.scale = scale_, p.mode = mode_, p.offset = offset_, p.window = window_, p.rotate = rotate_;
   const bool reference = reference_;
   enc.dispatch([p, reference]() { reference ? run_reference(p) : run_flash(p); });
 }
@@ -683,6 +715,7 @@ mx::array flash_attention(
     int window,
     const mx::array* mask,
     bool reference,
+    bool rotate,
     mx::StreamOrDevice s) {
   auto bad = [](const char* why) { throw std::invalid_argument(std::string("[mlxterm.flash_attention] ") + why); };
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) bad("q, k, v must be 4-D (B, heads, length, dim).");
@@ -717,7 +750,7 @@ mx::array flash_attention(
   (void)B;
   return mx::array(
       {B, H, L, Dv}, mx::float32,
-      std::make_shared<FlashAttention>(st, scale, mode, offset, window, reference), inputs);
+      std::make_shared<FlashAttention>(st, scale, mode, offset, window, reference, rotate), inputs);
 }
 
 void Q8Pack::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {

@@ -10,6 +10,9 @@
 // j > i + offset - window); 2: an additive float mask (Bm, 1, Lm, S), Bm in {1, B},
 // Lm in {1, L} (Lm == 1: one key mask for every query, as the static caches' validity vector).
 // Rows whose keys are all masked come out as zeros (MLX gives NaN).
+// rotate: q is first multiplied by the orthonormal Walsh-Hadamard matrix on blocks of the
+// largest power of two dividing D (kv_cache.q8_rotate, which q8 K rows are stored with), inside
+// the kernel instead of as an MLX op per layer.
 #pragma once
 
 #include "mlx/ops.h"
@@ -37,13 +40,14 @@ mx::array flash_attention(
     int window,
     const mx::array* mask,
     bool reference,
+    bool rotate = false,
     mx::StreamOrDevice s = {});
 
 class FlashAttention : public mx::UnaryPrimitive {
  public:
-  FlashAttention(mx::Stream stream, float scale, int mode, int offset, int window, bool reference)
+  FlashAttention(mx::Stream stream, float scale, int mode, int offset, int window, bool reference, bool rotate)
       : mx::UnaryPrimitive(stream),
-        scale_(scale), mode_(mode), offset_(offset), window_(window), reference_(reference) {}
+        scale_(scale), mode_(mode), offset_(offset), window_(window), reference_(reference), rotate_(rotate) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
@@ -51,13 +55,13 @@ class FlashAttention : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const FlashAttention&>(other);
     return scale_ == o.scale_ && mode_ == o.mode_ && offset_ == o.offset_ &&
-           window_ == o.window_ && reference_ == o.reference_;
+           window_ == o.window_ && reference_ == o.reference_ && rotate_ == o.rotate_;
   }
 
  private:
   float scale_;
   int mode_, offset_, window_;
-  bool reference_;
+  bool reference_, rotate_;
 };
 
 // Float (..., D) -> q8 rows uint8 (..., D + 4 * D / G): per group of G dims, scale = max|x| / 127,

@@ -38,12 +38,12 @@ NB_MODULE(_ext, m) {
       "flash_attention",
       [](const mlx::core::array& q, const mlx::core::array& k, const mlx::core::array& v,
          float scale, int mode, int offset, int window, std::optional<mlx::core::array> mask,
-         bool reference) {
+         bool reference, bool rotate) {
         return mlxterm::flash_attention(
-            q, k, v, scale, mode, offset, window, mask ? &*mask : nullptr, reference);
+            q, k, v, scale, mode, offset, window, mask ? &*mask : nullptr, reference, rotate);
       },
       "q"_a, "k"_a, "v"_a, "scale"_a, "mode"_a = 0, "offset"_a = 0, "window"_a = 0,
-      "mask"_a = nb::none(), "reference"_a = false,
+      "mask"_a = nb::none(), "reference"_a = false, "rotate"_a = false,
       "fused softmax(scale * q @ k^T + mask) @ v on the CPU (src/attention.h).");
   m.def(
       "q8_pack",
