@@ -205,11 +205,14 @@ bool amx_capable() {
   return ok;
 }
 
+// A path's run-time switch starts on unless its environment variable `off` is "1".
+bool starts_on(const char* off) {
+  const char* e = std::getenv(off);
+  return !(e && e[0] == '1');
+}
+
 std::atomic<bool>& amx_switch() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("MLXTERM_NO_AMX");
-    return !(e && e[0] == '1');
-  }()};
+  static std::atomic<bool> on{starts_on("MLXTERM_NO_AMX")};
   return on;
 }
 
@@ -219,6 +222,18 @@ int amx_rows() {
     return env ? std::max(2, std::atoi(env)) : 16;
   }();
   return m;
+}
+
+// The int8 many-row paths' output columns: chunks of whole 16-column panels, about four per
+// pool thread (a busy core takes fewer), each run as fn(n0, n1).
+void run_panel_chunks(const QmmProblem& p, const std::function<void(int, int)>& fn) {
+  const int T = Pool::get().threads();
+  int chunk = (p.N + 4 * T - 1) / (4 * T);
+  chunk = std::max(16, (chunk + 15) & ~15);
+  Pool::get().run((p.N + chunk - 1) / chunk, [&](int c) {
+    const int n0 = c * chunk;
+    fn(n0, std::min(p.N, n0 + chunk));
+  });
 }
 
 // Many rows on AMX tiles: the row path's int8 activations (prepare_x), padded with zero rows to
@@ -250,21 +265,11 @@ void run_amx(const QmmProblem& p) {
       for (int b = 0; b < nb; ++b) dtp[size_t(m / 16) * nb * 16 + size_t(b) * 16 + m % 16] = xs.d[size_t(m) * nb + b];
   });
   const XView xv{x.q.data(), dt.data(), x.gsum.data()};
-  const int T = pool.threads();
-  int chunk = (p.N + 4 * T - 1) / (4 * T);
-  chunk = std::max(16, (chunk + 15) & ~15);
-  const int n_chunks = (p.N + chunk - 1) / chunk;
-  pool.run(n_chunks, [&](int c) {
-    int n0 = c * chunk, n1 = std::min(p.N, n0 + chunk);
-    amx::qmm_amx(p, xv, n0, n1);
-  });
+  run_panel_chunks(p, [&](int n0, int n1) { amx::qmm_amx(p, xv, n0, n1); });
 }
 
 std::atomic<bool>& vnni_gemm_switch() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("MLXTERM_NO_VNNI_GEMM");
-    return !(e && e[0] == '1');
-  }()};
+  static std::atomic<bool> on{starts_on("MLXTERM_NO_VNNI_GEMM")};
   return on;
 }
 
@@ -287,14 +292,7 @@ void run_gemm512(const QmmProblem& p) {
     prepare_rows(p, true, xs, m0, std::min(p.M, m0 + kRowChunk));
   });
   const XView xv{x.q.data(), x.d.data(), x.gsum.data()};
-  const int T = pool.threads();
-  int chunk = (p.N + 4 * T - 1) / (4 * T);
-  chunk = std::max(16, (chunk + 15) & ~15);
-  const int n_chunks = (p.N + chunk - 1) / chunk;
-  pool.run(n_chunks, [&](int c) {
-    int n0 = c * chunk, n1 = std::min(p.N, n0 + chunk);
-    gemm512::qmm_gemm(p, xv, n0, n1);
-  });
+  run_panel_chunks(p, [&](int n0, int n1) { gemm512::qmm_gemm(p, xv, n0, n1); });
 }
 
 void run_qmm(const QmmProblem& p0, bool exact) {
