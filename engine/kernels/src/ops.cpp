@@ -295,12 +295,23 @@ void run_gemm512(const QmmProblem& p) {
   run_panel_chunks(p, [&](int n0, int n1) { gemm512::qmm_gemm(p, xv, n0, n1); });
 }
 
+// Where a non-exact matmul of `rows` rows runs (qmm_path names it): the one decision run_qmm
+// and the status report share.
+enum class RowsPath { amx, vnni512, float_panels, int8_rows };
+
+RowsPath rows_path(int rows) {
+  if (rows >= amx_rows() && amx_on()) return RowsPath::amx;
+  if (rows < dense_min_rows()) return RowsPath::int8_rows;
+  return vnni_gemm_active() ? RowsPath::vnni512 : RowsPath::float_panels;
+}
+
 void run_qmm(const QmmProblem& p0, bool exact) {
-  if (!exact && p0.M >= amx_rows() && amx_on()) {
+  const RowsPath path = exact ? RowsPath::float_panels : rows_path(p0.M);
+  if (path == RowsPath::amx) {
     run_amx(p0);  // reads float16 scales as such, as the row path does
     return;
   }
-  if (!exact && p0.M >= dense_min_rows() && vnni_gemm_active()) {
+  if (path == RowsPath::vnni512) {
     run_gemm512(p0);  // float16 scales read as such too (pack_group)
     return;
   }
@@ -417,12 +428,14 @@ QmmColumns qmm_columns(bool exact) { return pick(exact); }
 int qmm_dense_min_rows() { return dense_min_rows(); }
 bool amx_on() { return amx_capable() && amx_switch().load(std::memory_order_relaxed); }
 bool set_amx(bool on) { return amx_switch().exchange(on); }
-int amx_min_rows() { return amx_rows(); }
 bool vnni_gemm_on() { return vnni_gemm_active(); }
 bool set_vnni_gemm(bool on) { return vnni_gemm_switch().exchange(on); }
 const char* qmm_path(int rows) {
-  if (rows >= amx_rows() && amx_on()) return "amx";
-  if (rows < dense_min_rows()) return "int8 rows";
-  return vnni_gemm_active() ? "vnni512" : "float panels";
+  switch (rows_path(rows)) {
+    case RowsPath::amx: return "amx";
+    case RowsPath::vnni512: return "vnni512";
+    case RowsPath::float_panels: return "float panels";
+    default: return "int8 rows";
+  }
 }
 }  // namespace mlxterm

@@ -96,8 +96,6 @@ bool amx_on();
 // Turn the AMX path on or off at run time (A/B in one process); returns the old setting.
 // Has no effect on a machine without AMX.
 bool set_amx(bool on);
-// The fewest rows a non-exact matmul sends to the AMX path (MLXTERM_AMX_MIN_M, default 16).
-int amx_min_rows();
 // Non-exact matmuls of qmm_dense_min_rows() rows or more run on the AVX512-VNNI GEMM
 // (qmm_gemm512.cpp) where AMX does not take them: best_isa() is avx512vnni and it is switched
 // on (MLXTERM_NO_VNNI_GEMM=1 or set_vnni_gemm turn it off: the float panels run).

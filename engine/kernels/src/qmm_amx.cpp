@@ -64,27 +64,12 @@ struct Panel {
 
 template <int BITS>
 void pack_panel16(const QmmProblem& p, int n0, int nr, const Group& ga, const Group& gb, const Panel& out) {
-  const int nb = p.K / 32, ng = p.K / p.group_size;
-  pack_group<BITS>(p, n0, std::min(8, nr), ga);
-  // A panel of <= 8 rows: the upper half repeats the lower one (its outputs are never stored).
-  const Group& hi = nr > 8 ? gb : ga;
-  if (nr > 8) pack_group<BITS>(p, n0 + 8, nr - 8, gb);
-  for (int blk = 0; blk < nb; ++blk) {
-    uint8_t* o = out.w + size_t(blk) * 512;
-    for (int t = 0; t < 8; ++t) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 64 * t), _mm256_loadu_si256(ga.w + size_t(blk) * 8 + t));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 64 * t + 32), _mm256_loadu_si256(hi.w + size_t(blk) * 8 + t));
-    }
-  }
-  const int bpg = p.group_size / 32;
+  const Group& hi = pack_pair16<BITS>(p, n0, nr, ga, gb, out.w, out.bias);
+  const int nb = p.K / 32, bpg = p.group_size / 32;
   for (int blk = 0; blk < nb; ++blk) {
     const int q = blk / bpg;
     _mm256_storeu_ps(out.scale + blk * 16, _mm256_loadu_ps(ga.scale + q * 8));
     _mm256_storeu_ps(out.scale + blk * 16 + 8, _mm256_loadu_ps(hi.scale + q * 8));
-  }
-  for (int q = 0; q < ng; ++q) {
-    _mm256_storeu_ps(out.bias + q * 16, _mm256_loadu_ps(ga.bias + q * 8));
-    _mm256_storeu_ps(out.bias + q * 16 + 8, _mm256_loadu_ps(hi.bias + q * 8));
   }
 }
 

@@ -34,19 +34,10 @@ struct Panel {
 
 template <int BITS>
 void pack_panel(const QmmProblem& p, int n0, int nr, const Group& ga, const Group& gb, const Panel& out) {
-  const int nb = p.K / 32, ng = p.K / p.group_size;
-  pack_group<BITS>(p, n0, std::min(8, nr), ga);
-  // A panel of <= 8 rows: the upper half repeats the lower one (its outputs are never stored).
-  const Group& hi = nr > 8 ? gb : ga;
-  if (nr > 8) pack_group<BITS>(p, n0 + 8, nr - 8, gb);
-  for (int i = 0; i < nb * 8; ++i)
-    _mm512_storeu_si512(out.w + i, _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(ga.w + i)),
-                                                      _mm256_loadu_si256(hi.w + i), 1));
-  for (int q = 0; q < ng; ++q) {
+  const Group& hi = pack_pair16<BITS>(p, n0, nr, ga, gb, reinterpret_cast<uint8_t*>(out.w), out.bias);
+  for (int q = 0; q < p.K / p.group_size; ++q) {
     _mm256_storeu_ps(out.scale + q * 16, _mm256_loadu_ps(ga.scale + q * 8));
     _mm256_storeu_ps(out.scale + q * 16 + 8, _mm256_loadu_ps(hi.scale + q * 8));
-    _mm256_storeu_ps(out.bias + q * 16, _mm256_loadu_ps(ga.bias + q * 8));
-    _mm256_storeu_ps(out.bias + q * 16 + 8, _mm256_loadu_ps(hi.bias + q * 8));
   }
 }
 
