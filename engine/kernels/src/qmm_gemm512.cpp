@@ -33,7 +33,7 @@ struct Panel {
 };
 
 template <int BITS>
-void pack_panel(const QmmProblem& p, int n0, int nr, const Group& ga, const Group& gb, const Panel& out) {
+void pack_panel16(const QmmProblem& p, int n0, int nr, const Group& ga, const Group& gb, const Panel& out) {
   const Group& hi = pack_pair16<BITS>(p, n0, nr, ga, gb, reinterpret_cast<uint8_t*>(out.w), out.bias);
   for (int q = 0; q < p.K / p.group_size; ++q) {
     _mm256_storeu_ps(out.scale + q * 16, _mm256_loadu_ps(ga.scale + q * 8));
@@ -120,7 +120,7 @@ void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
     const int s1 = std::min(p.M, s0 + slice);
     for (int n = n0; n < n1; n += 16) {
       const int nr = std::min(16, n1 - n);
-      pack_panel<BITS>(p, n, nr, ga, gb, pn);
+      pack_panel16<BITS>(p, n, nr, ga, gb, pn);
       int m = s0;
       for (; m + 16 <= s1; m += 16) panel_rows<16>(p, x, pn, m, n, nr);
       if (s1 - m >= 8) { panel_rows<8>(p, x, pn, m, n, nr); m += 8; }
