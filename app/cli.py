@@ -21,6 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the mlxterm command itself (tests call main with a list)
+        from engine import hugepages
+
+        hugepages.ensure()  # may replace the process once, before any model is loaded
     parser = build_parser()
     args = parser.parse_args(_default_command(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(
@@ -48,3 +52,7 @@ def _default_command(argv: list[str]) -> list[str]:
     if i < len(argv) and argv[i].startswith("-") and argv[i] not in ("-h", "--help"):
         return [*argv[:i], "chat", *argv[i:]]
     return argv
+
+
+if __name__ == "__main__":  # python -m app.cli, as python -m app
+    raise SystemExit(main())

@@ -5,7 +5,7 @@ tmux, OpenBLAS, bubblewrap, chromium...) cannot turn the run green. Two kinds of
 skips: ``@pytest.mark.optin`` tests (optional big downloads) and reasons that state a fact
 about the machine rather than a missing package, which start with one of ``ENVIRONMENT_FACTS``
 (a container that cannot create user namespaces for the sandbox; a CPU without AMX, whose
-kernel tests then have nothing to run).
+kernel tests then have nothing to run; a system without transparent huge pages or glibc).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-ENVIRONMENT_FACTS = ("namespaces unavailable:", "CPU feature missing:")
+ENVIRONMENT_FACTS = ("namespaces unavailable:", "CPU feature missing:", "system lacks:")
 
 
 def strict() -> bool:

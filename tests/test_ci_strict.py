@@ -31,6 +31,10 @@ def test_environment_fact():
 def test_cpu_fact():
     pass
 
+@pytest.mark.skipif(True, reason="system lacks: transparent huge pages")
+def test_system_fact():
+    pass
+
 @pytest.mark.xfail(reason="known")
 def test_xfail():
     assert False
@@ -60,8 +64,10 @@ def _pytest(tmp_path: Path, ci: str | None) -> dict[str, str]:
 def test_strict_mode_fails_conditional_skips_only_under_ci(tmp_path):
     relaxed = _pytest(tmp_path, None)
     assert relaxed == {"missing_tool": "SKIPPED", "runtime_skip": "SKIPPED", "optin": "SKIPPED",
-                       "environment_fact": "SKIPPED", "cpu_fact": "SKIPPED", "xfail": "XFAIL", "passes": "PASSED"}
+                       "environment_fact": "SKIPPED", "cpu_fact": "SKIPPED", "system_fact": "SKIPPED", "xfail": "XFAIL",
+                       "passes": "PASSED"}
     strict = _pytest(tmp_path, "true")
     # a skipif fires during setup, so pytest reports the failure there as ERROR
     assert strict == {"missing_tool": "ERROR", "runtime_skip": "FAILED", "optin": "SKIPPED",
-                      "environment_fact": "SKIPPED", "cpu_fact": "SKIPPED", "xfail": "XFAIL", "passes": "PASSED"}
+                      "environment_fact": "SKIPPED", "cpu_fact": "SKIPPED", "system_fact": "SKIPPED", "xfail": "XFAIL",
+                      "passes": "PASSED"}

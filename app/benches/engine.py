@@ -20,6 +20,9 @@ Arms, alternated in order then in reverse each round (medians over rounds):
                 (mlx_lm's forward as is) instead of the last rows only (last_logits)
   llama_cpp     llama.cpp (PyPI ``xllamacpp``, the ``peer`` extra) on the same GGUF, prompt
                 tokens, token count and thread count; skipped with a note when not installed
+  llama_cpp_read  the same, with the GGUF read into memory instead of mmapped (load mode none):
+                its weights then live on the heap, on huge pages when the process has them
+                (engine/hugepages.py) -- as the engine's do; the mmapped file stays on 4 KiB pages
 ``--arms`` picks a subset; ratios are reported for the arms that ran. Engine arms also report the
 process CPU time per decoded token (``decode_cpu_ms``: steadier than wall time on a shared machine).
 """
@@ -48,13 +51,15 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=2, help="each round runs every arm twice (in order, then reversed)")
     p.add_argument("--arms", default="engine,engine_fp32,llama_cpp",
                    help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, "
-                        "engine_full_head, engine_unfused, engine_ops, engine_float_prefill, llama_cpp")
+                        "engine_full_head, engine_unfused, engine_ops, engine_float_prefill, llama_cpp, "
+                        "llama_cpp_read")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the kernel pool's)")
 
 
-def _llama_cpp_arm(path, prompt: list[int], n: int, threads: int):
+def _llama_cpp_arm(path, prompt: list[int], n: int, threads: int, read: bool = False):
     """A callable running llama.cpp on ``path`` -> (ttft s, decode tok/s, tokens), and its load
-    seconds; or (None, reason) when xllamacpp is not installed."""
+    seconds; or (None, reason) when xllamacpp is not installed. ``read``: load the weights into
+    memory rather than mmap the file."""
     try:
         import xllamacpp as xl
     except ImportError:
@@ -67,6 +72,8 @@ def _llama_cpp_arm(path, prompt: list[int], n: int, threads: int):
     p.cpuparams.n_threads = threads
     p.cpuparams_batch.n_threads = threads
     p.warmup = False
+    if read:
+        p.load_mode = xl.llama_load_mode.LLAMA_LOAD_MODE_NONE
     t = time.perf_counter()
     server = xl.Server(p)
     load_s = time.perf_counter() - t
@@ -126,7 +133,7 @@ def _time_stream(tokens_iter) -> tuple[float, float, int, float]:
 
 
 def run(args) -> dict:
-    from engine import blas, kernels
+    from engine import blas, hugepages, kernels
     from engine.generation.generate import generate_step
     from engine.generation.kv_cache import make_cache
     from engine.kernels import hook
@@ -229,17 +236,20 @@ def run(args) -> dict:
         "engine_fp32": engine_arm(dense) if dense else None,
         "engine_full_head": engine_arm(ours, whole_forward(ours.prefill_model or ours.model)),
         "llama_cpp": None,
+        "llama_cpp_read": None,
         "engine_unfused": engine_arm(unfused) if unfused else None,
         "engine_ops": engine_arm(oplayers) if oplayers else None,
         "engine_float_prefill": float_prefill(engine_arm(ours)),
     }
-    if "llama_cpp" in want:
-        fn, info = _llama_cpp_arm(source, prompt, n, args.threads)
+    for name in ("llama_cpp", "llama_cpp_read"):
+        if name not in want:
+            continue
+        fn, info = _llama_cpp_arm(source, prompt, n, args.threads, read=name == "llama_cpp_read")
         if fn is None:
-            notes.append(f"llama_cpp arm skipped: {info}")
+            notes.append(f"{name} arm skipped: {info}")
         else:
-            arms["llama_cpp"] = fn
-            load_ms["llama_cpp"] = round(info * 1000)
+            arms[name] = fn
+            load_ms[name] = round(info * 1000)
     arms = {k: v for k, v in arms.items() if k in want and v is not None}
     for fn in arms.values():  # warm-up: compile traces, allocator, BLAS threads
         fn()
@@ -266,8 +276,8 @@ def run(args) -> dict:
         return None
 
     ratios = {}
-    for other in ("llama_cpp", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid", "engine_unfused",
-                  "engine_full_head", "engine_ops", "engine_float_prefill"):
+    for other in ("llama_cpp", "llama_cpp_read", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid",
+                  "engine_unfused", "engine_full_head", "engine_ops", "engine_float_prefill"):
         for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
             r = ratio("engine", other, key)
             if r is not None:
@@ -276,6 +286,7 @@ def run(args) -> dict:
              "|---|---|---|---|---|---|"]
     weights = {"engine": fmt, "engine_hybrid": "hybrid", "stock_same": fmt,
                "stock_loaded": "quantized (MLX ops)", "engine_fp32": "fp32", "llama_cpp": "GGUF",
+               "llama_cpp_read": "GGUF, read into memory",
                "engine_unfused": f"{fmt}, no fusions", "engine_full_head": fmt,
                "engine_ops": f"{fmt}, layers op by op", "engine_float_prefill": f"{fmt}, float-panel prefill"}
     for name in arms:
@@ -297,6 +308,7 @@ def run(args) -> dict:
         "rounds": args.rounds,
         "weight_format_engine": fmt,
         "kernels": kernels.status(),
+        "hugepages": hugepages.status(),
         "load_ms": load_ms,
         "gguf_cache": gguf_cache_state,  # converted-GGUF cache before the engine's load (cold = converted)
         "weights_rss_mb": round(weights_rss_mb, 1),  # process RSS growth over the load

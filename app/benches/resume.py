@@ -86,7 +86,7 @@ def _long_context(args) -> dict:
     import os
     import time
 
-    from engine import kernels
+    from engine import hugepages, kernels
     from engine.checkpoints.fingerprint import live_kv_format
     from engine.generation.generate import generate_step
     from engine.generation.kv_cache import Q8, live_kv_dtype, make_cache
@@ -175,7 +175,8 @@ def _long_context(args) -> dict:
                 table.append(f"cold prefill speed-up today / {name}: {speedups[name]}x")
     table.append(f"attention op ms at {len(long_ids)} keys: {op}")
     return {"bench": "resume-long", "profile": profile.name, "context_tokens": len(long_ids),
-            "engine_kv_format": engine_kv, "kernel_isa": kernels.status().get("isa"), "arms": out, "prefill_speedup": speedups, "attention_op_ms": op,
+            "engine_kv_format": engine_kv, "kernel_isa": kernels.status().get("isa"),
+            "hugepages": hugepages.status(), "arms": out, "prefill_speedup": speedups, "attention_op_ms": op,
             "load_avg": list(os.getloadavg()), "summary": "\n".join(table)}
 
 def _conversation(engine, n_tokens: int, nonce: str) -> list[int]:

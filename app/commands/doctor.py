@@ -1,7 +1,7 @@
 """``mlxterm doctor``: what this machine gives mlxterm, in one screen.
 
 The agent sandbox (bubblewrap / Seatbelt, or why not), the BLAS the CPU backend uses, the
-compiled kernels extension, espeak-ng (speech tests and voices) and the microphone
+compiled kernels extension, huge pages for the heap (engine/hugepages.py), espeak-ng (speech tests and voices) and the microphone
 (PortAudio and an input device). Every probe is guarded: a missing piece is reported, never
 raised. ``--json`` prints the same facts as one object. Exit code 0 (facts, not a verdict).
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 
 def register(sub) -> None:
-    p = sub.add_parser("doctor", help="report the sandbox, BLAS, kernels, espeak and microphone status")
+    p = sub.add_parser("doctor", help="report the sandbox, BLAS, kernels, huge pages, espeak and microphone status")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -33,8 +33,8 @@ def run(args) -> int:
 
 
 def collect() -> dict[str, dict[str, Any]]:
-    return {"sandbox": sandbox(), "openblas": openblas(), "kernels": kernels(), "espeak": espeak(),
-            "microphone": microphone()}
+    return {"sandbox": sandbox(), "openblas": openblas(), "kernels": kernels(), "hugepages": hugepages(),
+            "espeak": espeak(), "microphone": microphone()}
 
 
 def sandbox() -> dict[str, Any]:
@@ -68,6 +68,14 @@ def kernels() -> dict[str, Any]:
         return {"ok": False, "detail": f"fails to import: {type(e).__name__}: {e}"}
     where = getattr(module, "__file__", None) or "built in"
     return {"ok": True, "detail": f"present ({where})"}
+
+
+def hugepages() -> dict[str, Any]:
+    """Whether this process's heap is on transparent huge pages (set up by the mlxterm command)."""
+    from engine import hugepages as pages
+
+    state = pages.status()
+    return {"ok": bool(state["active"]), "mode": state["mode"], "detail": f"{state['reason']} (system mode {state['mode']})"}
 
 
 def espeak() -> dict[str, Any]:
