@@ -156,7 +156,8 @@ def test_error_is_a_small_fraction_of_the_int8_activations():
     wq, s, b = _weights(4, 64, seed=7)
     x = mx.array(_x(24, 3))
     exact = kernels.quantized_matmul(x, wq, s, b, 64, 4, exact=True)
-    for m in (1, 24):
+    # 24 rows: the many-row int8 path where the CPU has one (the float panels are exact anyway).
+    for m in (1, 24) if kernels.prefill_path(24) != "float panels" else (1,):
         i8 = kernels.quantized_matmul(x[:m], wq, s, b, 64, 4)
         mx.eval(exact, i8)
         with x16():
