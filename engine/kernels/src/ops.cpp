@@ -191,11 +191,12 @@ void prepare_rows(const QmmProblem& p, bool quantize, PreparedX& out, int m0, in
 }  // namespace
 
 // Sizes out for M rows (and the zero rows up to `rows` of q and lo: AMX's padding) and fixes
-// its activation format (x16_on() now) for prepare_rows.
-void size_x(const QmmProblem& p, bool quantize, PreparedX& out, size_t rows) {
+// its activation format for prepare_rows: 16-bit when x16_on() now, unless the caller's kernel
+// takes int8 only (allow16 = false: AMX).
+void size_x(const QmmProblem& p, bool quantize, PreparedX& out, size_t rows, bool allow16 = true) {
   const int K = p.K, nb = K / 32, ng = K / p.group_size;
   out.gsum.resize(size_t(p.M) * ng);
-  out.x16 = quantize && x16_on();
+  out.x16 = quantize && allow16 && x16_on();
   if (quantize) {
     out.q.resize(rows * K);
     out.d.resize(size_t(p.M) * nb);
@@ -296,7 +297,7 @@ void run_amx(const QmmProblem& p) {
   const size_t rows = size_t(p.M + 15) & ~size_t(15);
   const int nb = p.K / 32;
   thread_local PreparedX x;
-  size_x(p, true, x, rows);  // zero padding rows; int8 activations (rows_path: no AMX with x16)
+  size_x(p, true, x, rows, false);  // zero padding rows; int8 (rows_path sends x16 elsewhere)
   // The activation scales tile by tile (16 rows of a block side by side): the tile's float
   // chain reads one block's 16 from one place.
   thread_local std::vector<float> dt;
@@ -315,7 +316,6 @@ void run_amx(const QmmProblem& p) {
       for (int b = 0; b < nb; ++b) dtp[size_t(m / 16) * nb * 16 + size_t(b) * 16 + m % 16] = xs.d[size_t(m) * nb + b];
   });
   const XView xv{x.q.data(), dt.data(), x.gsum.data()};
-  if (x.x16) throw std::logic_error("[mlxterm] AMX tiles got 16-bit activations.");  // rows_path rules it out
   run_panel_chunks(p, [&](int n0, int n1) { amx::qmm_amx(p, xv, n0, n1); });
 }
 
