@@ -16,6 +16,8 @@ Arms, alternated in order then in reverse each round (medians over rounds):
                 AVX512-VNNI GEMM) switched off: prefill on the float panels
                 (kernels.set_int8_prefill(False) around each run); same model object.
                 ``engine_noamx`` is an older name for it
+  engine_x16    the engine arm with 16-bit activations on the int8 matmul paths (kernels.set_x16(True)
+                around each run: prefill and decode rows without the int8 activation error)
   engine_full_head  the engine, but prefill applies the output head to every prompt position
                 (mlx_lm's forward as is) instead of the last rows only (last_logits)
   llama_cpp     llama.cpp (PyPI ``xllamacpp``, the ``peer`` extra) on the same GGUF, prompt
@@ -51,7 +53,7 @@ def add_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=2, help="each round runs every arm twice (in order, then reversed)")
     p.add_argument("--arms", default="engine,engine_fp32,llama_cpp",
                    help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, "
-                        "engine_full_head, engine_unfused, engine_ops, engine_float_prefill, llama_cpp, "
+                        "engine_full_head, engine_unfused, engine_ops, engine_float_prefill, engine_x16, llama_cpp, "
                         "llama_cpp_read")
     p.add_argument("--threads", type=int, default=2, help="llama.cpp threads (and the kernel pool's)")
 
@@ -216,6 +218,16 @@ def run(args) -> dict:
 
         return run_
 
+    def x16(fn):
+        def run_():
+            was = kernels.set_x16(True)
+            try:
+                return fn()
+            finally:
+                kernels.set_x16(was)
+
+        return run_
+
     def whole_forward(model):
         # No model_type: last_logits runs the model whole and takes the last row of its logits.
         return lambda inputs, cache=None: model(inputs, cache=cache)
@@ -240,6 +252,7 @@ def run(args) -> dict:
         "engine_unfused": engine_arm(unfused) if unfused else None,
         "engine_ops": engine_arm(oplayers) if oplayers else None,
         "engine_float_prefill": float_prefill(engine_arm(ours)),
+        "engine_x16": x16(engine_arm(ours)),
     }
     for name in ("llama_cpp", "llama_cpp_read"):
         if name not in want:
@@ -277,7 +290,7 @@ def run(args) -> dict:
 
     ratios = {}
     for other in ("llama_cpp", "llama_cpp_read", "engine_fp32", "stock_same", "stock_loaded", "engine_hybrid",
-                  "engine_unfused", "engine_full_head", "engine_ops", "engine_float_prefill"):
+                  "engine_unfused", "engine_full_head", "engine_ops", "engine_float_prefill", "engine_x16"):
         for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
             r = ratio("engine", other, key)
             if r is not None:
@@ -288,7 +301,8 @@ def run(args) -> dict:
                "stock_loaded": "quantized (MLX ops)", "engine_fp32": "fp32", "llama_cpp": "GGUF",
                "llama_cpp_read": "GGUF, read into memory",
                "engine_unfused": f"{fmt}, no fusions", "engine_full_head": fmt,
-               "engine_ops": f"{fmt}, layers op by op", "engine_float_prefill": f"{fmt}, float-panel prefill"}
+               "engine_ops": f"{fmt}, layers op by op", "engine_float_prefill": f"{fmt}, float-panel prefill",
+               "engine_x16": f"{fmt}, 16-bit activations"}
     for name in arms:
         r = summary[name]
         table.append(f"| {name} | {weights[name]} | {r['prefill_tps']} | {r['decode_tps']} | {r['ttft_ms']} "

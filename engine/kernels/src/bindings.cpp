@@ -118,6 +118,10 @@ NB_MODULE(_ext, m) {
         "True when non-exact many-row matmuls (where AMX does not take them) run on the AVX512-VNNI GEMM.");
   m.def("set_vnni_gemm", [](bool on) { return mlxterm::set_vnni_gemm(on); }, "on"_a,
         "Switch the AVX512-VNNI GEMM on or off (A/B); returns the previous setting.");
+  m.def("x16", [] { return mlxterm::x16_on(); },
+        "True when quantized matmuls' int8 paths prepare 16-bit activations (two int8 parts).");
+  m.def("set_x16", [](bool on) { return mlxterm::set_x16(on); }, "on"_a,
+        "Switch 16-bit activations on or off; returns the previous setting.");
   m.def("qmm_path", [](int rows) { return std::string(mlxterm::qmm_path(rows)); }, "rows"_a,
         "The path a non-exact quantized matmul of this many rows takes now.");
 }

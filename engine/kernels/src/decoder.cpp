@@ -132,7 +132,7 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     } else {
       // One activation quantization and one pool job for the three matmuls.
       prepare_x(p[0], true, px);
-      const XView xv{px.q.data(), px.d.data(), px.gsum.data()};
+      const XView xv = x_view(px);
       const QmmColumns kern = qmm_columns(false);
       const int cc = chunk_cols(p[0].N + p[1].N + p[2].N);
       int first[4] = {0, 0, 0, 0};

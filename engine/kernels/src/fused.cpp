@@ -209,7 +209,7 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   // One x preparation for both matmuls (same K and group size).
   thread_local PreparedX px;
   prepare_x(pg, !exact, px);
-  const XView xv{px.q.data(), px.d.data(), px.gsum.data()};
+  const XView xv = x_view(px);
   const QmmColumns k = qmm_columns(exact);
   // Column chunks as QuantizedMatmul cuts them; each chunk runs gate, up and the activation
   // for its columns, so results do not depend on the thread count.

@@ -87,6 +87,44 @@ mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st) 
 
 namespace {
 
+// One 32-block of 16-bit activations: q16 = round(x / d), d = amax / 16256, split as
+// q16 = 128 * hi + lo (hi in [-127, 127], lo in [-64, 63]: int8 for the int8 kernels, and never
+// -128, which AVX2's sign trick could not negate). Returns d * sum(q16) (the affine bias's sum).
+inline float quantize16(const float* xb, int8_t* hi, int8_t* lo, float& d_out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int t = 0; t < 4; ++t) {
+    v[t] = _mm256_loadu_ps(xb + 8 * t);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[t]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float a = _mm_cvtss_f32(h);
+  const float d = a / 16256.0f;
+  const __m256 inv = _mm256_set1_ps(a > 0.0f ? 16256.0f / a : 0.0f);
+  __m256i qh[4], ql[4], sum = _mm256_setzero_si256();
+  for (int t = 0; t < 4; ++t) {
+    const __m256i q16 = _mm256_cvtps_epi32(_mm256_mul_ps(v[t], inv));
+    qh[t] = _mm256_srai_epi32(_mm256_add_epi32(q16, _mm256_set1_epi32(64)), 7);  // floor((q + 64) / 128)
+    ql[t] = _mm256_sub_epi32(q16, _mm256_slli_epi32(qh[t], 7));
+    sum = _mm256_add_epi32(sum, q16);
+  }
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs interleave 128-bit lanes
+  const __m256i ph = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(qh[0], qh[1]), _mm256_packs_epi32(qh[2], qh[3])), order);
+  const __m256i pl = _mm256_permutevar8x32_epi32(
+      _mm256_packs_epi16(_mm256_packs_epi32(ql[0], ql[1]), _mm256_packs_epi32(ql[2], ql[3])), order);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), ph);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), pl);
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+  d_out = d;
+  return d * float(_mm_cvtsi128_si32(s4));
+}
+
 // Rows [m0, m1) of prepare_x into out (already sized): each row on its own, so row ranges can
 // run on different threads with the same bits.
 void prepare_rows(const QmmProblem& p, bool quantize, PreparedX& out, int m0, int m1) {
@@ -106,7 +144,10 @@ void prepare_rows(const QmmProblem& p, bool quantize, PreparedX& out, int m0, in
     }
     if (!quantize) continue;
     bsum.resize(nb);
-    for (int b = 0; b < nb; ++b) {
+    for (int b = 0; b < nb && out.x16; ++b) bsum[b] = quantize16(xr + size_t(b) * 32,
+        out.q.data() + size_t(m) * K + size_t(b) * 32, out.lo.data() + size_t(m) * K + size_t(b) * 32,
+        out.d[size_t(m) * nb + b]);
+    for (int b = 0; b < nb && !out.x16; ++b) {
       const float* xb = xr + size_t(b) * 32;
       __m256 v[4];
       __m256 amax = _mm256_setzero_ps();
@@ -149,13 +190,26 @@ void prepare_rows(const QmmProblem& p, bool quantize, PreparedX& out, int m0, in
 
 }  // namespace
 
-void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out) {
+// Sizes out for M rows (and the zero rows up to `rows` of q and lo: AMX's padding) and fixes
+// its activation format for prepare_rows: 16-bit when x16_on() now, unless the caller's kernel
+// takes int8 only (allow16 = false: AMX).
+void size_x(const QmmProblem& p, bool quantize, PreparedX& out, size_t rows, bool allow16 = true) {
   const int K = p.K, nb = K / 32, ng = K / p.group_size;
   out.gsum.resize(size_t(p.M) * ng);
+  out.x16 = quantize && allow16 && x16_on();
   if (quantize) {
-    out.q.resize(size_t(p.M) * K);
+    out.q.resize(rows * K);
     out.d.resize(size_t(p.M) * nb);
+    std::fill(out.q.begin() + size_t(p.M) * K, out.q.end(), int8_t(0));
+    if (out.x16) {
+      out.lo.resize(rows * K);
+      std::fill(out.lo.begin() + size_t(p.M) * K, out.lo.end(), int8_t(0));
+    }
   }
+}
+
+void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out) {
+  size_x(p, quantize, out, size_t(p.M));
   prepare_rows(p, quantize, out, 0, p.M);
 }
 
@@ -243,10 +297,7 @@ void run_amx(const QmmProblem& p) {
   const size_t rows = size_t(p.M + 15) & ~size_t(15);
   const int nb = p.K / 32;
   thread_local PreparedX x;
-  x.gsum.resize(size_t(p.M) * (p.K / p.group_size));
-  x.q.resize(rows * p.K);
-  x.d.resize(size_t(p.M) * nb);
-  std::fill(x.q.begin() + size_t(p.M) * p.K, x.q.end(), int8_t(0));  // the padding rows
+  size_x(p, true, x, rows, false);  // zero padding rows; int8 (rows_path sends x16 elsewhere)
   // The activation scales tile by tile (16 rows of a block side by side): the tile's float
   // chain reads one block's 16 from one place.
   thread_local std::vector<float> dt;
@@ -268,6 +319,11 @@ void run_amx(const QmmProblem& p) {
   run_panel_chunks(p, [&](int n0, int n1) { amx::qmm_amx(p, xv, n0, n1); });
 }
 
+std::atomic<bool>& x16_switch() {
+  static std::atomic<bool> on{!starts_on("MLXTERM_QMM_X16")};
+  return on;
+}
+
 std::atomic<bool>& vnni_gemm_switch() {
   static std::atomic<bool> on{starts_on("MLXTERM_NO_VNNI_GEMM")};
   return on;
@@ -282,16 +338,14 @@ bool vnni_gemm_active() {
 void run_gemm512(const QmmProblem& p) {
   Pool& pool = Pool::get();
   thread_local PreparedX x;
-  x.gsum.resize(size_t(p.M) * (p.K / p.group_size));
-  x.q.resize(size_t(p.M) * p.K);
-  x.d.resize(size_t(p.M) * (p.K / 32));
+  size_x(p, true, x, size_t(p.M));
   PreparedX& xs = x;  // a lambda does not capture thread_locals (see run_amx)
   constexpr int kRowChunk = 32;
   pool.run((p.M + kRowChunk - 1) / kRowChunk, [&](int c) {
     const int m0 = c * kRowChunk;
     prepare_rows(p, true, xs, m0, std::min(p.M, m0 + kRowChunk));
   });
-  const XView xv{x.q.data(), x.d.data(), x.gsum.data()};
+  const XView xv = x_view(x);
   run_panel_chunks(p, [&](int n0, int n1) { gemm512::qmm_gemm(p, xv, n0, n1); });
 }
 
@@ -300,7 +354,8 @@ void run_gemm512(const QmmProblem& p) {
 enum class RowsPath { amx, vnni512, float_panels, int8_rows };
 
 RowsPath rows_path(int rows) {
-  if (rows >= amx_rows() && amx_on()) return RowsPath::amx;
+  // AMX tiles run int8 activations only (16-bit ones go to the VNNI GEMM, the same bits as rows).
+  if (rows >= amx_rows() && amx_on() && !x16_on()) return RowsPath::amx;
   if (rows < dense_min_rows()) return RowsPath::int8_rows;
   return vnni_gemm_active() ? RowsPath::vnni512 : RowsPath::float_panels;
 }
@@ -338,7 +393,7 @@ void run_qmm(const QmmProblem& p0, bool exact) {
   thread_local PreparedX x;
   prepare_x(p, !exact, x);
   Kernel k = pick(exact);
-  const XView xv{x.q.data(), x.d.data(), x.gsum.data()};
+  const XView xv = x_view(x);
   // Chunks of output rows: enough of them that a core busy elsewhere just takes fewer, few
   // enough that each one amortises the hand-off (even sizes keep the 2-row tiles whole).
   int chunk = (p.N + T * 8 - 1) / (T * 8);
@@ -430,6 +485,8 @@ bool amx_on() { return amx_capable() && amx_switch().load(std::memory_order_rela
 bool set_amx(bool on) { return amx_switch().exchange(on); }
 bool vnni_gemm_on() { return vnni_gemm_active(); }
 bool set_vnni_gemm(bool on) { return vnni_gemm_switch().exchange(on); }
+bool x16_on() { return x16_switch().load(std::memory_order_relaxed); }
+bool set_x16(bool on) { return x16_switch().exchange(on); }
 const char* qmm_path(int rows) {
   switch (rows_path(rows)) {
     case RowsPath::amx: return "amx";

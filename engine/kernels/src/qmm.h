@@ -39,6 +39,10 @@ struct PreparedX {
   std::vector<int8_t> q;  // (M, K)
   std::vector<float> d;  // (M, K / 32)
   std::vector<float> gsum;  // (M, K / group_size)
+  // 16-bit activations (x16_on() when prepared): x / d rounds to q16 in [-16256, 16256],
+  // d = amax / 16256, split as q16 = 128 * q + lo with q in [-127, 127], lo in [-64, 63].
+  std::vector<int8_t> lo;  // (M, K); empty for int8 activations
+  bool x16 = false;
 };
 
 void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out);
@@ -49,7 +53,20 @@ struct XView {
   const int8_t* q;
   const float* d;
   const float* gsum;
+  const int8_t* lo = nullptr;  // the low parts of 16-bit activations (PreparedX), else null
 };
+
+// The view of x as prepared (lo set for 16-bit activations); d: the scales as the kernel reads them.
+inline XView x_view(const PreparedX& x, const float* d) {
+  return XView{x.q.data(), d, x.gsum.data(), x.x16 ? x.lo.data() : nullptr};
+}
+inline XView x_view(const PreparedX& x) { return x_view(x, x.d.data()); }
+
+// Whether quantized matmuls with int8 paths prepare 16-bit activations (MLXTERM_QMM_X16=1,
+// set_x16): two integer dot products per block instead of one, no activation rounding error
+// to speak of. The float panels and exact matmuls do not change.
+bool x16_on();
+bool set_x16(bool on);
 
 // Output columns [n0, n1) for all M rows. One function per instruction set; each output
 // element is computed by the same instruction sequence whatever the split.

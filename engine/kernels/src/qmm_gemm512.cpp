@@ -48,8 +48,9 @@ inline __m512i piece16(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Activation rows [m0, m0 + MR) against one panel: out[m, n0 + j] for j < nr.
-template <int MR>
+// Activation rows [m0, m0 + MR) against one panel: out[m, n0 + j] for j < nr. X16: 16-bit
+// activations, a second chain on their low parts (x.lo) joined as group_rows joins them.
+template <int MR, bool X16>
 void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int n0, int nr) {
   const int K = p.K, nb = K / 32, ng = K / p.group_size, bpg = p.group_size / 32;
   __m512 acc[MR];
@@ -76,7 +77,20 @@ void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, in
       d1 = _mm512_dpbusd_epi32(d1, w5, piece16(xb + 20));
       d0 = _mm512_dpbusd_epi32(d0, w6, piece16(xb + 24));
       d1 = _mm512_dpbusd_epi32(d1, w7, piece16(xb + 28));
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+      __m512i di = _mm512_add_epi32(d0, d1);
+      if constexpr (X16) {
+        const int8_t* xl = x.lo + size_t(m0 + i) * K + size_t(blk) * 32;
+        __m512i l0 = _mm512_dpbusd_epi32(z, w0, piece16(xl));
+        __m512i l1 = _mm512_dpbusd_epi32(z, w1, piece16(xl + 4));
+        l0 = _mm512_dpbusd_epi32(l0, w2, piece16(xl + 8));
+        l1 = _mm512_dpbusd_epi32(l1, w3, piece16(xl + 12));
+        l0 = _mm512_dpbusd_epi32(l0, w4, piece16(xl + 16));
+        l1 = _mm512_dpbusd_epi32(l1, w5, piece16(xl + 20));
+        l0 = _mm512_dpbusd_epi32(l0, w6, piece16(xl + 24));
+        l1 = _mm512_dpbusd_epi32(l1, w7, piece16(xl + 28));
+        di = _mm512_add_epi32(_mm512_slli_epi32(di, 7), _mm512_add_epi32(l0, l1));
+      }
+      const __m512 dot = _mm512_cvtepi32_ps(di);
       const __m512 s = _mm512_mul_ps(sv, _mm512_set1_ps(xd[size_t(i) * nb + blk]));
       acc[i] = _mm512_fmadd_ps(dot, s, acc[i]);
     }
@@ -98,7 +112,7 @@ void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, in
     _mm512_mask_storeu_ps(p.out + size_t(m0 + i) * p.N + n0, mask, _mm512_add_ps(acc[i], b[i]));
 }
 
-template <int BITS>
+template <int BITS, bool X16>
 void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
   const int nb = p.K / 32, ng = p.K / p.group_size;
   thread_local std::vector<__m256i> wa, wb;
@@ -122,11 +136,11 @@ void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
       const int nr = std::min(16, n1 - n);
       pack_panel16<BITS>(p, n, nr, ga, gb, pn);
       int m = s0;
-      for (; m + 16 <= s1; m += 16) panel_rows<16>(p, x, pn, m, n, nr);
-      if (s1 - m >= 8) { panel_rows<8>(p, x, pn, m, n, nr); m += 8; }
-      if (s1 - m >= 4) { panel_rows<4>(p, x, pn, m, n, nr); m += 4; }
-      if (s1 - m >= 2) { panel_rows<2>(p, x, pn, m, n, nr); m += 2; }
-      if (s1 - m >= 1) panel_rows<1>(p, x, pn, m, n, nr);
+      for (; m + 16 <= s1; m += 16) panel_rows<16, X16>(p, x, pn, m, n, nr);
+      if (s1 - m >= 8) { panel_rows<8, X16>(p, x, pn, m, n, nr); m += 8; }
+      if (s1 - m >= 4) { panel_rows<4, X16>(p, x, pn, m, n, nr); m += 4; }
+      if (s1 - m >= 2) { panel_rows<2, X16>(p, x, pn, m, n, nr); m += 2; }
+      if (s1 - m >= 1) panel_rows<1, X16>(p, x, pn, m, n, nr);
     }
   }
 }
@@ -135,9 +149,9 @@ void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
 
 void qmm_gemm(const QmmProblem& p, const XView& x, int n0, int n1) {
   switch (p.bits) {
-    case 4: gemm_run<4>(p, x, n0, n1); break;
-    case 5: gemm_run<5>(p, x, n0, n1); break;
-    default: gemm_run<8>(p, x, n0, n1); break;
+    case 4: x.lo ? gemm_run<4, true>(p, x, n0, n1) : gemm_run<4, false>(p, x, n0, n1); break;
+    case 5: x.lo ? gemm_run<5, true>(p, x, n0, n1) : gemm_run<5, false>(p, x, n0, n1); break;
+    default: x.lo ? gemm_run<8, true>(p, x, n0, n1) : gemm_run<8, false>(p, x, n0, n1); break;
   }
 }
 
