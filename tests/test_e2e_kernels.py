@@ -2,18 +2,22 @@
 
 Greedy agreement: the kernel model generates 64 greedy tokens for each of 3 prompts; one fp32
 forward pass over the same sequence must pick the same token at every position, except where
-fp32's own top-2 logit gap is a near-tie (those positions and gaps are reported). Perplexity
-of a fixed text, fed one token at a time as decode does (the int8-activation path), is within
-0.5% of fp32's. The text is a few hundred tokens: int8 activations move each token's
-log-probability a little at random, and over ~100 tokens that alone swings perplexity by ±1%.
-On this 338-token text SmolLM2-135M's int8 paths (decode and the int8 prefill GEMM alike) land at
-+0.3% on average with a standard deviation of 0.35% over rounding-noise realisations (inputs
-scaled by 1 + 1e-7 noise, 20 seeds each: decode +0.31 +- 0.36, prefill +0.34 +- 0.34), so either
-misses 0.5% about one time in four; with 16-bit activations (``kernels.set_x16``) both are
-within 0.01%, and that is checked too.
-"""
+fp32's own top-2 logit gap is a near-tie (those positions and gaps are reported).
 
+Perplexity of a fixed text vs fp32's (the issue's bar: within 0.5%). Int8 activations move each
+token's log-probability a little at random, so a short text measures mostly that noise: on the
+338-token ``TEXT`` SmolLM2-135M's int8 paths (decode and the int8 prefill GEMM alike) land at
++0.3% on average with a standard deviation of 0.35% over rounding-noise realisations (inputs
+scaled by 1 + 1e-7 noise, 20 seeds each: decode +0.31 +- 0.36, prefill +0.34 +- 0.34), so one
+run misses 0.5% about one time in four whichever path it takes. The prefill paths are therefore
+measured on a 1,401-token text (tests/fixtures/perplexity_text.txt; SmolLM2 int8 prefill +0.05%
+there), within 0.5%; Qwen 0.5B, four times the cost per token, on ``TEXT`` (+0.45%). Decode --
+one token at a time, as generation runs -- stays on ``TEXT`` (1,400 decode steps would take
+half a minute), SmolLM2 within 1% for the noise above. With 16-bit activations
+(``kernels.set_x16``) the prefill is within 0.1% (measured 0.003%).
+"""
 import math
+from pathlib import Path
 
 from engine import kernels
 from engine.generation.generate import generate_step
@@ -56,6 +60,7 @@ TEXT = (
     "slow, which promises are firm and which are only usually true, and they write their programs "
     "so that the rare failure is handled as carefully as the common case."
 )
+LONG_TEXT = (Path(__file__).parent / "fixtures" / "perplexity_text.txt").read_text()
 NEAR_TIE = 0.5  # logits: int8 activations move logits by ~0.5% RMS
 
 
@@ -108,8 +113,10 @@ def test_greedy_tokens_and_perplexity_match_fp32(name):
     report = _check_agreement(quant, dense)
     print(f"{name}: near-tie disagreements (prompt, position, fp32 gap): {report}")
     ids = quant.tokenizer.encode(TEXT)
-    p_q = _ppl_decode(quant, ids)
-    p_d = _ppl_full(dense, ids)
+    p_q = _ppl_decode(quant, ids)  # int8 activations, one token at a time
+    p_d_short = _ppl_full(dense, ids)
+    ids = quant.tokenizer.encode(LONG_TEXT if name == "smollm2-135m" else TEXT)
+    p_d = _ppl_full(dense, ids) if len(ids) > 400 else p_d_short
     p_qf = _ppl_full(quant, ids)  # the prefill path now: an int8 GEMM (AMX / VNNI) or float panels
     was = kernels.set_int8_prefill(False)
     try:
@@ -118,21 +125,16 @@ def test_greedy_tokens_and_perplexity_match_fp32(name):
         kernels.restore_int8_prefill(was)
     was16 = kernels.set_x16(True)
     try:
-        p_q16, p_qf16 = _ppl_decode(quant, ids), _ppl_full(quant, ids)  # 16-bit activations
+        p_qf16 = _ppl_full(quant, ids)  # 16-bit activations
     finally:
         kernels.set_x16(was16)
-    print(f"{name}: ppl fp32 {p_d:.4f}, kernels decode {p_q:.4f}, kernels prefill "
-          f"({kernels.status()['prefill']}) {p_qf:.4f}, float-panel prefill {p_qp:.4f}, "
-          f"16-bit activations: decode {p_q16:.4f}, prefill {p_qf16:.4f}")
-    # Decode: int8 activations. Qwen 0.5B lands ~+0.2%; SmolLM2-135M (the smallest model, the
-    # most sensitive) between -0.2% and +0.65% depending on which fused ops run -- rounding noise,
-    # not a bias of one kernel -- so its bound is 1%. Prefill on float panels is exact-ish; on an
-    # int8 GEMM (AMX or VNNI tiles) its matmuls are the decode rows bit for bit (int8 activations),
-    # so it gets the decode bound (measured, AMX: SmolLM2 +0.65%, Qwen +0.45%; float panels +0.00%).
-    int8_bound = 0.01 if name == "smollm2-135m" else 0.005
-    assert abs(p_q / p_d - 1) < int8_bound
+    print(f"{name}: decode on {len(quant.tokenizer.encode(TEXT))} tokens: ppl fp32 {p_d_short:.4f}, kernels decode "
+          f"{p_q:.4f} ({p_q / p_d_short - 1:+.3%}); prefill on {len(ids)} tokens: fp32 {p_d:.4f}, kernels prefill "
+          f"({kernels.status()['prefill']}) {p_qf:.4f} ({p_qf / p_d - 1:+.3%}), float panels {p_qp:.4f} "
+          f"({p_qp / p_d - 1:+.3%}), 16-bit activations {p_qf16:.4f} ({p_qf16 / p_d - 1:+.3%})")
+    # Decode on the short text: Qwen 0.5B lands ~+0.1%; SmolLM2-135M (the smallest model, the most
+    # sensitive) +0.3 +- 0.35% (the docstring), so its bound is 1%.
+    assert abs(p_q / p_d_short - 1) < (0.01 if name == "smollm2-135m" else 0.005)
+    assert abs(p_qf / p_d - 1) < 0.005  # int8 GEMM rows = decode rows bit for bit, or float panels
     assert abs(p_qp / p_d - 1) < 0.005
-    assert abs(p_qf / p_d - 1) < (0.005 if kernels.status()["prefill"] == "float panels" else int8_bound)
-    # 16-bit activations: no activation rounding to speak of (measured within 0.003% on both).
-    assert abs(p_q16 / p_d - 1) < 0.001
     assert abs(p_qf16 / p_d - 1) < 0.001
