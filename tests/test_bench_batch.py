@@ -27,7 +27,7 @@ def test_both_arms_serve_the_same_requests(tmp_path, tiny_llama_dir):
     assert [r["lanes"] for r in runs] == [["serial"], ["batched"], ["serial"]]
     assert runs[0]["replies"] == runs[1]["replies"] == runs[2]["replies"]
     assert all(r["tokens"] > 3 for r in runs)
-    # every arm restores the template prefix and nothing of an earlier arm's prompts (a serial
-    # request may also restore a nonce's first token or two shared with an earlier request)
-    assert fed[0] == fed[2] and abs(fed[0] - fed[1]) <= 2 * len(prompts), fed
+    # every arm restores the template prefix and nothing more (of an earlier arm's prompts, or
+    # in the serial arm, of an earlier request's nonce)
+    assert fed[0] == fed[1] == fed[2], fed
     assert min(fed) > sum(len(p) for p in prompts) - 3 * 40, (fed, [len(p) for p in prompts])

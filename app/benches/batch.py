@@ -74,8 +74,15 @@ def add_arguments(p) -> None:
     )
 
 
-def _prompt(engine, n_tokens: int) -> list[int]:
-    text = f"[{uuid.uuid4().hex[:12]}] Continue this text.\n"
+# Each prompt's nonce starts with its own letter (the warm-up turn's with "Z"), so no two
+# prompts share a token past the chat template's prefix: a serial request then cannot restore
+# a token more from an earlier one's checkpoint than the batched arm does (its prompt chunks,
+# and so its last bits and maybe a near-tie token, would differ between the arms).
+TAGS = "ABCDEFGHIJKLMNOPQRSTUVWXY"
+
+
+def _prompt(engine, n_tokens: int, tag: str = "") -> list[int]:
+    text = f"[{tag}{uuid.uuid4().hex[:12]}] Continue this text.\n"
     while len(engine.tokenizer.encode(text)) < n_tokens:
         text += PASSAGE
     ids = engine.chat_prompt([{"role": "user", "content": text}])
@@ -110,7 +117,10 @@ class _Timed:
 
 
 def _prompts(engine, n: int) -> list[list[int]]:
-    return [_prompt(engine, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)]) for i in range(n)]
+    return [
+        _prompt(engine, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)], TAGS[i % len(TAGS)])
+        for i in range(n)
+    ]
 
 
 def _fresh_checkpoints(engine) -> None:
@@ -124,7 +134,7 @@ def _fresh_checkpoints(engine) -> None:
 
     engine.call(clear).result(60)
     params = engine.sampling(temperature=0.0, max_tokens=1)
-    engine.submit(GenerationRequest(_prompt(engine, 16), params)).result(60)
+    engine.submit(GenerationRequest(_prompt(engine, 16, "Z"), params)).result(60)
 
 
 def _run_arm(
