@@ -30,4 +30,6 @@ def test_both_arms_serve_the_same_requests(tmp_path, tiny_llama_dir):
     # every arm restores the template prefix and nothing more (of an earlier arm's prompts, or
     # in the serial arm, of an earlier request's nonce)
     assert fed[0] == fed[1] == fed[2], fed
+    assert runs[0]["cached"] == runs[1]["cached"] == runs[2]["cached"], [r["cached"] for r in runs]
+    assert min(runs[0]["cached"]) > 0
     assert min(fed) > sum(len(p) for p in prompts) - 3 * 40, (fed, [len(p) for p in prompts])

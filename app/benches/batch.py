@@ -124,8 +124,10 @@ def _prompts(engine, n: int) -> list[list[int]]:
 
 
 def _fresh_checkpoints(engine) -> None:
-    """Empty the checkpoint store, then checkpoint one short chat turn (its template prefix is
-    every prompt's): each arm starts from this same store."""
+    """Empty the checkpoint store, then checkpoint one chat turn built as the arms' prompts are
+    (so it shares with each of them exactly what they share with each other: the template up
+    to the nonce): each arm starts from this same store, and every request of either arm
+    restores the same prefix."""
     from engine.runtime import GenerationRequest
 
     def clear(runner) -> None:
@@ -134,7 +136,7 @@ def _fresh_checkpoints(engine) -> None:
 
     engine.call(clear).result(60)
     params = engine.sampling(temperature=0.0, max_tokens=1)
-    engine.submit(GenerationRequest(_prompt(engine, 16, "Z"), params)).result(60)
+    engine.submit(GenerationRequest(_prompt(engine, min(PROMPT_LENGTHS), "Z"), params)).result(60)
 
 
 def _run_arm(
@@ -190,6 +192,7 @@ def _run_arm(
         "rows_per_step": d["batched_rows"] / d["batched_steps"] if d["batched_steps"] else 1.0,
         "held_ticks": d["held_ticks"],
         "replies": [list(t.done.completion_token_ids) for t in timed],
+        "cached": [t.done.usage.cached_tokens for t in timed],
     }
 
 
