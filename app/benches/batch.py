@@ -5,7 +5,11 @@ For each model and each N in --sessions, N requests with different prompt length
 batched, serial per round (medians over runs):
   serial   submit one, wait for its Done, submit the next (the old one-at-a-time engine)
   batched  submit all N at once; they decode together (engine.serving.scheduler)
-Every prompt carries a fresh nonce so no arm reuses another's checkpoint. Reported per arm:
+Both arms of a round serve the same requests: the same prompts (each with its own nonce), and
+before each arm the checkpoint store is emptied and given one checkpoint of the chat
+template's prefix, so every arm restores the same prefix and no arm reuses another's replies;
+greedy rows decode their solo tokens, so ``replies_match`` checks that every arm of a round
+returned the same token ids (the same work was timed). Reported per arm:
 aggregate tok/s = completion tokens of all N / wall time from first submit to last Done
 (prefill included); CPU ms per token (this process's CPU time over the arm / its tokens: less
 sensitive than wall time to other processes on a shared machine); aggregate decode tok/s =
@@ -47,6 +51,7 @@ METRICS = {
     "decode_ms_per_token": "engine_decode_s / completion tokens",
     "rows_per_step": "rows fed per batched step (decoding rows plus rows riding their last step)",
     "speedup": "batched tok_s / serial tok_s",
+    "replies_match": "every arm of every round returned the same token ids for the same prompts",
     "tok_s_without_prefill": "completion tokens / (wall - engine_prefill_s)",
     "speedup_without_prefill": "batched / serial tok_s_without_prefill: the arms with their prompt forwards "
     "(the same work in both) taken out",
@@ -69,8 +74,15 @@ def add_arguments(p) -> None:
     )
 
 
-def _prompt(engine, n_tokens: int) -> list[int]:
-    text = f"[{uuid.uuid4().hex[:12]}] Continue this text.\n"
+# Each prompt's nonce starts with its own letter (the warm-up turn's with "Z"), so no two
+# prompts share a token past the chat template's prefix: a serial request then cannot restore
+# a token more from an earlier one's checkpoint than the batched arm does (its prompt chunks,
+# and so its last bits and maybe a near-tie token, would differ between the arms).
+TAGS = "ABCDEFGHIJKLMNOPQRSTUVWXY"
+
+
+def _prompt(engine, n_tokens: int, tag: str = "") -> list[int]:
+    text = f"[{tag}{uuid.uuid4().hex[:12]}] Continue this text.\n"
     while len(engine.tokenizer.encode(text)) < n_tokens:
         text += PASSAGE
     ids = engine.chat_prompt([{"role": "user", "content": text}])
@@ -104,10 +116,35 @@ class _Timed:
         return (self.t_done - self.t_first) * 1000 / max(n - 1, 1)
 
 
-def _run_arm(engine, arm: str, n: int, max_tokens: int) -> dict:
+def _prompts(engine, n: int) -> list[list[int]]:
+    return [
+        _prompt(engine, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)], TAGS[i % len(TAGS)])
+        for i in range(n)
+    ]
+
+
+def _fresh_checkpoints(engine) -> None:
+    """Empty the checkpoint store, then checkpoint one chat turn built as the arms' prompts are
+    (so it shares with each of them exactly what they share with each other: the template up
+    to the nonce): each arm starts from this same store, and every request of either arm
+    restores the same prefix."""
     from engine.runtime import GenerationRequest
 
-    prompts = [_prompt(engine, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)]) for i in range(n)]
+    def clear(runner) -> None:
+        if runner.cache.store is not None:
+            runner.cache.store.clear()
+
+    engine.call(clear).result(60)
+    params = engine.sampling(temperature=0.0, max_tokens=1)
+    engine.submit(GenerationRequest(_prompt(engine, min(PROMPT_LENGTHS), "Z"), params)).result(60)
+
+
+def _run_arm(
+    engine, arm: str, n: int, max_tokens: int, prompts: list[list[int]] | None = None
+) -> dict:
+    from engine.runtime import GenerationRequest
+
+    prompts = prompts or _prompts(engine, n)
     params = engine.sampling(temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.0)
     timed: list[_Timed | None] = [None] * n
     s0 = engine.scheduler_stats()
@@ -154,6 +191,8 @@ def _run_arm(engine, arm: str, n: int, max_tokens: int) -> dict:
         "decode_steps": d["serial_steps"] + d["batched_steps"],
         "rows_per_step": d["batched_rows"] / d["batched_steps"] if d["batched_steps"] else 1.0,
         "held_ticks": d["held_ticks"],
+        "replies": [list(t.done.completion_token_ids) for t in timed],
+        "cached": [t.done.usage.cached_tokens for t in timed],
     }
 
 
@@ -245,10 +284,16 @@ def run(args) -> dict:
             _run_arm(engine, "batched", 2, 8)  # warm-up: compile the solo step, touch weights
             for n in sessions:
                 arms: dict[str, list[dict]] = {"serial": [], "batched": []}
+                match = True
                 for _ in range(args.rounds):
+                    prompts = _prompts(engine, n)  # the same requests in every arm of the round
+                    replies = []
                     for arm in ("serial", "batched", "batched", "serial"):
-                        arms[arm].append(_run_arm(engine, arm, n, args.max_tokens))
-                row = {"sessions": n}
+                        _fresh_checkpoints(engine)
+                        arms[arm].append(_run_arm(engine, arm, n, args.max_tokens, prompts))
+                        replies.append(arms[arm][-1]["replies"])
+                    match = match and all(r == replies[0] for r in replies)
+                row = {"sessions": n, "replies_match": match}
                 for arm, runs in arms.items():
                     row[arm] = {
                         "tok_s": round(statistics.median(r["tok_s"] for r in runs), 1),

@@ -1,0 +1,35 @@
+"""``mlxterm bench batch`` serves the same requests in both arms: the same prompts, each arm
+from the same checkpoint store (emptied, then the template prefix), so the arms prefill the
+same tokens and return the same replies -- the serial arm is neither helped by the batched
+arm's checkpoints nor the other way round."""
+
+from __future__ import annotations
+
+from engine.runtime import Engine
+
+from app.benches import batch as bench
+
+
+def test_both_arms_serve_the_same_requests(tmp_path, tiny_llama_dir):
+    from tests.tiny_models import write_profile
+
+    profile = write_profile(
+        tmp_path / "bench.yaml", tiny_llama_dir, cache={"ssd_dir": str(tmp_path / "ckpt")}
+    )
+    with Engine.load(str(profile)) as eng:
+        prompts = bench._prompts(eng, 3)
+        runs, fed = [], []
+        for arm in ("serial", "batched", "serial"):
+            bench._fresh_checkpoints(eng)
+            before = eng.scheduler_stats()["prefill_tokens"]
+            runs.append(bench._run_arm(eng, arm, 3, 6, prompts))
+            fed.append(eng.scheduler_stats()["prefill_tokens"] - before)
+    assert [r["lanes"] for r in runs] == [["serial"], ["batched"], ["serial"]]
+    assert runs[0]["replies"] == runs[1]["replies"] == runs[2]["replies"]
+    assert all(r["tokens"] > 3 for r in runs)
+    # every arm restores the template prefix and nothing more (of an earlier arm's prompts, or
+    # in the serial arm, of an earlier request's nonce)
+    assert fed[0] == fed[1] == fed[2], fed
+    assert runs[0]["cached"] == runs[1]["cached"] == runs[2]["cached"], [r["cached"] for r in runs]
+    assert min(runs[0]["cached"]) > 0
+    assert min(fed) > sum(len(p) for p in prompts) - 3 * 40, (fed, [len(p) for p in prompts])
