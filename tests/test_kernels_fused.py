@@ -225,6 +225,26 @@ def test_quantized_swiglu_matches_its_parts(bits, M, exact):
 
 
 @needs_ext
+@pytest.mark.skipif(kernels.prefill_path(20) not in ("amx", "vnni512"),
+                    reason="CPU feature missing: no int8 many-row path here (AMX or AVX512-VNNI), so "
+                           "a prefill pass rounds activations differently from a decode row")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_swiglu_row_is_the_same_in_any_pass(bits):
+    """A row's SwiGLU output has the same bits alone (decode), among 5 rows (a verify step) and
+    among 20 (a prefill chunk on the int8 GEMM): the matmul rows are equal by construction, and
+    the activation is the same 8-lane silu on both paths (it was std::exp per element on the
+    per-row path), so a reply does not depend on how its prompt was cut into chunks. N = 202
+    leaves a ragged tail in every column chunk."""
+    g, u = _qlinear(202, 256, bits, 1), _qlinear(202, 256, bits, 2)
+    x = mx.random.normal((20, 256), key=mx.random.key(7)) * 3
+    whole = kernels.quantized_swiglu(x, g, u)
+    five = kernels.quantized_swiglu(x[5:10], g, u)
+    assert mx.array_equal(whole[5:10], five).item()
+    for m in (0, 7, 19):
+        assert mx.array_equal(whole[m : m + 1], kernels.quantized_swiglu(x[m : m + 1], g, u)).item()
+
+
+@needs_ext
 def test_quantized_swiglu_threads_compile_and_bad_shapes():
     g, u = _qlinear(300, 128, 4, 3), _qlinear(300, 128, 4, 4)
     x = mx.random.normal((1, 1, 128), key=mx.random.key(5))

@@ -169,7 +169,31 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
 void Rope::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
 
 namespace {
-inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+// silu(x) * u on 8 lanes: e = exp(-|x|) (vmath.h's exp_neg), sigmoid(x) = 1 / (1 + e) for
+// x >= 0, e / (1 + e) below.
+inline __m256 silu_mul8(__m256 x, __m256 u) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  const __m256 e = exp_neg(_mm256_or_ps(x, sign));  // exp(-|x|)
+  const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
+  const __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(e, inv), x);  // x < 0: e / (1 + e)
+  return _mm256_mul_ps(_mm256_mul_ps(x, sig), u);
+}
+
+// out[i] = silu(g[i]) * u[i] for i in [0, n). Every element goes through silu_mul8 (a tail
+// through a padded copy), so its value does not depend on where it sits in a pass: a row's MLP
+// output is the same in a 1-row decode step, a 15-row verify and a 512-row prefill chunk (the
+// per-row path ran std::exp, the many-row path exp_neg, and the row's bits followed the pass).
+inline void silu_mul(const float* g, const float* u, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  if (i < n) {
+    alignas(32) float tg[8] = {}, tu[8] = {}, to[8];
+    for (size_t j = i; j < n; ++j) tg[j - i] = g[j], tu[j - i] = u[j];
+    _mm256_store_ps(to, silu_mul8(_mm256_load_ps(tg), _mm256_load_ps(tu)));
+    for (size_t j = i; j < n; ++j) out[j] = to[j - i];
+  }
+}
 }  // namespace
 
 void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
@@ -180,23 +204,13 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   if (M >= qmm_dense_min_rows()) {  // prefill-sized: the many-row path (qmm_run), then the activation
     qmm_run(pg, exact);
     qmm_run(pu, exact);
-    // silu(g) * u on the pool, 8 lanes: e = exp(-|g|) (vmath.h's exp_neg), sigmoid(g) =
-    // 1 / (1 + e) for g >= 0, e / (1 + e) below; the scalar loop ran one exp per element on one
-    // thread (~5% of the CPU of a 512-token prefill chunk of SmolLM2, all of it serial).
+    // silu(g) * u on the pool (a scalar loop ran one exp per element on one thread: ~5% of the
+    // CPU of a 512-token prefill chunk of SmolLM2, all of it serial).
     const size_t total = g.size(), per = 1 << 14;
     const int n_chunks = int((total + per - 1) / per);
     Pool::get().run(n_chunks, [&](int c) {
       const size_t i0 = size_t(c) * per, i1 = std::min(total, i0 + per);
-      size_t i = i0;
-      const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-      for (; i + 8 <= i1; i += 8) {
-        const __m256 x = _mm256_loadu_ps(g.data() + i);
-        const __m256 e = exp_neg(_mm256_or_ps(x, sign));  // exp(-|x|)
-        const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
-        const __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(e, inv), x);  // x < 0: e / (1 + e)
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u.data() + i)));
-      }
-      for (; i < i1; ++i) out[i] = silu(g[i]) * u[i];
+      silu_mul(g.data() + i0, u.data() + i0, out + i0, i1 - i0);
     });
     return;
   }
@@ -221,11 +235,10 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
     const int n0 = c * chunk, n1 = std::min(N, n0 + chunk);
     k(pg, xv, n0, n1);
     k(pu, xv, n0, n1);
-    for (int m = 0; m < M; ++m)
-      for (int n = n0; n < n1; ++n) {
-        const size_t i = size_t(m) * N + n;
-        out[i] = silu(g[i]) * u[i];
-      }
+    for (int m = 0; m < M; ++m) {
+      const size_t i = size_t(m) * N + n0;
+      silu_mul(g.data() + i, u.data() + i, out + i, size_t(n1 - n0));
+    }
   });
 }
 
