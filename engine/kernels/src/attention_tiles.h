@@ -27,7 +27,7 @@ constexpr int kAttnRowTile = 6;  // query rows per register tile (every ISA: sam
 // Streamed op (2 threads, wall, 30 layers x 8000 keys, SmolLM2 shapes, A/B alternating in one
 // process, 4-12 rounds per run, load 2-4): q8 0.93 / 1.01 / 0.73 / 0.97 of the old time in
 // four runs, fp16 0.86 / 0.95 / 0.87 / 0.98. 256 rows ahead was no better than 128; a ramp to
-// 512-1024 rows (16-32 rows per tile) was 25-30% worse (bursts crowd the miss queue).
+// 512-1024 rows (16-32 rows per tile) was 16-31% worse (bursts crowd the miss queue).
 constexpr int kPrefetchRows = 128;
 constexpr int kPrefetchBurst = 8;  // rows per 4-key tile, a multiple of 4
 
