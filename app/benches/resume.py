@@ -17,7 +17,10 @@ picks q8, else 64), ``softmax``
 ``today`` (the original engine path: fp32 weights + OpenBLAS + MLX's attention, no kernels).
 ``--arms`` picks a subset (default ``engine,today``: the issue's ratio, measured in one run).
 It first times the attention op alone at N keys (a prefill chunk and a decode step, the
-model's head shapes) for each implementation, so the attention share is visible.
+model's head shapes) for each implementation, so the attention share is visible, and the fused
+decode call per layer "hot" (one layer's K/V, cache-resident) vs "streamed" (every layer's K/V
+in turn, as a real decode step reads them from memory): their gap is the memory stream the
+kernel does not hide behind its arithmetic.
 """
 
 from __future__ import annotations
@@ -79,7 +82,46 @@ def _attention_op(model, n_keys: int, kv_dtype) -> dict:
             out[case] = {impl: round(statistics.median(t), 2) for impl, t in times.items()}
     finally:
         attention.impl, attention._active.on = prev, False
+    out["decode_layers"] = _decode_layers(model, n_keys, kv_dtype, cap, D)
     return out
+
+
+def _decode_layers(model, n_keys: int, kv_dtype, cap: int, D: int, rounds: int = 5) -> dict:
+    """Median ms per fused decode attention call at ``n_keys`` keys: ``hot`` calls one layer's
+    K/V over and over (it stays in cache), ``streamed`` cycles through one K/V buffer per layer
+    of the model (a decode step's memory traffic: at 8k keys that is far more than L3).
+    Rounds alternate hot / streamed / streamed / hot ..."""
+    import time
+
+    from engine.generation.kv_cache import _stored
+    from engine.kernels import attention
+
+    import mlx.core as mx
+
+    args = model.args
+    H, Hk = args.num_attention_heads, args.num_key_value_heads
+    layers = args.num_hidden_layers
+    kv = [_stored(kv_dtype, mx.random.normal((1, Hk, cap, D)), mx.random.normal((1, Hk, cap, D)))
+          for _ in range(layers)]
+    q, mask = mx.random.normal((1, H, 1, D)), mx.arange(cap) <= n_keys - 1
+    mx.eval(q, mask, *[a for pair in kv for a in pair])
+    calls = 3 * layers
+    times: dict[str, list[float]] = {"hot": [], "streamed": []}
+    prev, attention._active.on, attention.impl = attention.impl, True, "flash"
+    try:
+        f = attention.scaled_dot_product_attention
+        mx.eval(f(q, *kv[0], None, D**-0.5, mask))  # warm
+        for r in range(rounds):
+            for mode in ("hot", "streamed") if r % 2 == 0 else ("streamed", "hot"):
+                t0 = time.perf_counter()
+                for i in range(calls):
+                    mx.eval(f(q, *kv[0 if mode == "hot" else i % layers], None, D**-0.5, mask))
+                times[mode].append((time.perf_counter() - t0) / calls * 1e3)
+    finally:
+        attention.impl, attention._active.on = prev, False
+    res = {mode: round(statistics.median(t), 3) for mode, t in times.items()}
+    res["layers"] = layers
+    return res
 
 
 def _long_context(args) -> dict:
@@ -174,6 +216,11 @@ def _long_context(args) -> dict:
                 speedups[name] = round(out["today"]["cold_prefill_s"] / out[name]["cold_prefill_s"], 2)
                 table.append(f"cold prefill speed-up today / {name}: {speedups[name]}x")
     table.append(f"attention op ms at {len(long_ids)} keys: {op}")
+    for fmt, o in op.items():
+        dl = o["decode_layers"]
+        table.append(f"fused decode attention at {len(long_ids)} keys, {fmt}: {dl['hot']} ms per layer call hot, "
+                     f"{dl['streamed']} streamed; x {dl['layers']} layers = {dl['streamed'] * dl['layers']:.1f} ms "
+                     f"per token")
     return {"bench": "resume-long", "profile": profile.name, "context_tokens": len(long_ids),
             "engine_kv_format": engine_kv, "kernel_isa": kernels.status().get("isa"),
             "hugepages": hugepages.status(), "arms": out, "prefill_speedup": speedups, "attention_op_ms": op,

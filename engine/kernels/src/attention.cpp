@@ -450,6 +450,7 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     sc.vf.resize(size_t(kBlock) * Dv);
   }
   if (tiled) sc.kt.resize(size_t(kBlock) * D);
+  int pf_next = klo;  // the decode prefetch cursor (attention_tiles.h)
   for (int kb = klo; kb < khi; kb += kBlock) {
     const int n = std::min(kBlock, khi - kb);
     if (tiled) {
@@ -479,7 +480,7 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     if (p.q8) {
       const uint8_t* kblk = k8 + size_t(kb) * p.kst;
       const uint8_t* vblk = v8 + size_t(kb) * p.vst;
-      const Prefetch pf{reinterpret_cast<const char*>(kblk), p.kst, reinterpret_cast<const char*>(vblk), p.vst};
+      const Prefetch pf{reinterpret_cast<const char*>(kblk), p.kst, reinterpret_cast<const char*>(vblk), p.vst, kb, khi, &pf_next};
       if (use_avx512()) avx512::q8_scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data(), pf);
       else q8::scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data(), pf);
       if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;
@@ -490,7 +491,7 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     const size_t es = p.half ? 2 : 4;  // bytes per K/V element
     const char* kbase = p.half ? reinterpret_cast<const char*>(k16) : reinterpret_cast<const char*>(kf32);
     const char* vbase = p.half ? reinterpret_cast<const char*>(v16) : reinterpret_cast<const char*>(vf32);
-    const Prefetch pf{kbase + size_t(kb) * D * es, D * es, vbase + size_t(kb) * Dv * es, Dv * es};
+    const Prefetch pf{kbase + size_t(kb) * D * es, D * es, vbase + size_t(kb) * Dv * es, Dv * es, kb, khi, &pf_next};
     if (p.half) scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data(), pf);
     else scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data(), pf);
     if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;

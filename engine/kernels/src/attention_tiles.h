@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -17,30 +18,44 @@ constexpr int kAttnRowTile = 6;  // query rows per register tile (every ISA: sam
 // layer's K/V from memory (fp16: 184 MB per SmolLM2 token) and, without it, the cores waited
 // for those lines instead of computing meanwhile: 30 layers' attention took the hot-cache
 // compute time *plus* the streaming time. While a K block's scores run, each 4-key tile asks
-// for the K and V rows kPrefetchRows ahead into L2 (A/B, 30 layers x 8000 fp16 keys, CPU ms:
-// 26.3 without, 26.4-27.7 for K ahead + this block's V into L1, 24.1-24.6 this way). Prefetches
-// never change a result. 1024 rows ahead since round 7 (2-core Zen 4, ~18 GB/s read on one
-// core, ~33 on two): the streamed fp16 op, 2 threads, 30 layers x 8000 keys, median of 6 runs each
-// alternating, 0.359 ms at 256 rows -> 0.309 at 1024 (-14%); q8 0.304 -> 0.300 (same); the
-// hint T1 beat T0 and NTA there.
-constexpr int kPrefetchRows = 1024;
+// for K and V rows up to kPrefetchRows ahead into L2. Prefetches never change a result.
+// Round 8: the prefetch follows a cursor over the split's own keys -- from its first key, at
+// most kPrefetchBurst rows per 4-key tile (so it gets ahead within the first ~40 keys), never
+// past the split's last key. Before, it asked for row c + 1024 unclamped: a decode split is
+// ~1400 keys (18 splits at 8000 keys), so its first 1024 keys were never prefetched and most
+// requests fell in the next split, which the other thread was reading at that moment.
+// Streamed op (2 threads, wall, 30 layers x 8000 keys, SmolLM2 shapes, A/B alternating in one
+// process, 4-12 rounds per run, load 2-4): q8 0.93 / 1.01 / 0.73 / 0.97 of the old time in
+// four runs, fp16 0.86 / 0.95 / 0.87 / 0.98. 256 rows ahead was no better than 128; a ramp to
+// 512-1024 rows (16-32 rows per tile) was 16-31% worse (bursts crowd the miss queue).
+constexpr int kPrefetchRows = 128;
+constexpr int kPrefetchBurst = 8;  // rows per 4-key tile, a multiple of 4
 
 struct Prefetch {
   const char* k = nullptr;  // this block's first K row (null: no prefetch)
   size_t kst = 0;           // bytes per K row
   const char* v = nullptr;  // this block's first V row
   size_t vst = 0;           // bytes per V row
+  int row0 = 0;             // this block's first key (the split's coordinates)
+  int end = 0;              // the split's end: nothing at or past it is asked for
+  int* next = nullptr;      // first key not yet asked for (shared by the split's blocks)
 };
 
 inline void prefetch_bytes(const char* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
 }
 
-// The lines of K and V rows [c + kPrefetchRows, ... + 4), into L2.
+// Called at the block's key c (a multiple of 4): the lines of K and V rows [*next, ...) up to
+// kPrefetchRows past c and the split's end, at most kPrefetchBurst rows, into L2.
 inline void prefetch_tile(const Prefetch& pf, int c) {
   if (!pf.k) return;
-  prefetch_bytes(pf.k + size_t(c + kPrefetchRows) * pf.kst, 4 * pf.kst);
-  prefetch_bytes(pf.v + size_t(c + kPrefetchRows) * pf.vst, 4 * pf.vst);
+  const int want = std::min(pf.end, pf.row0 + c + kPrefetchRows);
+  int nx = *pf.next;
+  for (int b = 0; b < kPrefetchBurst && nx < want; b += 4, nx += 4) {
+    prefetch_bytes(pf.k + ptrdiff_t(nx - pf.row0) * ptrdiff_t(pf.kst), 4 * pf.kst);
+    prefetch_bytes(pf.v + ptrdiff_t(nx - pf.row0) * ptrdiff_t(pf.vst), 4 * pf.vst);
+  }
+  *pf.next = nx;
 }
 
 namespace avx512 {
