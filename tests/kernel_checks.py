@@ -65,3 +65,27 @@ def assert_same_under_isa(
     assert sorted(other.files) == sorted(here)
     for key, y in here.items():
         np.testing.assert_array_equal(y, other[key], err_msg=key)
+
+
+def int_activation_reference(x: np.ndarray, wq, s, b, gs: int, bits: int, qmax: int = 127) -> np.ndarray:
+    """float64 out[m, n] of the kernels' integer-activation scheme: each 32-block of x rounded to
+    integers in [-qmax, qmax] (prepare_x's float32 rounding emulated; qmax 127: int8, 16256: the
+    16-bit activations), exact block dot products with the weights' integers, then the scales
+    and the affine biases on the sums of the *rounded* activations."""
+    x = x.astype(np.float32)
+    M, K = x.shape
+    N = wq.shape[0]
+    blocks = x.reshape(M, K // 32, 32)
+    amax = np.abs(blocks).max(axis=2)
+    d = (amax / np.float32(qmax)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(qmax) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint((blocks * inv[:, :, None]).astype(np.float32)).astype(np.int64)  # round to even
+    assert np.abs(q).max() <= qmax
+    ints = np.array(mx.dequantize(wq, mx.ones_like(s), mx.zeros_like(b), group_size=gs, bits=bits))
+    ints = ints.astype(np.int64).reshape(N, K // 32, 32)
+    dots = np.einsum("mbk,nbk->mnb", q, ints).astype(np.float64)  # exact block dot products
+    scale = np.repeat(np.array(s, dtype=np.float64), gs // 32, axis=1)  # (N, blocks)
+    out = np.einsum("mnb,nb,mb->mn", dots, scale, d.astype(np.float64))
+    gsum = (d.astype(np.float64) * q.sum(axis=2)).reshape(M, K // gs, gs // 32).sum(axis=2)
+    return out + gsum @ np.array(b, dtype=np.float64).T

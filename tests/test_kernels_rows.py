@@ -16,6 +16,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from tests.kernel_checks import int_activation_reference
+
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
 N, K = 77, 384  # N not a multiple of the 8-row weight groups: a partial group in every chunk
@@ -25,26 +27,6 @@ def _weights(bits: int, gs: int, seed: int, k: int = K):
     rng = np.random.default_rng(seed)
     w = mx.array(rng.standard_normal((N, k)).astype(np.float32))
     return mx.quantize(w, group_size=gs, bits=bits)
-
-
-def _int8_reference(x: np.ndarray, wq, s, b, gs: int, bits: int) -> np.ndarray:
-    """float64 out[m, n] of the kernel's int8 scheme (prepare_x's rounding emulated in float32)."""
-    x = x.astype(np.float32)
-    M, K = x.shape
-    blocks = x.reshape(M, K // 32, 32)
-    amax = np.abs(blocks).max(axis=2)
-    d = (amax / np.float32(127.0)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
-    q = np.rint((blocks * inv[:, :, None]).astype(np.float32)).astype(np.int64)  # round to even
-    ints = np.array(mx.dequantize(wq, mx.ones_like(s), mx.zeros_like(b), group_size=gs, bits=bits))
-    ints = ints.astype(np.int64).reshape(N, K // 32, 32)
-    dots = np.einsum("mbk,nbk->mnb", q, ints).astype(np.float64)  # exact block dot products
-    scale = np.repeat(np.array(s, dtype=np.float64), gs // 32, axis=1)  # (N, blocks)
-    out = np.einsum("mnb,nb,mb->mn", dots, scale, d.astype(np.float64))
-    bsum = d.astype(np.float64) * q.sum(axis=2)  # (M, blocks): sums of the quantized activations
-    gsum = bsum.reshape(M, K // gs, gs // 32).sum(axis=2)
-    return out + gsum @ np.array(b, dtype=np.float64).T
 
 
 @pytest.mark.parametrize("bits", [4, 5, 8])
@@ -57,7 +39,7 @@ def test_every_row_count_up_to_16_gives_each_row_its_solo_bits(bits, gs):
     xs[5, :64] = 0.0  # all-zero activation blocks
     x = mx.array(xs)
     solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, gs, bits)[0] for i in range(16)]
-    ref = _int8_reference(xs, wq, s, b, gs, bits)
+    ref = int_activation_reference(xs, wq, s, b, gs, bits)
     for i in range(16):
         err = np.abs(np.array(solo[i], dtype=np.float64) - ref[i]).max() / np.abs(ref[i]).max()
         assert err < 2e-6, (i, err)
@@ -80,7 +62,7 @@ def test_an_odd_number_of_blocks_per_row(bits):
     xs = np.random.default_rng(bits).standard_normal((6, k)).astype(np.float32)
     x = mx.array(xs)
     y = kernels.quantized_matmul(x, wq, s, b, 32, bits)
-    ref = _int8_reference(xs, wq, s, b, 32, bits)
+    ref = int_activation_reference(xs, wq, s, b, 32, bits)
     assert np.abs(np.array(y, dtype=np.float64) - ref).max() / np.abs(ref).max() < 2e-6
     for i in range(6):
         assert mx.array_equal(kernels.quantized_matmul(x[i : i + 1], wq, s, b, 32, bits)[0], y[i])

@@ -16,7 +16,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.kernel_checks import assert_same_under_isa, on_one_and_two_threads
+from tests.kernel_checks import (
+    assert_same_under_isa,
+    int_activation_reference,
+    on_one_and_two_threads,
+)
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
@@ -52,32 +56,13 @@ def _x(m: int, seed: int, k: int = K) -> np.ndarray:
     return xs
 
 
-def _x16_reference(x: np.ndarray, wq, s, b, gs: int, bits: int) -> np.ndarray:
-    """float64 out[m, n] of the 16-bit scheme (prepare_rows' rounding emulated in float32)."""
-    M, k = x.shape
-    blocks = x.reshape(M, k // 32, 32)
-    amax = np.abs(blocks).max(axis=2)
-    d = (amax / np.float32(16256.0)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(16256.0) / amax, np.float32(0.0)).astype(np.float32)
-    q = np.rint((blocks * inv[:, :, None]).astype(np.float32)).astype(np.int64)
-    assert np.abs(q).max() <= 16256
-    ints = np.array(mx.dequantize(wq, mx.ones_like(s), mx.zeros_like(b), group_size=gs, bits=bits))
-    ints = ints.astype(np.int64).reshape(N, k // 32, 32)
-    dots = np.einsum("mbk,nbk->mnb", q, ints).astype(np.float64)
-    scale = np.repeat(np.array(s, dtype=np.float64), gs // 32, axis=1)
-    out = np.einsum("mnb,nb,mb->mn", dots, scale, d.astype(np.float64))
-    gsum = (d.astype(np.float64) * q.sum(axis=2)).reshape(M, k // gs, gs // 32).sum(axis=2)
-    return out + gsum @ np.array(b, dtype=np.float64).T
-
-
 @pytest.mark.parametrize("bits", [4, 5, 8])
 @pytest.mark.parametrize("gs", [32, 64, 128])
 def test_rows_match_the_reference_and_their_solo_bits(bits, gs):
     wq, s, b = _weights(bits, gs, seed=bits * 100 + gs)
     xs = _x(16, gs + bits)
     x = mx.array(xs)
-    ref = _x16_reference(xs, wq, s, b, gs, bits)
+    ref = int_activation_reference(xs, wq, s, b, gs, bits, qmax=16256)
     with x16():
         solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, gs, bits)[0] for i in range(16)]
         mx.eval(solo)
@@ -97,7 +82,7 @@ def test_an_odd_number_of_blocks_per_row(bits):
     wq, s, b = _weights(bits, 32, seed=13, k=k)
     xs = _x(6, bits, k=k)
     x = mx.array(xs)
-    ref = _x16_reference(xs, wq, s, b, 32, bits)
+    ref = int_activation_reference(xs, wq, s, b, 32, bits, qmax=16256)
     with x16():
         y = kernels.quantized_matmul(x, wq, s, b, 32, bits)
         assert np.abs(np.array(y, dtype=np.float64) - ref).max() / np.abs(ref).max() < 2e-6

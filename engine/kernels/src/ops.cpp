@@ -87,12 +87,9 @@ mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st) 
 
 namespace {
 
-// One 32-block of 16-bit activations: q16 = round(x / d), d = amax / 16256, split as
-// q16 = 128 * hi + lo (hi in [-127, 127], lo in [-64, 63]: int8 for the int8 kernels, and never
-// -128, which AVX2's sign trick could not negate). Returns d * sum(q16) (the affine bias's sum).
-inline float quantize16(const float* xb, int8_t* hi, int8_t* lo, float& d_out) {
+// One 32-block of activations into v, and its largest magnitude.
+inline float load_block_absmax(const float* xb, __m256 v[4]) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 v[4];
   __m256 amax = _mm256_setzero_ps();
   for (int t = 0; t < 4; ++t) {
     v[t] = _mm256_loadu_ps(xb + 8 * t);
@@ -101,7 +98,15 @@ inline float quantize16(const float* xb, int8_t* hi, int8_t* lo, float& d_out) {
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
   h = _mm_max_ps(h, _mm_movehl_ps(h, h));
   h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  const float a = _mm_cvtss_f32(h);
+  return _mm_cvtss_f32(h);
+}
+
+// One 32-block of 16-bit activations: q16 = round(x / d), d = amax / 16256, split as
+// q16 = 128 * hi + lo (hi in [-127, 127], lo in [-64, 63]: int8 for the int8 kernels, and never
+// -128, which AVX2's sign trick could not negate). Returns d * sum(q16) (the affine bias's sum).
+inline float quantize16(const float* xb, int8_t* hi, int8_t* lo, float& d_out) {
+  __m256 v[4];
+  const float a = load_block_absmax(xb, v);
   const float d = a / 16256.0f;
   const __m256 inv = _mm256_set1_ps(a > 0.0f ? 16256.0f / a : 0.0f);
   __m256i qh[4], ql[4], sum = _mm256_setzero_si256();
@@ -129,7 +134,6 @@ inline float quantize16(const float* xb, int8_t* hi, int8_t* lo, float& d_out) {
 // run on different threads with the same bits.
 void prepare_rows(const QmmProblem& p, bool quantize, PreparedX& out, int m0, int m1) {
   const int K = p.K, nb = K / 32, ng = K / p.group_size;
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   std::vector<float> bsum;
   for (int m = m0; m < m1; ++m) {
     const float* xr = p.x + size_t(m) * K;
@@ -148,17 +152,8 @@ void prepare_rows(const QmmProblem& p, bool quantize, PreparedX& out, int m0, in
         out.q.data() + size_t(m) * K + size_t(b) * 32, out.lo.data() + size_t(m) * K + size_t(b) * 32,
         out.d[size_t(m) * nb + b]);
     for (int b = 0; b < nb && !out.x16; ++b) {
-      const float* xb = xr + size_t(b) * 32;
       __m256 v[4];
-      __m256 amax = _mm256_setzero_ps();
-      for (int t = 0; t < 4; ++t) {
-        v[t] = _mm256_loadu_ps(xb + 8 * t);
-        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[t]));
-      }
-      __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-      h = _mm_max_ss(h, _mm_movehdup_ps(h));
-      const float a = _mm_cvtss_f32(h);
+      const float a = load_block_absmax(xr + size_t(b) * 32, v);
       const float d = a / 127.0f;
       const __m256 inv = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
       __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv));

@@ -48,6 +48,22 @@ inline __m512i piece16(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// One 32-block's int32 dots of the panel's 16 columns (weight vectors w0..w7) with activation
+// block xb: two chains of 4 vpdpbusd, then their sum.
+inline __m512i block_dot(__m512i w0, __m512i w1, __m512i w2, __m512i w3, __m512i w4, __m512i w5, __m512i w6,
+                         __m512i w7, const int8_t* xb) {
+  const __m512i z = _mm512_setzero_si512();
+  __m512i d0 = _mm512_dpbusd_epi32(z, w0, piece16(xb));
+  __m512i d1 = _mm512_dpbusd_epi32(z, w1, piece16(xb + 4));
+  d0 = _mm512_dpbusd_epi32(d0, w2, piece16(xb + 8));
+  d1 = _mm512_dpbusd_epi32(d1, w3, piece16(xb + 12));
+  d0 = _mm512_dpbusd_epi32(d0, w4, piece16(xb + 16));
+  d1 = _mm512_dpbusd_epi32(d1, w5, piece16(xb + 20));
+  d0 = _mm512_dpbusd_epi32(d0, w6, piece16(xb + 24));
+  d1 = _mm512_dpbusd_epi32(d1, w7, piece16(xb + 28));
+  return _mm512_add_epi32(d0, d1);
+}
+
 // Activation rows [m0, m0 + MR) against one panel: out[m, n0 + j] for j < nr. X16: 16-bit
 // activations, a second chain on their low parts (x.lo) joined as group_rows joins them.
 template <int MR, bool X16>
@@ -67,29 +83,10 @@ void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, in
     const __m512 sv = _mm512_loadu_ps(pn.scale + (blk / bpg) * 16);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      const int8_t* xb = xq + size_t(i) * K + size_t(blk) * 32;
-      const __m512i z = _mm512_setzero_si512();
-      __m512i d0 = _mm512_dpbusd_epi32(z, w0, piece16(xb));
-      __m512i d1 = _mm512_dpbusd_epi32(z, w1, piece16(xb + 4));
-      d0 = _mm512_dpbusd_epi32(d0, w2, piece16(xb + 8));
-      d1 = _mm512_dpbusd_epi32(d1, w3, piece16(xb + 12));
-      d0 = _mm512_dpbusd_epi32(d0, w4, piece16(xb + 16));
-      d1 = _mm512_dpbusd_epi32(d1, w5, piece16(xb + 20));
-      d0 = _mm512_dpbusd_epi32(d0, w6, piece16(xb + 24));
-      d1 = _mm512_dpbusd_epi32(d1, w7, piece16(xb + 28));
-      __m512i di = _mm512_add_epi32(d0, d1);
-      if constexpr (X16) {
-        const int8_t* xl = x.lo + size_t(m0 + i) * K + size_t(blk) * 32;
-        __m512i l0 = _mm512_dpbusd_epi32(z, w0, piece16(xl));
-        __m512i l1 = _mm512_dpbusd_epi32(z, w1, piece16(xl + 4));
-        l0 = _mm512_dpbusd_epi32(l0, w2, piece16(xl + 8));
-        l1 = _mm512_dpbusd_epi32(l1, w3, piece16(xl + 12));
-        l0 = _mm512_dpbusd_epi32(l0, w4, piece16(xl + 16));
-        l1 = _mm512_dpbusd_epi32(l1, w5, piece16(xl + 20));
-        l0 = _mm512_dpbusd_epi32(l0, w6, piece16(xl + 24));
-        l1 = _mm512_dpbusd_epi32(l1, w7, piece16(xl + 28));
-        di = _mm512_add_epi32(_mm512_slli_epi32(di, 7), _mm512_add_epi32(l0, l1));
-      }
+      __m512i di = block_dot(w0, w1, w2, w3, w4, w5, w6, w7, xq + size_t(i) * K + size_t(blk) * 32);
+      if constexpr (X16)  // q16 = 128 * hi + lo: exact in int32
+        di = _mm512_add_epi32(_mm512_slli_epi32(di, 7),
+                              block_dot(w0, w1, w2, w3, w4, w5, w6, w7, x.lo + size_t(m0 + i) * K + size_t(blk) * 32));
       const __m512 dot = _mm512_cvtepi32_ps(di);
       const __m512 s = _mm512_mul_ps(sv, _mm512_set1_ps(xd[size_t(i) * nb + blk]));
       acc[i] = _mm512_fmadd_ps(dot, s, acc[i]);
