@@ -24,7 +24,8 @@ Arms, alternated in order then in reverse each round (medians over rounds):
                 tokens, token count and thread count; skipped with a note when not installed
   llama_cpp_read  the same, with the GGUF read into memory instead of mmapped (load mode none):
                 its weights then live on the heap, on huge pages when the process has them
-                (engine/hugepages.py) -- as the engine's do; the mmapped file stays on 4 KiB pages
+                (engine/hugepages.py) -- as the engine's do; the mmapped file stays on 4 KiB pages.
+                Not in the same run as llama_cpp (two servers in one process slow each other)
 ``--arms`` picks a subset; ratios are reported for the arms that ran. Engine arms also report the
 process CPU time per decoded token (``decode_cpu_ms``: steadier than wall time on a shared machine).
 """
@@ -136,6 +137,7 @@ def _time_stream(tokens_iter) -> tuple[float, float, int, float]:
 
 def run(args) -> dict:
     from engine import blas, hugepages, kernels
+    from engine.errors import MlxtermError
     from engine.generation.generate import generate_step
     from engine.generation.kv_cache import make_cache
     from engine.kernels import hook
@@ -155,6 +157,11 @@ def run(args) -> dict:
 
     want = [a.strip() for a in args.arms.split(",") if a.strip()]
     want = ["engine_float_prefill" if a == "engine_noamx" else a for a in want]  # the older name
+    if "llama_cpp" in want and "llama_cpp_read" in want:
+        # Two llama.cpp servers in one process slow each other (its decode measured 54-58 tok/s
+        # with both loaded vs 80 alone on the 2-core VM): one of them per run.
+        raise MlxtermError("bench engine: run llama_cpp and llama_cpp_read in separate runs "
+                           "(two llama.cpp servers in one process slow each other)")
     kernels.set_threads(args.threads)
     profile = load_profile(args.profile)
     source = resolve_source(profile.model.source, profile.base_dir)
