@@ -2,8 +2,8 @@
 
 Decode reads every weight once per token, and at long context every cached K/V row too. On
 4 KiB pages that is a TLB miss every 4 KiB, and inside a VM each miss walks two page tables;
-hardware prefetchers also stop at page boundaries. Measured on a 2-core Zen 4 VM: SmolLM2
-decode ~1.2x faster, and ~1.4x at 8k context, on 2 MiB pages.
+hardware prefetchers also stop at page boundaries. Measured on a 2-core Zen 4 VM (SmolLM2, one
+process per arm): decode 1.07-1.10x on a quiet machine, 1.16-1.24x with other work running.
 
 Most Linux systems run THP in ``madvise`` mode: only memory a program marks gets huge pages.
 MLX's CPU buffers (weights, KV caches, activations) come from ``malloc``, and glibc marks its
