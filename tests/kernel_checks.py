@@ -89,3 +89,18 @@ def int_activation_reference(x: np.ndarray, wq, s, b, gs: int, bits: int, qmax: 
     out = np.einsum("mnb,nb,mb->mn", dots, scale, d.astype(np.float64))
     gsum = (d.astype(np.float64) * q.sum(axis=2)).reshape(M, K // gs, gs // 32).sum(axis=2)
     return out + gsum @ np.array(b, dtype=np.float64).T
+
+
+def assert_rows_are_solo_rows(x: mx.array, wq, s, b, gs: int, bits: int, ref: np.ndarray) -> list[mx.array]:
+    """Each of x's 16 rows alone is within 2e-6 of ``ref`` (relative), and every prefix of 2..15
+    rows gives each row its solo bits. Returns the solo rows."""
+    solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, gs, bits)[0] for i in range(16)]
+    mx.eval(solo)
+    for i in range(16):
+        err = np.abs(np.array(solo[i], dtype=np.float64) - ref[i]).max() / np.abs(ref[i]).max()
+        assert err < 2e-6, (i, err)
+    for m in range(2, 16):
+        y = kernels.quantized_matmul(x[:m], wq, s, b, gs, bits)
+        for i in range(m):
+            assert mx.array_equal(y[i], solo[i]).item(), (m, i)
+    return solo

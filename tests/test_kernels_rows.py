@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.kernel_checks import int_activation_reference
+from tests.kernel_checks import assert_rows_are_solo_rows, int_activation_reference
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
@@ -38,15 +38,7 @@ def test_every_row_count_up_to_16_gives_each_row_its_solo_bits(bits, gs):
     xs[3] *= 40.0  # rows of very different magnitude share the matmul
     xs[5, :64] = 0.0  # all-zero activation blocks
     x = mx.array(xs)
-    solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, gs, bits)[0] for i in range(16)]
-    ref = int_activation_reference(xs, wq, s, b, gs, bits)
-    for i in range(16):
-        err = np.abs(np.array(solo[i], dtype=np.float64) - ref[i]).max() / np.abs(ref[i]).max()
-        assert err < 2e-6, (i, err)
-    for m in range(2, 16):
-        y = kernels.quantized_matmul(x[:m], wq, s, b, gs, bits)
-        for i in range(m):
-            assert mx.array_equal(y[i], solo[i]), (m, i)
+    solo = assert_rows_are_solo_rows(x, wq, s, b, gs, bits, int_activation_reference(xs, wq, s, b, gs, bits))
     # The same rows in another order, with other companions: still their solo bits.
     order = [9, 3, 14, 0, 7, 5, 11]
     y = kernels.quantized_matmul(x[mx.array(order)], wq, s, b, gs, bits)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.kernel_checks import (
+    assert_rows_are_solo_rows,
     assert_same_under_isa,
     int_activation_reference,
     on_one_and_two_threads,
@@ -64,15 +65,7 @@ def test_rows_match_the_reference_and_their_solo_bits(bits, gs):
     x = mx.array(xs)
     ref = int_activation_reference(xs, wq, s, b, gs, bits, qmax=16256)
     with x16():
-        solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, gs, bits)[0] for i in range(16)]
-        mx.eval(solo)
-        for i in range(16):
-            err = np.abs(np.array(solo[i], dtype=np.float64) - ref[i]).max() / np.abs(ref[i]).max()
-            assert err < 2e-6, (i, err)
-        for m in range(2, 16):
-            y = kernels.quantized_matmul(x[:m], wq, s, b, gs, bits)
-            for i in range(m):
-                assert mx.array_equal(y[i], solo[i]).item(), (m, i)
+        assert_rows_are_solo_rows(x, wq, s, b, gs, bits, ref)
 
 
 @pytest.mark.parametrize("bits", [4, 5, 8])
