@@ -53,6 +53,7 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from engine.generation.batch import BatchKV, batchable, batched_logits, prefill_together
 from engine.generation.constraints import additive_mask
@@ -153,6 +154,7 @@ class Row:
         self.sample = make_sampler(params)
         self.key: mx.array | None = None
         self.recent: mx.array | None = None
+        self.skipped = 0  # tokens picked without advancing key and window (see catch_up)
         # text
         self.eos = tokenizer.eos_ids | set(params.stop_token_ids)
         self.detok = tokenizer.new_detokenizer()
@@ -217,10 +219,13 @@ class Row:
             p.greedy and p.repetition_penalty == 1.0 and self.constraint is None and not p.logprobs
         )
 
-    def skip(self, y: mx.array) -> None:
-        """Advance key and window as ``draw`` would, for a token picked outside it."""
-        self.key = mx.random.split(self.key)[0]
-        self.recent = mx.concatenate([self.recent[1:], y.astype(mx.int32)])
+    def catch_up(self) -> None:
+        """Key and window as ``draw`` would have left them: a plain greedy row's tokens are
+        picked outside it (one argmax for the batch) and nothing reads its key or window until
+        it returns to the serial lane, so they are advanced only then."""
+        if self.skipped:
+            self.resume_sampler()
+            self.skipped = 0
 
     # -- text stream -----------------------------------------------------------------------
     def accept(self, tok: int, logprobs: mx.array | None) -> str | None:
@@ -326,7 +331,7 @@ class Scheduler:
         self.solo: Row | None = None  # the serial lane
         self.rows: list[Row] = []  # batched lane, in BatchKV row order
         self.kv = BatchKV()
-        self.inflight: tuple[list, int] | None = None  # launched batched step not yet streamed
+        self.inflight: tuple | None = None  # launched batched step not yet streamed
         self.stats = SchedulerStats()
 
     # -- queue -------------------------------------------------------------------------------
@@ -595,6 +600,7 @@ class Scheduler:
         row's key schedule, window and constraint; speculation applies again."""
         row = self.rows[0]
         row.cache = self.kv.take(0)
+        row.catch_up()
         self.kv.keep([])
         self.rows = []
         if row.spec is None and row.req.extra.get("speculation", True):
@@ -698,10 +704,11 @@ class Scheduler:
             step, self.inflight = self.inflight, None
             self._finish(*step)
 
-    def _launch(self) -> tuple[list, int] | None:
+    def _launch(self) -> tuple[list, int, mx.array | None] | None:
         """Queue one step: every batched row feeds its pending token, live rows draw their
         next one (lazily, evaluated in the background); rows whose reply is complete once it
-        is fed are checkpointed and let go. Returns (rows' draws, live rows) for ``_finish``."""
+        is fed are checkpointed and let go. Returns (rows' draws, live rows, the plain greedy
+        rows' argmax) for ``_finish``."""
         # Answered rows whose last token an earlier step already fed (they were answered
         # while that step computed): checkpoint them and let go before this step.
         gone = [(r, self.kv.take(i)) for i, r in enumerate(self.rows) if r.leaving and r.final_fed]
@@ -713,23 +720,28 @@ class Scheduler:
             self.stats.batched_steps += 1
             self.stats.batched_rows += len(rows)
             live = [r for r in rows if not r.leaving and not r.cancel_seen]
-            logits = batched_logits(self.model, [r.pending for r in rows], self.kv)
+            logits = batched_logits(self.model, _inputs([r.pending for r in rows]), self.kv)
             drawn = []
             plain = [i for i, r in enumerate(rows) if r in live and r.plain_greedy]
+            picks = None
             if plain:  # one argmax for every row whose sampler is a bare argmax
-                picks = mx.argmax(logits[mx.array(plain)].astype(mx.float32), axis=-1)
+                of = logits if len(plain) == len(rows) else logits[mx.array(plain)]
+                picks = mx.argmax(of.astype(mx.float32), axis=-1).astype(mx.int32)
+            drawn_arrays = [picks] if plain else []
             for i, r in enumerate(rows):
                 if r in live:
                     if r.plain_greedy:
-                        y = picks[plain.index(i) : plain.index(i) + 1]
-                        drawn.append((r, y, r.skip(y)))
+                        r.skipped += 1
+                        drawn.append((r, _Pick(picks, plain.index(i)), None))
                     else:
-                        drawn.append((r, *r.draw(logits[i : i + 1])))
+                        y, logprobs = r.draw(logits[i : i + 1])
+                        drawn.append((r, y, logprobs))
+                        # Keys and windows too, so their lazy graphs do not grow step after step.
+                        drawn_arrays += [y, r.key, r.recent]
             for r, y, _ in drawn:
                 r.pending = y  # the next step feeds it, streamed or not
-            # Keys and windows too, so their lazy graphs do not grow step after step.
-            mx.async_eval([y for _, y, _ in drawn], [(r.key, r.recent) for r, _, _ in drawn])
-            step = (drawn, len(live))
+            mx.async_eval(drawn_arrays)
+            step = (drawn, len(live), picks)
             # Rows answered before this step (their last token is fed by it) and cancelled
             # rows: checkpoint them and let go.
             keep = []
@@ -752,21 +764,23 @@ class Scheduler:
             self.kv.keep(keep)
             self.rows = [self.rows[i] for i in keep]
 
-    def _finish(self, drawn: list, live: int) -> None:
+    def _finish(self, drawn: list, live: int, picks: mx.array | None) -> None:
         """Stream a launched step's tokens. A row answered by an earlier token drew one more
         in a step built before that token was read: its draw is dropped (the serial lane drops
         its pipelined step the same way)."""
+        picked = picks.tolist() if picks is not None else None  # one read for the argmax rows
         for r, y, logprobs in drawn:
             if r.leaving:
                 continue
             r.shared(live)
-            self._took(r, y, logprobs)
+            self._took(r, y, logprobs, picked[y.j] if isinstance(y, _Pick) else None)
 
-    def _took(self, row: Row, y: mx.array, logprobs: mx.array) -> None:
-        """A batched row drew ``y``: advance its constraint, make it the token the next step
-        feeds (unless a launched step already feeds it), stream it (and answer the request if
-        it ends it)."""
-        tok = int(y.item())
+    def _took(self, row: Row, y, logprobs: mx.array | None, tok: int | None = None) -> None:
+        """A batched row drew ``y`` (token ``tok``, read from ``y`` if not given): advance its
+        constraint, make it the token the next step feeds (unless a launched step already
+        feeds it), stream it (and answer the request if it ends it)."""
+        if tok is None:
+            tok = int(y.item())
         if row.constraint is not None:
             row.constraint.advance(tok)
         fed = row.pending is not None and row.pending is not y  # a later step took it as input
@@ -778,6 +792,26 @@ class Scheduler:
             row.leaving = True  # answered now; checkpointed once a step has fed it
             row.final_fed = fed
             row.done(finish, self.runner.load_ms)
+
+
+class _Pick(NamedTuple):
+    """Row ``j``'s token in one argmax over several plain greedy rows' logits (``picks``)."""
+
+    picks: mx.array
+    j: int
+
+
+def _inputs(pending: list) -> list | mx.array:
+    """A step's input tokens from the rows' pending ones (ints, drawn arrays, ``_Pick``s):
+    when every row's is its own entry of one argmax, in order, that argmax itself."""
+    first = pending[0]
+    if (
+        isinstance(first, _Pick)
+        and first.picks.shape[0] == len(pending)
+        and all(isinstance(p, _Pick) and p.picks is first.picks and p.j == i for i, p in enumerate(pending))
+    ):
+        return first.picks
+    return [p.picks[p.j : p.j + 1] if isinstance(p, _Pick) else p for p in pending]
 
 
 def _left(row: Row) -> int:
