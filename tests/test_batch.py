@@ -201,6 +201,82 @@ def test_solo_request_migrates_into_the_batch_and_keeps_its_tokens(engines):
     assert da.lane == "batched" and da.batch_min == 1 and da.batch_max == 2
 
 
+def test_pipelined_steps_keep_solo_tokens_and_checkpoints(engines):
+    """Without constrained rows the batched lane builds step n+1 before it streams step n's
+    tokens. Rows that end at different steps (their draw in the step already built is
+    dropped), a row cancelled mid-stream and a restored row joining mid-stream still yield
+    exactly their solo tokens, and every row's checkpoint holds exactly its prompt and reply:
+    its next turn restores all of it and decodes its solo tokens."""
+    solo, eng = engines
+    s = eng.sampling
+    specs = [
+        dict(prompt=_prompt(eng, f"pipelined {i} " + "y" * (5 * i)), params=s(max_tokens=5 + 4 * i))
+        for i in range(4)
+    ] + [
+        dict(
+            prompt=_prompt(eng, "pipelined sampled"),
+            params=s(temperature=0.8, seed=4, max_tokens=17, logprobs=2),
+        )
+    ]
+    refs = [_solo(solo, spec) for spec in specs]
+    first = eng.submit(
+        GenerationRequest(_prompt(eng, "pipelined first"), s(max_tokens=10), session_id="pf")
+    ).result(60)
+    follow = dict(
+        prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "more")[1:],
+        params=s(max_tokens=15),
+    )
+    follow_ref = _solo(solo, follow)
+    long_spec = dict(
+        prompt=_prompt(eng, "pipelined cancel"), params=s(max_tokens=400, temperature=1.0, seed=2)
+    )
+    long_ref = _solo(solo, long_spec)
+    before = eng.scheduler_stats()["batched_overlapped"]
+
+    # Calls on the engine thread settle the batch first (answered rows are checkpointed, the
+    # step in flight is streamed): poll one all along, so some land mid-pipeline.
+    polling = threading.Event()
+
+    def poll():
+        while not polling.is_set():
+            eng.scheduler_stats()
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    handles = [eng.submit(_request(eng, spec, session_id=f"pp{i}")) for i, spec in enumerate(specs)]
+    doomed = eng.submit(_request(eng, long_spec))
+    _streaming(handles[0])
+    joiner = eng.submit(_request(eng, follow, session_id="pf"))
+    seen = 0
+    for ev in doomed:
+        if isinstance(ev, TextDelta):
+            seen += 1
+            if seen == 6:
+                doomed.cancel()
+    dones = [h.result(60) for h in handles]
+    joined = joiner.result(60)
+    polling.set()
+    poller.join(60)
+    for done, ref in zip(dones, refs, strict=True):
+        assert done.completion_token_ids == ref.completion_token_ids
+        assert done.text == ref.text and done.finish_reason == ref.finish_reason
+        assert done.lane == "batched" and done.batch_max >= 2
+    assert [x.token for x in dones[4].logprobs] == [x.token for x in refs[4].logprobs]
+    assert joined.completion_token_ids == follow_ref.completion_token_ids
+    cancelled = doomed.result(60)
+    n = len(cancelled.completion_token_ids)
+    assert cancelled.finish_reason == "cancelled"
+    assert 6 <= n < 400 and cancelled.completion_token_ids == long_ref.completion_token_ids[:n]
+    assert eng.scheduler_stats()["batched_overlapped"] - before >= 10  # the pipeline ran
+
+    for i, done in enumerate(dones):
+        context = done.prompt_token_ids + done.completion_token_ids
+        nxt = dict(prompt=context + _prompt(eng, "next")[1:], params=s(max_tokens=8))
+        got = eng.submit(_request(eng, nxt, session_id=f"pp{i}")).result(60)
+        assert got.cache_source == "ram" and got.usage.cached_tokens == len(context), i
+        assert got.completion_token_ids == _solo(solo, nxt).completion_token_ids, i
+
+
 def test_burst_of_twenty_from_threads_and_asyncio_loses_nothing(engines):
     solo, eng = engines
     specs = [

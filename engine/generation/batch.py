@@ -234,10 +234,19 @@ def traces() -> int:
     return sum(f.traces for per_model in _forwards.values() for f in per_model.values())
 
 
-def batched_logits(model, tokens: list[int], kv: BatchKV) -> mx.array:
+def batched_logits(model, tokens: list[int | mx.array] | mx.array, kv: BatchKV) -> mx.array:
     """Feed one token per row (at each row's position); (rows, vocab) logits of the next
-    position. The rows' positions advance by one."""
-    x = mx.array(tokens, dtype=mx.int32)
+    position. The rows' positions advance by one. A token may be a one-element array not yet
+    evaluated (the token a step in flight draws), so the next step is built before it is read;
+    ``tokens`` may also be one (rows,) array."""
+    if isinstance(tokens, mx.array):
+        x = tokens.astype(mx.int32)
+    elif not any(isinstance(t, mx.array) for t in tokens):
+        x = mx.array(tokens, dtype=mx.int32)
+    else:
+        x = mx.concatenate(
+            [t.reshape(1).astype(mx.int32) if isinstance(t, mx.array) else mx.array([int(t)], mx.int32) for t in tokens]
+        )
     layers = kv.layers or []
     if any(c.keys is None for c in layers):  # no history in any row yet: shapes unknown
         logits = model(x[:, None], cache=layers)[:, -1, :]

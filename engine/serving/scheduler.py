@@ -19,6 +19,15 @@ speculation runs again for its tail) with its key schedule. A finished row is an
 once and rides one more step so its cache covers the whole reply (as the serial lane's
 does), then it is checkpointed and leaves.
 
+Batched steps are pipelined as the serial lane's are: a tick launches step n+1 -- its input
+tokens are step n's draws, not yet evaluated -- and only then reads and streams step n's
+tokens, so the Python work of a step (``.item()``, detokenizing, stop strings, events) runs
+while the next forward computes. A row that step n's token finishes is then already fed that
+token by step n+1 (its ride) and drew one token too many there, which is dropped, as the serial
+lane drops its pipelined step. A step runs synchronously (the step in flight streamed first)
+when a row's next draw needs its token first (a constraint's mask) or a row was cancelled,
+and before a row returns to the serial lane.
+
 A burst of newcomers (requests arriving while no batched row has started decoding, e.g. N
 sessions submitted at once) starts decoding together: while the rows that finished their
 prefill have no reply token yet and the rest of the burst has at most ``PREFILL_TOKENS``
@@ -44,6 +53,7 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from engine.generation.batch import BatchKV, batchable, batched_logits, prefill_together
 from engine.generation.constraints import additive_mask
@@ -82,28 +92,31 @@ class SchedulerStats:
     batched_s: float = 0.0  # batched steps: forward, sampling, streaming, checkpoint hand-off
     batched_steps: int = 0
     batched_rows: int = 0  # rows fed, summed over batched steps (tokens drawn + riders)
+    batched_overlapped: int = 0  # batched steps streamed while the next one computed
     held_ticks: int = 0  # ticks whose decode step was held for a burst's prefill
 
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def lap(self, lane: str, seconds: float) -> None:
-        """One ``lane`` ("serial" or "batched") step that took ``seconds``."""
+    def lap(self, lane: str, seconds: float, count: bool = True) -> None:
+        """One ``lane`` ("serial" or "batched") step that took ``seconds`` (``count``: one
+        more step; the batched lane counts the forwards it launches instead)."""
         setattr(self, f"{lane}_s", getattr(self, f"{lane}_s") + seconds)
-        setattr(self, f"{lane}_steps", getattr(self, f"{lane}_steps") + 1)
+        if count:
+            setattr(self, f"{lane}_steps", getattr(self, f"{lane}_steps") + 1)
 
 
-def _timed(lane: str):
-    """Decorate a scheduler's step method: its time and count go to ``stats`` for ``lane``."""
+def _timed(lane: str, count: bool = True):
+    """Decorate a scheduler's step method: its time (and count) go to ``stats`` for ``lane``."""
 
     def wrap(step):
         @functools.wraps(step)
-        def timed(self) -> None:
+        def timed(self, *args, **kwargs) -> None:
             t = time.perf_counter()
             try:
-                step(self)
+                step(self, *args, **kwargs)
             finally:
-                self.stats.lap(lane, time.perf_counter() - t)
+                self.stats.lap(lane, time.perf_counter() - t, count)
 
         return timed
 
@@ -132,6 +145,8 @@ class Row:
         self.pending: int | None = None  # batched lane: sampled, not yet fed
         self.steps = None  # serial lane: the generate_step generator
         self.leaving = False
+        self.final_fed = False  # leaving, and a launched step already feeds its last token
+        self.cancel_seen = False  # handle.cancelled as the current batched step read it
         self.queued_said = False
         self.batched = False
         self.sizes = [0, 0, 0, 10**9]  # steps, sum, max, min of rows sharing each step
@@ -139,6 +154,7 @@ class Row:
         self.sample = make_sampler(params)
         self.key: mx.array | None = None
         self.recent: mx.array | None = None
+        self.skipped = 0  # tokens picked without advancing key and window (see catch_up)
         # text
         self.eos = tokenizer.eos_ids | set(params.stop_token_ids)
         self.detok = tokenizer.new_detokenizer()
@@ -203,10 +219,13 @@ class Row:
             p.greedy and p.repetition_penalty == 1.0 and self.constraint is None and not p.logprobs
         )
 
-    def skip(self, y: mx.array) -> None:
-        """Advance key and window as ``draw`` would, for a token picked outside it."""
-        self.key = mx.random.split(self.key)[0]
-        self.recent = mx.concatenate([self.recent[1:], y.astype(mx.int32)])
+    def catch_up(self) -> None:
+        """Key and window as ``draw`` would have left them: a plain greedy row's tokens are
+        picked outside it (one argmax for the batch) and nothing reads its key or window until
+        it returns to the serial lane, so they are advanced only then."""
+        if self.skipped:
+            self.resume_sampler()
+            self.skipped = 0
 
     # -- text stream -----------------------------------------------------------------------
     def accept(self, tok: int, logprobs: mx.array | None) -> str | None:
@@ -312,6 +331,7 @@ class Scheduler:
         self.solo: Row | None = None  # the serial lane
         self.rows: list[Row] = []  # batched lane, in BatchKV row order
         self.kv = BatchKV()
+        self.inflight: tuple | None = None  # launched batched step not yet streamed
         self.stats = SchedulerStats()
 
     # -- queue -------------------------------------------------------------------------------
@@ -346,8 +366,11 @@ class Scheduler:
 
     def settle(self) -> None:
         """Checkpoint rows that already answered (before a ``call`` that may read checkpoints)."""
+        if not any(r.leaving for r in self.rows):
+            return  # nothing to checkpoint: a step in flight stays in flight
+        self._flush()
         while any(r.leaving for r in self.rows):
-            self._batched_step()
+            self._batched_step(pipelined=False)
 
     def abort(self, message: str) -> None:
         """Answer every request still in the engine (engine shutting down)."""
@@ -362,6 +385,7 @@ class Scheduler:
                 r.handle.emit(_error_done(message))
         self.waiting, self.prefilling, self.rows, self.solo = [], [], [], None
         self.kv = BatchKV()
+        self.inflight = None
 
     # -- one tick ------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -401,7 +425,9 @@ class Scheduler:
 
     def _decode(self) -> None:
         if self._alone():
-            self._return_solo()
+            self._flush()  # the row's pending token and sampler state: its last streamed token's
+            if self._alone():
+                self._return_solo()
         if self.solo is not None:
             if self.rows:
                 self._migrate_solo()
@@ -574,6 +600,7 @@ class Scheduler:
         row's key schedule, window and constraint; speculation applies again."""
         row = self.rows[0]
         row.cache = self.kv.take(0)
+        row.catch_up()
         self.kv.keep([])
         self.rows = []
         if row.spec is None and row.req.extra.get("speculation", True):
@@ -650,56 +677,141 @@ class Scheduler:
         row.cache = None
         self.rows.append(row)
 
-    @_timed("batched")
-    def _batched_step(self) -> None:
-        """Every batched row feeds its pending token; live rows draw their next one."""
-        rows = self.rows
-        self.stats.batched_rows += len(rows)
-        live = [r for r in rows if not r.leaving and not r.handle.cancelled]
-        logits = batched_logits(self.model, [r.pending for r in rows], self.kv)
-        drawn = []
-        plain = [i for i, r in enumerate(rows) if r in live and r.plain_greedy]
-        if plain:  # one argmax for every row whose sampler is a bare argmax
-            picks = mx.argmax(logits[mx.array(plain)].astype(mx.float32), axis=-1)
-        for i, r in enumerate(rows):
-            if r in live:
-                if r.plain_greedy:
-                    y = picks[plain.index(i) : plain.index(i) + 1]
-                    drawn.append((r, y, r.skip(y)))
-                else:
-                    drawn.append((r, *r.draw(logits[i : i + 1])))
-        # Keys and windows too, so their lazy graphs do not grow step after step.
-        mx.eval([y for _, y, _ in drawn], [(r.key, r.recent) for r, _, _ in drawn])
-        # Rows that answered before this step are now fully fed: checkpoint them and let go.
-        keep = []
-        for i, r in enumerate(rows):
-            if r.leaving:
-                self.runner.cache.release(r.prompt + r.generated, self.kv.take(i), r.req.session_id)
-            elif r.handle.cancelled:
-                r.leaving = True  # not counted as active once its caller sees Done
-                r.done("cancelled", self.runner.load_ms)
-                self.runner.cache.release(r.prompt + r.generated, self.kv.take(i), r.req.session_id)
-            else:
-                keep.append(i)
-        if len(keep) != len(rows):
-            self.kv.keep(keep)
-            self.rows = [rows[i] for i in keep]
-        for r, y, logprobs in drawn:
-            r.shared(len(live))
-            self._took(r, y, logprobs)
+    @_timed("batched", count=False)  # a pipelined call may only stream the last step
+    def _batched_step(self, pipelined: bool = True) -> None:
+        """One batched step. Pipelined: launch step n+1 (its inputs are step n's lazily drawn
+        tokens), then stream step n's tokens while n+1 computes, as ``generate_step`` overlaps
+        its steps. Synchronous (a constrained row needs its token before its next mask; a row
+        was cancelled; ``pipelined=False``): the step in flight is streamed first, then a step
+        is launched and streamed at once."""
+        for r in self.rows:
+            r.cancel_seen = r.handle.cancelled  # one reading per step: the handle may flip meanwhile
+        if not pipelined or any(r.constraint is not None or r.cancel_seen for r in self.rows):
+            self._flush()
+            step = self._launch()
+            if step is not None:
+                self._finish(*step)
+            return
+        prev, self.inflight = self.inflight, self._launch()
+        if prev is not None:
+            self.stats.batched_overlapped += self.inflight is not None
+            self._finish(*prev)
 
-    def _took(self, row: Row, y: mx.array, logprobs: mx.array) -> None:
-        """A batched row drew ``y``: advance its constraint, make it the token the next step
-        feeds, stream it (and answer the request if it ends it)."""
-        tok = int(y.item())
+    def _flush(self) -> None:
+        """Stream the step in flight, if any: every row's sampler state is then its last
+        streamed token's (as a synchronous step leaves it)."""
+        if self.inflight is not None:
+            step, self.inflight = self.inflight, None
+            self._finish(*step)
+
+    def _launch(self) -> tuple[list, int, mx.array | None] | None:
+        """Queue one step: every batched row feeds its pending token, live rows draw their
+        next one (lazily, evaluated in the background); rows whose reply is complete once it
+        is fed are checkpointed and let go. Returns (rows' draws, live rows, the plain greedy
+        rows' argmax) for ``_finish``."""
+        # Answered rows whose last token an earlier step already fed (they were answered
+        # while that step computed): checkpoint them and let go before this step.
+        gone = [(r, self.kv.take(i)) for i, r in enumerate(self.rows) if r.leaving and r.final_fed]
+        if gone:
+            self._keep([i for i, r in enumerate(self.rows) if not (r.leaving and r.final_fed)])
+        rows = self.rows
+        step = None
+        if rows:
+            self.stats.batched_steps += 1
+            self.stats.batched_rows += len(rows)
+            live = [r for r in rows if not r.leaving and not r.cancel_seen]
+            logits = batched_logits(self.model, _inputs([r.pending for r in rows]), self.kv)
+            drawn = []
+            plain = [i for i, r in enumerate(rows) if r in live and r.plain_greedy]
+            picks = None
+            if plain:  # one argmax for every row whose sampler is a bare argmax
+                of = logits if len(plain) == len(rows) else logits[mx.array(plain)]
+                picks = mx.argmax(of.astype(mx.float32), axis=-1).astype(mx.int32)
+            drawn_arrays = [picks] if plain else []
+            for i, r in enumerate(rows):
+                if r in live:
+                    if r.plain_greedy:
+                        r.skipped += 1
+                        drawn.append((r, _Pick(picks, plain.index(i)), None))
+                    else:
+                        y, logprobs = r.draw(logits[i : i + 1])
+                        drawn.append((r, y, logprobs))
+                        # Keys and windows too, so their lazy graphs do not grow step after step.
+                        drawn_arrays += [y, r.key, r.recent]
+            for r, y, _ in drawn:
+                r.pending = y  # the next step feeds it, streamed or not
+            mx.async_eval(drawn_arrays)
+            step = (drawn, len(live), picks)
+            # Rows answered before this step (their last token is fed by it) and cancelled
+            # rows: checkpoint them and let go.
+            keep = []
+            for i, r in enumerate(rows):
+                if r.leaving:
+                    gone.append((r, self.kv.take(i)))
+                elif r.cancel_seen:
+                    r.leaving = True  # not counted as active once its caller sees Done
+                    r.done("cancelled", self.runner.load_ms)
+                    gone.append((r, self.kv.take(i)))
+                else:
+                    keep.append(i)
+            self._keep(keep)
+        for r, cache in gone:
+            self.runner.cache.release(r.prompt + r.generated, cache, r.req.session_id)
+        return step
+
+    def _keep(self, keep: list[int]) -> None:
+        if len(keep) != len(self.rows):
+            self.kv.keep(keep)
+            self.rows = [self.rows[i] for i in keep]
+
+    def _finish(self, drawn: list, live: int, picks: mx.array | None) -> None:
+        """Stream a launched step's tokens. A row answered by an earlier token drew one more
+        in a step built before that token was read: its draw is dropped (the serial lane drops
+        its pipelined step the same way)."""
+        picked = picks.tolist() if picks is not None else None  # one read for the argmax rows
+        for r, y, logprobs in drawn:
+            if r.leaving:
+                continue
+            r.shared(live)
+            self._took(r, y, logprobs, picked[y.j] if isinstance(y, _Pick) else None)
+
+    def _took(self, row: Row, y, logprobs: mx.array | None, tok: int | None = None) -> None:
+        """A batched row drew ``y`` (token ``tok``, read from ``y`` if not given): advance its
+        constraint, make it the token the next step feeds (unless a launched step already
+        feeds it), stream it (and answer the request if it ends it)."""
+        if tok is None:
+            tok = int(y.item())
         if row.constraint is not None:
             row.constraint.advance(tok)
-        row.pending = tok
+        fed = row.pending is not None and row.pending is not y  # a later step took it as input
+        if not fed:
+            row.pending = tok
         row.batched = True
         finish = row.accept(tok, logprobs)
         if finish is not None:
-            row.leaving = True  # answered now; fed and checkpointed by the next step
+            row.leaving = True  # answered now; checkpointed once a step has fed it
+            row.final_fed = fed
             row.done(finish, self.runner.load_ms)
+
+
+class _Pick(NamedTuple):
+    """Row ``j``'s token in one argmax over several plain greedy rows' logits (``picks``)."""
+
+    picks: mx.array
+    j: int
+
+
+def _inputs(pending: list) -> list | mx.array:
+    """A step's input tokens from the rows' pending ones (ints, drawn arrays, ``_Pick``s):
+    when every row's is its own entry of one argmax, in order, that argmax itself."""
+    first = pending[0]
+    if (
+        isinstance(first, _Pick)
+        and first.picks.shape[0] == len(pending)
+        and all(isinstance(p, _Pick) and p.picks is first.picks and p.j == i for i, p in enumerate(pending))
+    ):
+        return first.picks
+    return [p.picks[p.j : p.j + 1] if isinstance(p, _Pick) else p for p in pending]
 
 
 def _left(row: Row) -> int:
