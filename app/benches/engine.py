@@ -21,7 +21,10 @@ Arms, alternated in order then in reverse each round (medians over rounds):
   engine_full_head  the engine, but prefill applies the output head to every prompt position
                 (mlx_lm's forward as is) instead of the last rows only (last_logits)
   llama_cpp     llama.cpp (PyPI ``xllamacpp``, the ``peer`` extra) on the same GGUF, prompt
-                tokens, token count and thread count; skipped with a note when not installed
+                tokens, token count and thread count; skipped with a note when not installed.
+                The wheel is an AVX2 build (``xllamacpp.get_system_info()``) and times its server
+                loop with sampling: docs/benchmarks.md (round 9) compares a native build's
+                ``llama-bench`` as well
   llama_cpp_read  the same, with the GGUF read into memory instead of mmapped (load mode none):
                 its weights then live on the heap, on huge pages when the process has them
                 (engine/hugepages.py) -- as the engine's do; the mmapped file stays on 4 KiB pages.
