@@ -108,6 +108,16 @@ def _streaming(handle, deltas: int = 1):
     return it
 
 
+def _cancel_after(handle, deltas: int) -> None:
+    """Read ``handle``'s events, cancel it after ``deltas`` pieces of text, drain the rest."""
+    seen = 0
+    for ev in handle:
+        if isinstance(ev, TextDelta):
+            seen += 1
+            if seen == deltas:
+                handle.cancel()
+
+
 def _stream(handle) -> tuple[str, Done, list]:
     text, done, events = [], None, []
     for ev in handle:
@@ -153,12 +163,7 @@ def test_mixed_batch_rows_match_their_solo_runs(engines):
     # Wait until the batch streams, then a restored row joins and a row is cancelled.
     _streaming(handles[0])
     joiner = eng.submit(_request(eng, follow, session_id="s1"))
-    seen = 0
-    for ev in doomed:
-        if isinstance(ev, TextDelta):
-            seen += 1
-            if seen == 4:
-                doomed.cancel()
+    _cancel_after(doomed, 4)
     cancelled = doomed.result(60)
     for h, ref in zip(handles, refs, strict=True):
         done = h.result(60)
@@ -247,12 +252,7 @@ def test_pipelined_steps_keep_solo_tokens_and_checkpoints(engines):
     doomed = eng.submit(_request(eng, long_spec))
     _streaming(handles[0])
     joiner = eng.submit(_request(eng, follow, session_id="pf"))
-    seen = 0
-    for ev in doomed:
-        if isinstance(ev, TextDelta):
-            seen += 1
-            if seen == 6:
-                doomed.cancel()
+    _cancel_after(doomed, 6)
     dones = [h.result(60) for h in handles]
     joined = joiner.result(60)
     polling.set()

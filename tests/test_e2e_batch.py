@@ -10,11 +10,10 @@ import threading
 from pathlib import Path
 
 from engine.runtime import Engine, GenerationRequest
-from engine.serving.events import TextDelta
 
 import pytest
 
-from tests.test_batch import _prompt, _request, _streaming
+from tests.test_batch import _cancel_after, _prompt, _request, _streaming
 
 TASKS = Path(__file__).resolve().parent.parent / "assets" / "tasks"
 
@@ -66,12 +65,7 @@ def test_smollm2_mixed_batch_matches_solo_runs(smol_pair):
     doomed = eng.submit(_request(eng, doomed_spec))
     _streaming(handles[0])
     joiner = eng.submit(_request(eng, follow, session_id="e2e"))
-    seen = 0
-    for ev in doomed:
-        if isinstance(ev, TextDelta):
-            seen += 1
-            if seen == 3:
-                doomed.cancel()
+    _cancel_after(doomed, 3)
     for h, ref in zip([*handles, joiner], refs, strict=False):
         done = h.result(600)
         assert done.completion_token_ids == ref.completion_token_ids
