@@ -120,3 +120,27 @@ def test_unwritable_ssd_dir_continues_ram_only(tmp_path):
     assert out["text"]
     notes = [ln for ln in stderr.splitlines() if "RAM" in ln or "ram-only" in ln.lower()]
     assert len(notes) == 1, stderr
+
+
+def test_long_context_bench_pairs_the_two_decodes(tmp_path):
+    # bench resume --long-context on the real model: a cold prefill, then decode at the long
+    # context and at ~100 tokens in alternating chunks; the ratio is the median of adjacent
+    # chunks' ratios, every chunk reported.
+    env = {**os.environ, "MLXTERM_HOME": str(tmp_path / "home")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "app", "bench", "resume", "--long-context", "300", "--decode-tokens", "8",
+         "--chunk", "2", "--repeats", "1", "--arms", "engine", "--json"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    if "skipped" in out:
+        pytest.skip(out["skipped"])
+    arm = out["arms"]["engine"]
+    assert out["context_tokens"] == 300 and arm["chunk_tokens"] == 2 and arm["cold_prefill_s"] > 0
+    long, short, ratios = arm["decode_tps_at_context_runs"], arm["decode_tps_at_100_runs"], arm["decode_ratio_runs"]
+    assert len(long) == len(short) == len(ratios) == 4 and min(long + short) > 0
+    for a, b, r in zip(long, short, ratios, strict=True):
+        assert abs(a / b - r) < 0.02 * r  # each ratio pairs the adjacent chunks
+    ordered = sorted(ratios)
+    assert abs(arm["decode_ratio_context_vs_100"] - (ordered[1] + ordered[2]) / 2) <= 0.006  # rounded
