@@ -134,3 +134,53 @@ def test_the_step_is_traced_once_per_shape_not_per_step(tiny_llama_dir):
     kv.keep([0, 1])
     steps(3)
     assert fwd.traces == 2
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma"])
+@pytest.mark.parametrize("kv_dtype", [None, mx.float16])
+def test_a_burst_of_joiners_is_assembled_in_one_pass_with_every_row_in_place(
+    tiny_llama_dir, tiny_gemma_dir, name, kv_dtype
+):
+    # Rows joining together are written into the batch buffers in one pass when the layers
+    # are next read; the buffers must be exactly those of joins assembled one at a time, and
+    # each row's slot its own history at its own positions (a row with no history: zeros),
+    # sliding-window (Gemma) rings included.
+    model = load_model(tiny_gemma_dir if name == "gemma" else tiny_llama_dir)[0]
+    prompts = _prompts()
+    caches = []
+    for p in prompts:
+        cache = make_cache(model, kv_dtype=kv_dtype)
+        prefill(model, cache, p[:-1], logits=False)
+        caches.append(cache)
+    burst, one_by_one = BatchKV(), BatchKV()
+    for cache in caches:
+        burst.add(cache)
+        one_by_one.add(cache)
+        assert one_by_one.layers is not None  # reading the layers assembles this joiner now
+    assert burst.positions == one_by_one.positions == [len(p) - 1 for p in prompts]
+    for a, b in zip(burst.layers, one_by_one.layers, strict=True):
+        assert a.keys.shape == b.keys.shape and a.keys.dtype == b.keys.dtype
+        assert mx.array_equal(a.keys, b.keys) and mx.array_equal(a.values, b.values)
+        assert a.offset.tolist() == burst.positions
+    for i, cache in enumerate(caches):  # each row's history comes back out unchanged
+        for mine, theirs in zip(burst.take(i), cache, strict=True):
+            assert mine.offset == theirs.offset
+            if theirs.offset:
+                assert all(mx.array_equal(x, y) for x, y in zip(_history(mine), _history(theirs), strict=True))
+    empty = LENGTHS.index(1)  # the one-token prompt joined with nothing: its slot is zeros
+    assert all(not mx.any(layer.keys[empty]).item() for layer in burst.layers)
+    # A joiner after steps lands in the same buffers as it would alone after them.
+    for kv in (burst, one_by_one):
+        mx.eval(batched_logits(model, [p[-1] for p in prompts], kv))
+        kv.keep([0, 2, 3])
+        kv.add(caches[4])
+        kv.add(caches[1])
+    for a, b in zip(burst.layers, one_by_one.layers, strict=True):
+        assert mx.array_equal(a.keys, b.keys) and mx.array_equal(a.values, b.values)
+
+
+def _history(c) -> tuple:
+    """(keys, values) of the positions a layer cache holds, time-ordered."""
+    if isinstance(c, StaticKVCache):
+        return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+    return tuple(c.state)

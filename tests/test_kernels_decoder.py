@@ -377,3 +377,47 @@ def test_sampler_uses_the_kernel_and_the_switch_restores_mlx(monkeypatch):
     monkeypatch.setenv("MLXTERM_NO_FUSED", "1")
     _, lp = make_sampler(SamplingParams(temperature=0.0))(logits, mx.random.key(0), recent)
     assert mx.array_equal(lp, logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+
+@needs_ext
+@pytest.mark.parametrize("shape", [(8, 49152), (3, 1000), (2, 5, 37), (1, 7), (4, 1), (2, 151936)])
+def test_argmax_rows_matches_reference_and_mlx_ties_first(shape):
+    # Values on a coarse grid: many rows hold their maximum more than once (in one lane, in
+    # different lanes, in the scalar tail), and the first index must win, as mx.argmax's does.
+    x = mx.round(mx.random.normal(shape, key=mx.random.key(len(shape) + shape[-1])) * 2) / 2
+    x = mx.where(mx.arange(shape[-1]) % 5 == 1, -mx.inf, x)  # a constraint's masked entries
+    got, ref = kernels.argmax_rows(x), kernels.argmax_rows(x, reference=True)
+    want = mx.argmax(x, axis=-1).astype(mx.int32)
+    assert got.shape == shape[:-1] and got.dtype == mx.int32
+    assert mx.array_equal(got, ref) and mx.array_equal(got, want)
+    rows = x.reshape(-1, shape[-1])
+    top = mx.max(rows, axis=-1, keepdims=True)
+    if shape[-1] >= 16:  # the ties do happen, so the first-index rule is exercised
+        assert int(mx.sum(rows == top, axis=-1).max()) > 1
+    # a maximum only in the scalar tail, or in the last lane of the last chain or of another
+    for at in (shape[-1] - 1, (shape[-1] // 32) * 32 - 1, (shape[-1] // 32) * 32 - 9):
+        if at >= 0:
+            y = mx.where(mx.arange(shape[-1]) == at, 100.0, x)
+            assert (kernels.argmax_rows(y) == at).all().item()
+
+
+@needs_ext
+def test_argmax_rows_threads_compile_all_equal_and_bad_input(monkeypatch):
+    from engine.generation.sampling import greedy_tokens
+
+    x = mx.random.normal((4, 3000), key=mx.random.key(13)) * 4
+    one, two = on_one_and_two_threads(lambda: kernels.argmax_rows(x))
+    assert mx.array_equal(one, two)
+    assert mx.array_equal(kernels.argmax_rows(x[2:3]), one[2:3])  # a row alone = that row of many
+    assert mx.array_equal(mx.compile(kernels.argmax_rows)(x), one)
+    masked = mx.full((2, 40), -mx.inf)  # all masked: index 0, as MLX's
+    assert kernels.argmax_rows(masked).tolist() == [0, 0] == mx.argmax(masked, axis=-1).tolist()
+    assert kernels.argmax_rows(mx.zeros((1, 40))).tolist() == [0]
+    with pytest.raises(ValueError):
+        kernels.argmax_rows(x.astype(mx.float16))
+    # the batched lane's greedy picks: the kernel, or MLX's argmax with the switch off
+    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    assert mx.array_equal(greedy_tokens(x.astype(mx.float16)), kernels.argmax_rows(x.astype(mx.float16).astype(mx.float32)))
+    monkeypatch.setenv("MLXTERM_NO_FUSED", "1")
+    picks = greedy_tokens(x)
+    assert picks.dtype == mx.int32 and mx.array_equal(picks, one)

@@ -59,7 +59,7 @@ from engine.generation.batch import BatchKV, batchable, batched_logits, prefill_
 from engine.generation.constraints import additive_mask
 from engine.generation.generate import PREFILL_CHUNK, generate_step, prefill
 from engine.generation.kv_cache import StaticKVCache
-from engine.generation.sampling import SamplingParams, make_sampler, top_logprobs
+from engine.generation.sampling import SamplingParams, greedy_tokens, make_sampler, top_logprobs
 from engine.generation.textstream import ReasoningSplitter, StopMatcher
 from engine.serving.events import (
     Done,
@@ -726,7 +726,7 @@ class Scheduler:
             picks = None
             if plain:  # one argmax for every row whose sampler is a bare argmax
                 of = logits if len(plain) == len(rows) else logits[mx.array(plain)]
-                picks = mx.argmax(of.astype(mx.float32), axis=-1).astype(mx.int32)
+                picks = greedy_tokens(of)
             drawn_arrays = [picks] if plain else []
             for i, r in enumerate(rows):
                 if r in live:

@@ -108,6 +108,11 @@ NB_MODULE(_ext, m) {
       "log_softmax",
       [](const mlx::core::array& x, bool reference) { return mlxterm::log_softmax(x, reference); },
       "x"_a, "reference"_a = false, "x - logsumexp(x) over the last axis, float32 (src/fused.h).");
+  m.def(
+      "argmax_rows",
+      [](const mlx::core::array& x, bool reference) { return mlxterm::argmax_rows(x, reference); },
+      "x"_a, "reference"_a = false,
+      "Index of each row's largest value (the first of equal ones), float32 (..., V) -> int32 (src/fused.h).");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });
