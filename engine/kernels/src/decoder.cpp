@@ -73,7 +73,7 @@ QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_
 int chunk_cols(int n) {
   const int T = Pool::get().threads();
   const int chunk = (n + T * 8 - 1) / (T * 8);
-  return std::max(16, (chunk + 1) & ~1);
+  return std::max(16, (chunk + 15) & ~15);
 }
 
 void gpu_unsupported() {
