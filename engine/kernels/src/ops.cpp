@@ -410,10 +410,7 @@ void run_qmm(const QmmProblem& p0, bool exact) {
   prepare_x(p, !exact, x);
   Kernel k = pick(exact);
   const XView xv = x_view(x);
-  // Chunks of output rows: enough of them that a core busy elsewhere just takes fewer, few
-  // enough that each one amortises the hand-off (whole 16-column panels: the 8-row weight groups and the few-row path's 16-column tiles stay whole).
-  int chunk = (p.N + T * 8 - 1) / (T * 8);
-  chunk = std::max(16, (chunk + 15) & ~15);
+  const int chunk = qmm_chunk_cols(p.N, p.M);
   const int n_chunks = (p.N + chunk - 1) / chunk;
   pool.run(n_chunks, [&](int c) {
     int n0 = c * chunk, n1 = std::min(p.N, n0 + chunk);
@@ -497,6 +494,16 @@ namespace mlxterm {
 void qmm_run(const QmmProblem& p, bool exact) { run_qmm(p, exact); }
 QmmColumns qmm_columns(bool exact) { return pick(exact); }
 int qmm_dense_min_rows() { return dense_min_rows(); }
+int qmm_chunk_cols(int n, int rows) {
+  // Enough chunks that a core busy elsewhere just takes fewer, few enough that each one
+  // amortises the hand-off; whole 8-row weight groups for one row, whole 16-column panels for
+  // the few-row path's tiles (SmolLM2's 576 columns on 2 threads were 36-column chunks: 4.5
+  // groups decoded as 5).
+  const int T = Pool::get().threads();
+  const int chunk = (n + T * 8 - 1) / (T * 8);
+  const int unit = rows >= 2 ? 16 : 8;
+  return std::max(16, (chunk + unit - 1) / unit * unit);
+}
 bool amx_on() { return amx_capable() && amx_switch().load(std::memory_order_relaxed); }
 bool set_amx(bool on) { return amx_switch().exchange(on); }
 bool rows512_on() { return best_isa() == Isa::avx512vnni && rows512_switch().load(std::memory_order_relaxed); }

@@ -107,6 +107,9 @@ using QmmColumns = void (*)(const QmmProblem&, const XView&, int, int);
 void qmm_run(const QmmProblem& p, bool exact);
 QmmColumns qmm_columns(bool exact);
 int qmm_dense_min_rows();
+// Output columns per pool chunk of the int8 row path for n columns and `rows` activation rows
+// (run_qmm, the SwiGLU and the decoder primitives cut alike; the split changes no result).
+int qmm_chunk_cols(int n, int rows);
 // AMX-INT8 usable in this process: the CPU has it, the OS granted the tile state
 // (arch_prctl), best_isa() is avx512vnni and it is switched on (MLXTERM_NO_AMX=1 or set_amx).
 bool amx_on();

@@ -1,6 +1,7 @@
 // The quantized matmul's many-row path (prefill chunks, long verifies) on AVX512-VNNI CPUs
-// without AMX: the row path's int8 arithmetic (qmm_kernel.inc's group_rows) in 512-bit register
-// tiles, so every output is the row path's bit for bit -- a prefill row equals its decode row.
+// without AMX, and its 2..15-row path (a batch's decode step) on every AVX512-VNNI CPU: the row
+// path's int8 arithmetic (qmm_kernel.inc's group_rows) in 512-bit register tiles, so every
+// output is the row path's bit for bit -- a prefill row equals its decode row.
 //
 // Why: on AMD Zen 4 (AVX-512 VNNI, no AMX) the float panels (dense_run: dequantize to float,
 // fp32 FMA micro-kernel) peak at ~90 GOP/s per core, while `vpdpbusd` does 4 int8 products per
