@@ -16,7 +16,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.kernel_checks import assert_rows_are_solo_rows, int_activation_reference
+from tests.kernel_checks import (
+    assert_rows_are_solo_rows,
+    int_activation_reference,
+    on_one_and_two_threads,
+)
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"kernels off: {kernels.status()['reason']}")
 
@@ -97,3 +101,39 @@ def test_narrower_instruction_sets_keep_rows_independent(isa):
         compared = 2 if isa == "avx2" else 3
         for a, c in list(zip(outs[isa], outs[""], strict=True))[:compared]:
             assert mx.array_equal(a, c)
+
+
+_ROWS512 = kernels.available() and kernels.status()["isa"] == "avx2+avx512vnni"
+
+
+@pytest.mark.skipif(not _ROWS512, reason="CPU feature missing: the 16-column few-row path needs AVX512-VNNI")
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("scales", ["float32", "float16", "symmetric"])
+@pytest.mark.parametrize("x16", [False, True])
+def test_the_16_column_few_row_path_gives_the_8_column_paths_bits(bits, scales, x16):
+    """2..15 rows on the VNNI GEMM's 16-column zmm tiles (set_rows512) = the same rows on the
+    8-column row path, bit for bit: float16 and symmetric scales read as such, 16-bit
+    activations, N not a multiple of 16, a group size of 64; on 1 and 2 threads."""
+    ext = kernels._load()
+    wq, s, b = _weights(bits, 64, seed=bits + 7)
+    if scales != "float32":
+        s = s.astype(mx.float16)
+        b = (s * -(2 ** (bits - 1))) if scales == "symmetric" else b.astype(mx.float16)
+    x = mx.random.normal((15, K), key=mx.random.key(bits))
+    sym = scales == "symmetric"
+    was_x16 = kernels.set_x16(x16)
+    was = ext.set_rows512(True)
+    try:
+        assert ext.rows512()
+        for m in (2, 3, 5, 8, 15):
+            outs = {}
+            for on in (True, False):
+                ext.set_rows512(on)
+                outs[on] = on_one_and_two_threads(
+                    lambda m=m: kernels.quantized_matmul(x[:m], wq, s, b, 64, bits, symmetric=sym)
+                )
+            ref = outs[False][0]
+            assert all(mx.array_equal(a, ref).item() for a in (*outs[True], outs[False][1])), (m, scales)
+    finally:
+        ext.set_rows512(was)
+        kernels.set_x16(was_x16)

@@ -68,14 +68,6 @@ QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_
   return p;
 }
 
-// Columns per pool chunk for `n` output columns in all (as run_qmm sizes them; the split
-// does not change any result).
-int chunk_cols(int n) {
-  const int T = Pool::get().threads();
-  const int chunk = (n + T * 8 - 1) / (T * 8);
-  return std::max(16, (chunk + 1) & ~1);
-}
-
 void gpu_unsupported() {
   throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
 }
@@ -134,7 +126,7 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
       prepare_x(p[0], true, px);
       const XView xv = x_view(px);
       const QmmColumns kern = qmm_columns(false);
-      const int cc = chunk_cols(p[0].N + p[1].N + p[2].N);
+      const int cc = qmm_chunk_cols(p[0].N + p[1].N + p[2].N, rows);
       int first[4] = {0, 0, 0, 0};
       for (int i = 0; i < 3; ++i) first[i + 1] = first[i] + (p[i].N + cc - 1) / cc;
       Pool::get().run(first[3], [&](int c) {

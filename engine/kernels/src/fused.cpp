@@ -228,9 +228,7 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   const QmmColumns k = qmm_columns(exact);
   // Column chunks as QuantizedMatmul cuts them; each chunk runs gate, up and the activation
   // for its columns, so results do not depend on the thread count.
-  const int T = Pool::get().threads();
-  int chunk = (N + T * 8 - 1) / (T * 8);
-  chunk = std::max(16, (chunk + 1) & ~1);
+  const int chunk = qmm_chunk_cols(N, M);
   const int n_chunks = (N + chunk - 1) / chunk;
   Pool::get().run(n_chunks, [&](int c) {
     const int n0 = c * chunk, n1 = std::min(N, n0 + chunk);

@@ -212,9 +212,42 @@ namespace {
 
 using Kernel = void (*)(const QmmProblem&, const XView&, int, int);
 
+// A path's run-time switch starts on unless its environment variable `off` is "1".
+bool starts_on(const char* off) {
+  const char* e = std::getenv(off);
+  return !(e && e[0] == '1');
+}
+
+std::atomic<bool>& rows512_switch() {
+  static std::atomic<bool> on{starts_on("MLXTERM_NO_ROWS512")};
+  return on;
+}
+
+// A row-count threshold: environment variable `name` (at least `lo`) if set, else `fallback`.
+int env_rows(const char* name, int lo, int fallback) {
+  const char* env = std::getenv(name);
+  return env ? std::max(lo, std::atoi(env)) : fallback;
+}
+
+// Rows from which the row path runs on the VNNI GEMM's 16-column zmm tiles (MLXTERM_ROWS512_M).
+int rows512_min() {
+  static const int m = env_rows("MLXTERM_ROWS512_M", 2, 2);
+  return m;
+}
+
+// The AVX512-VNNI row path's columns: 2..15 rows (a batch's decode step) on the VNNI GEMM's
+// register tiles (qmm_gemm512.cpp: 16 weight rows per zmm, 8 `vpdpbusd` per activation row and
+// block for 16 outputs instead of 8), one row on the 8-column path (its direct decode). Same
+// bits: the GEMM runs group_rows' arithmetic per output. Why: on Sapphire Rapids a zmm
+// `vpdpbusd` does twice a ymm one's work per cycle; on Zen 4 it is double-pumped (the same).
+void int8_columns_512(const QmmProblem& p, const XView& x, int n0, int n1) {
+  if (p.M >= rows512_min() && rows512_switch().load(std::memory_order_relaxed)) gemm512::qmm_gemm(p, x, n0, n1);
+  else avx512vnni::qmm_int8(p, x, n0, n1);
+}
+
 Kernel pick(bool exact) {
   switch (best_isa()) {
-    case Isa::avx512vnni: return exact ? avx512vnni::qmm_exact : avx512vnni::qmm_int8;
+    case Isa::avx512vnni: return exact ? avx512vnni::qmm_exact : int8_columns_512;
     case Isa::avxvnni: return exact ? avxvnni::qmm_exact : avxvnni::qmm_int8;
     default: return exact ? avx2::qmm_exact : avx2::qmm_int8;
   }
@@ -231,10 +264,7 @@ DenseKernel pick_dense() {
 }
 
 int dense_min_rows() {
-  static const int m = [] {
-    const char* env = std::getenv("MLXTERM_QMM_DENSE_M");
-    return env ? std::max(1, std::atoi(env)) : 16;
-  }();
+  static const int m = env_rows("MLXTERM_QMM_DENSE_M", 1, 16);
   return m;
 }
 
@@ -254,22 +284,13 @@ bool amx_capable() {
   return ok;
 }
 
-// A path's run-time switch starts on unless its environment variable `off` is "1".
-bool starts_on(const char* off) {
-  const char* e = std::getenv(off);
-  return !(e && e[0] == '1');
-}
-
 std::atomic<bool>& amx_switch() {
   static std::atomic<bool> on{starts_on("MLXTERM_NO_AMX")};
   return on;
 }
 
 int amx_rows() {
-  static const int m = [] {
-    const char* env = std::getenv("MLXTERM_AMX_MIN_M");
-    return env ? std::max(2, std::atoi(env)) : 16;
-  }();
+  static const int m = env_rows("MLXTERM_AMX_MIN_M", 2, 16);
   return m;
 }
 
@@ -389,10 +410,7 @@ void run_qmm(const QmmProblem& p0, bool exact) {
   prepare_x(p, !exact, x);
   Kernel k = pick(exact);
   const XView xv = x_view(x);
-  // Chunks of output rows: enough of them that a core busy elsewhere just takes fewer, few
-  // enough that each one amortises the hand-off (even sizes keep the 2-row tiles whole).
-  int chunk = (p.N + T * 8 - 1) / (T * 8);
-  chunk = std::max(16, (chunk + 1) & ~1);
+  const int chunk = qmm_chunk_cols(p.N, p.M);
   const int n_chunks = (p.N + chunk - 1) / chunk;
   pool.run(n_chunks, [&](int c) {
     int n0 = c * chunk, n1 = std::min(p.N, n0 + chunk);
@@ -476,8 +494,20 @@ namespace mlxterm {
 void qmm_run(const QmmProblem& p, bool exact) { run_qmm(p, exact); }
 QmmColumns qmm_columns(bool exact) { return pick(exact); }
 int qmm_dense_min_rows() { return dense_min_rows(); }
+int qmm_chunk_cols(int n, int rows) {
+  // Enough chunks that a core busy elsewhere just takes fewer, few enough that each one
+  // amortises the hand-off; whole 8-row weight groups for one row, whole 16-column panels for
+  // the few-row path's tiles (SmolLM2's 576 columns on 2 threads were 36-column chunks: 4.5
+  // groups decoded as 5).
+  const int T = Pool::get().threads();
+  const int chunk = (n + T * 8 - 1) / (T * 8);
+  const int unit = rows >= 2 ? 16 : 8;
+  return std::max(16, (chunk + unit - 1) / unit * unit);
+}
 bool amx_on() { return amx_capable() && amx_switch().load(std::memory_order_relaxed); }
 bool set_amx(bool on) { return amx_switch().exchange(on); }
+bool rows512_on() { return best_isa() == Isa::avx512vnni && rows512_switch().load(std::memory_order_relaxed); }
+bool set_rows512(bool on) { return rows512_switch().exchange(on); }
 bool vnni_gemm_on() { return vnni_gemm_active(); }
 bool set_vnni_gemm(bool on) { return vnni_gemm_switch().exchange(on); }
 bool x16_on() { return x16_switch().load(std::memory_order_relaxed); }

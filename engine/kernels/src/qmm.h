@@ -107,12 +107,21 @@ using QmmColumns = void (*)(const QmmProblem&, const XView&, int, int);
 void qmm_run(const QmmProblem& p, bool exact);
 QmmColumns qmm_columns(bool exact);
 int qmm_dense_min_rows();
+// Output columns per pool chunk of the int8 row path for n columns and `rows` activation rows
+// (run_qmm, the SwiGLU and the decoder primitives cut alike; the split changes no result).
+int qmm_chunk_cols(int n, int rows);
 // AMX-INT8 usable in this process: the CPU has it, the OS granted the tile state
 // (arch_prctl), best_isa() is avx512vnni and it is switched on (MLXTERM_NO_AMX=1 or set_amx).
 bool amx_on();
 // Turn the AMX path on or off at run time (A/B in one process); returns the old setting.
 // Has no effect on a machine without AMX.
 bool set_amx(bool on);
+// Int8 matmuls of 2..15 rows (a batch's decode step, a verify) run on the AVX512-VNNI GEMM's
+// 16-column register tiles where best_isa() is avx512vnni (the same bits as the 8-column row
+// path); MLXTERM_NO_ROWS512=1 or set_rows512(false) keep them on the row path (A/B).
+bool rows512_on();
+// Turn it on or off at run time; returns the old setting.
+bool set_rows512(bool on);
 // Non-exact matmuls of qmm_dense_min_rows() rows or more run on the AVX512-VNNI GEMM
 // (qmm_gemm512.cpp) where AMX does not take them: best_isa() is avx512vnni and it is switched
 // on (MLXTERM_NO_VNNI_GEMM=1 or set_vnni_gemm turn it off: the float panels run).

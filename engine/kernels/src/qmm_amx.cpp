@@ -10,7 +10,7 @@
 //   tmm0, tmm1  C: 16 activation rows x 16 weight rows, int32 -- blocks blk and blk + 1
 //   tmm2, tmm3  A: 16 activation rows x 32 int8 (one 32-block), straight from PreparedX.q
 //   tmm4, tmm5  B: one 32-block of 16 weight rows in the VNNI layout: row t holds, for weight
-//               row j = 0..15, its bytes 4t..4t+3 (pack_group's panel of 8 rows, two side by side)
+//               row j = 0..15, its bytes 4t..4t+3 (pack_pair16: pack_group's 8-row panels side by side)
 // The int32 block dot is exact (any summation order), so C[m][n] equals the row path's
 // per-block integer; the float chain per output is then identical: acc = fma(float(dot),
 // scale_w * scale_x, acc) block by block, then + the bias chain over groups.
@@ -54,24 +54,13 @@ inline void tile_store(int32_t* buf) {
                : [t] "i"(T), [b] "r"(buf), [s] "r"(64L));
 }
 
-// One weight panel: 16 rows' blocks in the B layout, their scales (16 per block: no division
-// in the block loop) and bias terms (16 per group), built from two of pack_group's 8-row panels.
+// One weight panel: 16 rows' blocks in the B layout, their scales and bias terms (16 per
+// group), as pack_pair16 writes them.
 struct Panel {
   uint8_t* w;  // nb * 512 bytes
-  float* scale;  // nb * 16
+  float* scale;  // ng * 16
   float* bias;  // ng * 16
 };
-
-template <int BITS>
-void pack_panel16(const QmmProblem& p, int n0, int nr, const Group& ga, const Group& gb, const Panel& out) {
-  const Group& hi = pack_pair16<BITS>(p, n0, nr, ga, gb, out.w, out.bias);
-  const int nb = p.K / 32, bpg = p.group_size / 32;
-  for (int blk = 0; blk < nb; ++blk) {
-    const int q = blk / bpg;
-    _mm256_storeu_ps(out.scale + blk * 16, _mm256_loadu_ps(ga.scale + q * 8));
-    _mm256_storeu_ps(out.scale + blk * 16 + 8, _mm256_loadu_ps(hi.scale + q * 8));
-  }
-}
 
 // One block's C tile (in cbuf, 16 x 16 int32) into the 16 row accumulators; d: the 16 rows'
 // activation scales of the block.
@@ -86,6 +75,7 @@ inline void block_chain(const int32_t* cbuf, __m512 sv, const float* d, __m512 a
 // Activation rows [m0, m0 + 16) against one panel: out[m, n0 + j] for m < M, j < nr.
 void tile_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int n0, int nr) {
   const int K = p.K, nb = K / 32, ng = K / p.group_size;
+  const int lg = __builtin_ctz(unsigned(p.group_size / 32));  // block -> group: a shift
   // Software-pipelined by block pairs: a pair's two tile products are issued, then the
   // previous pair's float chains run (from memory) while the tile unit works, then this pair's
   // results are stored. The chains still run in block order.
@@ -106,15 +96,15 @@ void tile_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int
     _tile_loadd(5, pn.w + size_t(blk + 1) * 512, 64);
     _tile_dpbsud(1, 3, 5);
     if (blk > 0) {
-      block_chain(cb[cur ^ 1][0], _mm512_loadu_ps(pn.scale + (blk - 2) * 16), xd + (blk - 2) * 16, acc);
-      block_chain(cb[cur ^ 1][1], _mm512_loadu_ps(pn.scale + (blk - 1) * 16), xd + (blk - 1) * 16, acc);
+      block_chain(cb[cur ^ 1][0], _mm512_loadu_ps(pn.scale + ((blk - 2) >> lg) * 16), xd + (blk - 2) * 16, acc);
+      block_chain(cb[cur ^ 1][1], _mm512_loadu_ps(pn.scale + ((blk - 1) >> lg) * 16), xd + (blk - 1) * 16, acc);
     }
     tile_store<0>(cb[cur][0]);
     tile_store<1>(cb[cur][1]);
   }
   if (blk > 0) {
-    block_chain(cb[cur ^ 1][0], _mm512_loadu_ps(pn.scale + (blk - 2) * 16), xd + (blk - 2) * 16, acc);
-    block_chain(cb[cur ^ 1][1], _mm512_loadu_ps(pn.scale + (blk - 1) * 16), xd + (blk - 1) * 16, acc);
+    block_chain(cb[cur ^ 1][0], _mm512_loadu_ps(pn.scale + ((blk - 2) >> lg) * 16), xd + (blk - 2) * 16, acc);
+    block_chain(cb[cur ^ 1][1], _mm512_loadu_ps(pn.scale + ((blk - 1) >> lg) * 16), xd + (blk - 1) * 16, acc);
   }
   if (blk < nb) {
     _tile_zero(0);
@@ -122,7 +112,7 @@ void tile_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int
     _tile_loadd(4, pn.w + size_t(blk) * 512, 64);
     _tile_dpbsud(0, 2, 4);
     tile_store<0>(cb[0][0]);
-    block_chain(cb[0][0], _mm512_loadu_ps(pn.scale + blk * 16), xd + blk * 16, acc);
+    block_chain(cb[0][0], _mm512_loadu_ps(pn.scale + (blk >> lg) * 16), xd + blk * 16, acc);
   }
   const __mmask16 mask = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
   const int rows = std::min(16, p.M - m0);
@@ -150,18 +140,11 @@ void tile_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int
 template <int BITS>
 void amx_run(const QmmProblem& p, const XView& x, int n0, int n1) {
   const int nb = p.K / 32, ng = p.K / p.group_size;
-  thread_local std::vector<__m256i> wa, wb;
-  thread_local std::vector<float> fa, fb, pf;
   thread_local std::vector<uint8_t> pw;
-  wa.resize(size_t(nb) * 8);
-  wb.resize(size_t(nb) * 8);
-  fa.resize(size_t(ng) * 16);
-  fb.resize(size_t(ng) * 16);
+  thread_local std::vector<float> pf;
   pw.resize(size_t(nb) * 512);
-  pf.resize(size_t(nb) * 16 + size_t(ng) * 16);
-  const Group ga{wa.data(), fa.data(), fa.data() + size_t(ng) * 8};
-  const Group gb{wb.data(), fb.data(), fb.data() + size_t(ng) * 8};
-  const Panel pn{pw.data(), pf.data(), pf.data() + size_t(nb) * 16};
+  pf.resize(size_t(ng) * 32);
+  const Panel pn{pw.data(), pf.data(), pf.data() + size_t(ng) * 16};
   // Activation rows in slices that stay in L2 while every panel of this chunk passes over them
   // (a panel is decoded once per slice; for K <= ~2k that is once per matmul).
   const int slice = std::max(16, int((768 * 1024) / size_t(p.K)) & ~15);
@@ -170,7 +153,7 @@ void amx_run(const QmmProblem& p, const XView& x, int n0, int n1) {
     const int s1 = std::min(p.M, s0 + slice);
     for (int n = n0; n < n1; n += 16) {
       const int nr = std::min(16, n1 - n);
-      pack_panel16<BITS>(p, n, nr, ga, gb, pn);
+      pack_pair16<BITS>(p, n, nr, pn.w, pn.scale, pn.bias);
       asm volatile("" ::: "memory");  // the panel's stores before the tile loads that read them
       for (int m = s0; m < s1; m += 16) tile_rows(p, x, pn, m, n, nr);
     }

@@ -1,6 +1,7 @@
 // The quantized matmul's many-row path (prefill chunks, long verifies) on AVX512-VNNI CPUs
-// without AMX: the row path's int8 arithmetic (qmm_kernel.inc's group_rows) in 512-bit register
-// tiles, so every output is the row path's bit for bit -- a prefill row equals its decode row.
+// without AMX, and its 2..15-row path (a batch's decode step) on every AVX512-VNNI CPU: the row
+// path's int8 arithmetic (qmm_kernel.inc's group_rows) in 512-bit register tiles, so every
+// output is the row path's bit for bit -- a prefill row equals its decode row.
 //
 // Why: on AMD Zen 4 (AVX-512 VNNI, no AMX) the float panels (dense_run: dequantize to float,
 // fp32 FMA micro-kernel) peak at ~90 GOP/s per core, while `vpdpbusd` does 4 int8 products per
@@ -31,15 +32,6 @@ struct Panel {
   float* scale;
   float* bias;
 };
-
-template <int BITS>
-void pack_panel16(const QmmProblem& p, int n0, int nr, const Group& ga, const Group& gb, const Panel& out) {
-  const Group& hi = pack_pair16<BITS>(p, n0, nr, ga, gb, reinterpret_cast<uint8_t*>(out.w), out.bias);
-  for (int q = 0; q < p.K / p.group_size; ++q) {
-    _mm256_storeu_ps(out.scale + q * 16, _mm256_loadu_ps(ga.scale + q * 8));
-    _mm256_storeu_ps(out.scale + q * 16 + 8, _mm256_loadu_ps(hi.scale + q * 8));
-  }
-}
 
 // A 4-byte piece of an activation block, broadcast (folded into vpdpbusd as {1to16}).
 inline __m512i piece16(const int8_t* p) {
@@ -112,17 +104,10 @@ void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, in
 template <int BITS, bool X16>
 void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
   const int nb = p.K / 32, ng = p.K / p.group_size;
-  thread_local std::vector<__m256i> wa, wb;
-  thread_local std::vector<float> fa, fb, pf;
+  thread_local std::vector<float> pf;
   thread_local std::vector<__m512i> pw;
-  wa.resize(size_t(nb) * 8);
-  wb.resize(size_t(nb) * 8);
-  fa.resize(size_t(ng) * 16);
-  fb.resize(size_t(ng) * 16);
   pw.resize(size_t(nb) * 8);
   pf.resize(size_t(ng) * 32);
-  const Group ga{wa.data(), fa.data(), fa.data() + size_t(ng) * 8};
-  const Group gb{wb.data(), fb.data(), fb.data() + size_t(ng) * 8};
   const Panel pn{pw.data(), pf.data(), pf.data() + size_t(ng) * 16};
   // Activation rows in slices that stay in L2 while every panel of this chunk passes over them
   // (a panel is decoded once per slice; for K <= ~2k that is once per matmul).
@@ -131,7 +116,7 @@ void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
     const int s1 = std::min(p.M, s0 + slice);
     for (int n = n0; n < n1; n += 16) {
       const int nr = std::min(16, n1 - n);
-      pack_panel16<BITS>(p, n, nr, ga, gb, pn);
+      pack_pair16<BITS>(p, n, nr, reinterpret_cast<uint8_t*>(pn.w), pn.scale, pn.bias);
       int m = s0;
       for (; m + 16 <= s1; m += 16) panel_rows<16, X16>(p, x, pn, m, n, nr);
       if (s1 - m >= 8) { panel_rows<8, X16>(p, x, pn, m, n, nr); m += 8; }
