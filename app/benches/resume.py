@@ -225,6 +225,7 @@ def _long_context(args) -> dict:
     for name, runs in res.items():
         at_context = [x for r in runs for x in r[1]]
         at_100 = [x for r in runs for x in r[2]]
+        ratios = [x for r in runs for x in r[3]]
         out[name] = {
             "cold_prefill_s": round(statistics.median(r[0] for r in runs), 2),
             "decode_tps_at_context": round(statistics.median(at_context), 2),
@@ -235,8 +236,8 @@ def _long_context(args) -> dict:
             "decode_tps_at_context_runs": [round(x, 1) for x in at_context],
             "decode_tps_at_100_runs": [round(x, 1) for x in at_100],
             # Adjacent chunks' ratios (both decodes under the same machine phase) and their median.
-            "decode_ratio_runs": [round(x, 3) for r in runs for x in r[3]],
-            "decode_ratio_context_vs_100": round(statistics.median(x for r in runs for x in r[3]), 2),
+            "decode_ratio_runs": [round(x, 3) for x in ratios],
+            "decode_ratio_context_vs_100": round(statistics.median(ratios), 2),
         }
     table = ["| arm | cold prefill s | decode tok/s at context (min-max) | decode tok/s at 100 (min-max) | ratio |",
              "|---|---|---|---|---|"]

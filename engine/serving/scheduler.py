@@ -722,17 +722,18 @@ class Scheduler:
             live = [r for r in rows if not r.leaving and not r.cancel_seen]
             logits = batched_logits(self.model, _inputs([r.pending for r in rows]), self.kv)
             drawn = []
-            plain = [i for i, r in enumerate(rows) if r in live and r.plain_greedy]
+            plain_rows = [i for i, r in enumerate(rows) if r in live and r.plain_greedy]
+            plain = {i: j for j, i in enumerate(plain_rows)}  # batch row -> its argmax entry
             picks = None
             if plain:  # one argmax for every row whose sampler is a bare argmax
-                of = logits if len(plain) == len(rows) else logits[mx.array(plain)]
+                of = logits if len(plain) == len(rows) else logits[mx.array(plain_rows)]
                 picks = greedy_tokens(of)
             drawn_arrays = [picks] if plain else []
             for i, r in enumerate(rows):
                 if r in live:
                     if r.plain_greedy:
                         r.skipped += 1
-                        drawn.append((r, _Pick(picks, plain.index(i)), None))
+                        drawn.append((r, _Pick(picks, plain[i]), None))
                     else:
                         y, logprobs = r.draw(logits[i : i + 1])
                         drawn.append((r, y, logprobs))
