@@ -33,3 +33,25 @@ def test_both_arms_serve_the_same_requests(tmp_path, tiny_llama_dir):
     assert runs[0]["cached"] == runs[1]["cached"] == runs[2]["cached"], [r["cached"] for r in runs]
     assert min(runs[0]["cached"]) > 0
     assert min(fed) > sum(len(p) for p in prompts) - 3 * 40, (fed, [len(p) for p in prompts])
+
+
+def test_seed_makes_runs_serve_the_same_prompts(tmp_path, tiny_llama_dir):
+    """--seed: two runs (two builds in an A/B) draw the same nonces, so the same prompts;
+    without it every run draws fresh ones."""
+    from tests.tiny_models import write_profile
+
+    profile = write_profile(
+        tmp_path / "bench.yaml", tiny_llama_dir, cache={"ssd_dir": str(tmp_path / "ckpt")}
+    )
+    with Engine.load(str(profile)) as eng:
+
+        def draw(seed):
+            bench._nonces.seed(seed)
+            return bench._prompts(eng, 4)
+
+        first, again, other = draw(7), draw(7), draw(8)
+        fresh = [draw(None), draw(None)]
+    assert first == again
+    assert first != other
+    assert fresh[0] != fresh[1]
+    assert len({tuple(p) for p in first}) == 4  # each request its own prompt

@@ -30,11 +30,11 @@ engine.
 
 from __future__ import annotations
 
+import random
 import statistics
 import tempfile
 import threading
 import time
-import uuid
 
 from app.benches.engine import PASSAGE
 
@@ -72,6 +72,12 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--rounds", type=int, default=1, help="each round runs serial, batched, batched, serial"
     )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed the prompts' nonces: the same requests in every run (A/B across builds)",
+    )
 
 
 # Each prompt's nonce starts with its own letter (the warm-up turn's with "Z"), so no two
@@ -80,9 +86,17 @@ def add_arguments(p) -> None:
 # and so its last bits and maybe a near-tie token, would differ between the arms).
 TAGS = "ABCDEFGHIJKLMNOPQRSTUVWXY"
 
+# The nonces' source: random per run by default; --seed makes two runs (two builds in an A/B)
+# serve the same prompts, so they decode the same replies and take the same steps.
+_nonces = random.Random()
+
+
+def _nonce(digits: int) -> str:
+    return f"{_nonces.getrandbits(4 * digits):0{digits}x}"
+
 
 def _prompt(engine, n_tokens: int, tag: str = "") -> list[int]:
-    text = f"[{tag}{uuid.uuid4().hex[:12]}] Continue this text.\n"
+    text = f"[{tag}{_nonce(12)}] Continue this text.\n"
     while len(engine.tokenizer.encode(text)) < n_tokens:
         text += PASSAGE
     ids = engine.chat_prompt([{"role": "user", "content": text}])
@@ -215,7 +229,7 @@ def _interactive(engine, cap: int, max_tokens: int) -> dict:
 
     def chat_ttft() -> float:
         p = engine.chat_prompt(
-            [{"role": "user", "content": f"[{uuid.uuid4().hex[:8]}] Hello, how are you?"}]
+            [{"role": "user", "content": f"[{_nonce(8)}] Hello, how are you?"}]
         )
         return _Timed(
             engine.submit(GenerationRequest(p, params, priority=Priority.INTERACTIVE))
@@ -265,7 +279,13 @@ def run(args) -> dict:
 
     import yaml
 
-    out: dict = {"load_avg_start": os.getloadavg()[0], "max_tokens": args.max_tokens, "models": []}
+    _nonces.seed(args.seed)  # None: fresh randomness
+    out: dict = {
+        "load_avg_start": os.getloadavg()[0],
+        "max_tokens": args.max_tokens,
+        "seed": args.seed,
+        "models": [],
+    }
     sessions = [int(x) for x in args.sessions.split(",")]
     for name in args.profiles.split(","):
         base = load_profile(name)
