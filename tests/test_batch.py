@@ -341,16 +341,19 @@ def test_priorities_order_admission(tmp_path, tiny_llama_dir):
         for h in handles.values():  # all three wait (cap 1) and say so
             assert isinstance(next(iter(h)), Queued)
 
-        def watch(name):
-            handles[name].result(60)
-            order.append(name)
+        # The order the engine thread answers them in, recorded as it emits each Done (a
+        # waiting thread per handle would record the order those threads happen to wake in).
+        for name, h in handles.items():
 
-        threads = [threading.Thread(target=watch, args=(n,)) for n in handles]
-        for t in threads:
-            t.start()
+            def emit(event, name=name, emit=h.emit):
+                if isinstance(event, Done):
+                    order.append(name)
+                emit(event)
+
+            h.emit = emit
         blocker.cancel()
-        for t in threads:
-            t.join(60)
+        for h in handles.values():
+            h.result(60)
         assert order == ["chat", "agent", "bg"]
 
 
