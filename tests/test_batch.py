@@ -289,13 +289,37 @@ def test_burst_of_twenty_from_threads_and_asyncio_loses_nothing(engines):
     ]
     refs = [_solo(solo, spec) for spec in specs]
     results: dict[int, tuple] = {}
+    # The burst arrives while 8 rows fill the batch, so every request of it must wait (and say
+    # so) and then go through the cap: not left to how fast the steps run.
+    blocker_params = eng.sampling(max_tokens=4000)
+    blockers = [
+        eng.submit(
+            _request(
+                eng, dict(prompt=_prompt(eng, f"blocker {i}"), params=blocker_params, no_eos=True)
+            )
+        )
+        for i in range(8)
+    ]
+    for b in blockers:
+        _streaming(b)
+    submitted = threading.Semaphore(0)
+
+    def release_blockers():
+        for _ in range(20):
+            assert submitted.acquire(timeout=60)
+        for b in blockers:
+            b.cancel()
 
     def worker(i):
-        results[i] = _stream(eng.submit(_request(eng, specs[i])))
+        handle = eng.submit(_request(eng, specs[i]))
+        submitted.release()
+        results[i] = _stream(handle)
 
     async def one(i):
         text, events = [], []
-        async for ev in eng.submit(_request(eng, specs[i])):
+        handle = eng.submit(_request(eng, specs[i]))
+        submitted.release()
+        async for ev in handle:
             events.append(ev)
             if isinstance(ev, TextDelta):
                 text.append(ev.text)
@@ -305,6 +329,7 @@ def test_burst_of_twenty_from_threads_and_asyncio_loses_nothing(engines):
         await asyncio.gather(*(one(i) for i in range(10, 20)))
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(10)]
+    threads.append(threading.Thread(target=release_blockers))
     for t in threads:
         t.start()
     asyncio.run(many())
@@ -316,9 +341,10 @@ def test_burst_of_twenty_from_threads_and_asyncio_loses_nothing(engines):
         assert done.completion_token_ids == ref.completion_token_ids, i
         assert text == done.text == ref.text, i
         assert sum(isinstance(e, Done) for e in events) == 1
+        assert isinstance(events[0], Queued), i  # the batch was full when it arrived
+    assert all(b.result(60).finish_reason == "cancelled" for b in blockers)
     dones = [results[i][1] for i in range(20)]
-    assert max(d.batch_max for d in dones) == 8  # the cap
-    assert sum(any(isinstance(e, Queued) for e in results[i][2]) for i in range(20)) >= 12 - 8
+    assert max(d.batch_max for d in dones) == 8  # the cap, reached and never passed
 
 
 def test_priorities_order_admission(tmp_path, tiny_llama_dir):
