@@ -43,7 +43,7 @@ def test_rows_land_at_their_positions_as_put_along_axis(buf_dtype, x_dtype):
 
 
 @needs_ext
-def test_strided_inputs_and_a_position_outside_the_buffer():
+def test_strided_inputs_and_positions_outside_the_buffer():
     B, H, S, D = 4, 2, 16, 8
     mx.random.seed(4)
     base = mx.random.normal((B, H, D, S)).astype(mx.float16)
@@ -51,6 +51,8 @@ def test_strided_inputs_and_a_position_outside_the_buffer():
     x = mx.random.normal((B, H, D, 1)).transpose(0, 1, 3, 2)
     pos = mx.array([3, 16, -1, 15], mx.int32)  # rows 1 and 2: outside, nothing written
     mx.eval(buf, x, pos)
+    assert _same(kernels.kv_write_rows(buf, x, mx.broadcast_to(mx.array([5], mx.int32), (B,))),
+                 _put(buf, x, mx.full((B,), 5, mx.int32)))  # a stride-0 position array
     got = kernels.kv_write_rows(buf, x, pos)
     keep = mx.array([3, 0, 0, 15], mx.int32)
     want = _put(buf, x, keep)

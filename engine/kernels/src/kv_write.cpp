@@ -6,6 +6,7 @@
 #include <string>
 
 #include "mlx/backend/cpu/encoder.h"
+#include "ops.h"
 
 namespace mlxterm {
 
@@ -107,7 +108,7 @@ mx::array kv_write_rows(const mx::array& buf, const mx::array& x, const mx::arra
     throw std::invalid_argument("[mlxterm.kv_write_rows] buf (B, H, S, D), rows (B, H, 1, D) of its dtype or float32.");
   if (pos.ndim() != 1 || pos.shape(0) != buf.shape(0) || pos.dtype() != mx::int32)
     throw std::invalid_argument("[mlxterm.kv_write_rows] pos must be int32 (B,).");
-  return mx::array(buf.shape(), T, std::make_shared<KvWriteRows>(st), {buf, x, pos});
+  return mx::array(buf.shape(), T, std::make_shared<KvWriteRows>(st), {buf, x, contiguous_in(pos, st)});
 }
 
 }  // namespace mlxterm
