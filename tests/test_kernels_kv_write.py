@@ -61,6 +61,18 @@ def test_strided_inputs_and_positions_outside_the_buffer():
 
 
 @needs_ext
+def test_a_buffer_cut_along_the_position_axis_is_copied_whole():
+    """A batch's buffers cut to a smaller capacity (BatchKV: a slice along the position axis)."""
+    mx.random.seed(6)
+    full = mx.random.normal((3, 2, 24, 8)).astype(mx.float16)
+    buf = full[:, :, :16]
+    x = mx.random.normal((3, 2, 1, 8))
+    pos = mx.array([0, 9, 15], mx.int32)
+    mx.eval(full, buf, x, pos)
+    assert _same(kernels.kv_write_rows(buf, x, pos), _put(buf, x, pos))
+
+
+@needs_ext
 def test_a_step_chain_writes_in_place_and_keeps_every_row():
     """Step after step on a donated buffer (the compiled batched step's use): every written
     entry stays, as with put_along_axis."""

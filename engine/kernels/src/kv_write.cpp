@@ -33,12 +33,21 @@ void copy_general(const mx::array& buf, mx::array& out) {
     std::memcpy(dst, src, out.nbytes());
     return;
   }
+  // A buffer cut to a smaller capacity (a slice along the position axis) keeps its rows of D
+  // contiguous: one memcpy per row then, else per element.
+  const size_t row = st[3] == 1 ? size_t(sh[3]) * es : es;
   size_t o = 0;
   for (int a = 0; a < sh[0]; ++a)
     for (int b = 0; b < sh[1]; ++b)
-      for (int c = 0; c < sh[2]; ++c)
-        for (int d = 0; d < sh[3]; ++d, o += es)
-          std::memcpy(dst + o, src + (a * st[0] + b * st[1] + c * st[2] + d * st[3]) * es, es);
+      for (int c = 0; c < sh[2]; ++c) {
+        const int64_t at = a * st[0] + b * st[1] + c * st[2];
+        if (st[3] == 1) {
+          std::memcpy(dst + o, src + at * es, row);
+          o += row;
+          continue;
+        }
+        for (int d = 0; d < sh[3]; ++d, o += es) std::memcpy(dst + o, src + (at + d * st[3]) * es, es);
+      }
 }
 
 // Row b, head h of `x` (B, H, 1, D) at position p of `out` (B, H, S, D): a byte copy when the
