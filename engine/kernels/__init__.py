@@ -368,6 +368,15 @@ def argmax_rows(x: mx.array, reference: bool = False) -> mx.array:
     return ext.argmax_rows(x, reference)
 
 
+def kv_write_rows(buf: mx.array, x: mx.array, pos: mx.array) -> mx.array:
+    """The (B, H, S, D) K or V buffer ``buf`` with row ``b``'s new entry (``x``: B, H, 1, D) at
+    position ``pos[b]``: ``mx.put_along_axis`` along the position axis as one primitive that
+    writes in place when MLX can donate the buffer. ``x`` may be float32 for a float16 /
+    bfloat16 buffer (cast as ``astype`` casts); a position outside the buffer writes nothing."""
+    ext = _required()
+    return ext.kv_write_rows(buf, x, pos)
+
+
 def log_softmax(x: mx.array, reference: bool = False) -> mx.array:
     """``x - logsumexp(x)`` over the last axis of float32 ``x`` as one CPU primitive (the
     vectorised exp; MLX's CPU logsumexp runs a scalar exp, ~0.6 ms per 49k-token vocabulary).

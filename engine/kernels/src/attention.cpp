@@ -35,6 +35,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
 #include "attention_tiles.h"
+#include "ops.h"
 #include "pool.h"
 #include "qmm.h"
 #include "vmath.h"
@@ -740,8 +741,7 @@ mx::array flash_attention(
   if (mode < 0 || mode > 2) bad("mode must be 0 (none), 1 (causal) or 2 (array mask).");
   auto st = mx::to_stream(s);
   if (st.device != mx::Device::cpu) bad("runs on the CPU stream only.");
-  std::vector<mx::array> inputs = {
-      mx::contiguous(q, false, st), mx::contiguous(k, false, st), mx::contiguous(v, false, st)};
+  std::vector<mx::array> inputs = {contiguous_in(q, st), contiguous_in(k, st), contiguous_in(v, st)};
   if (mode == 2) {
     if (!mask || mask->ndim() != 4 || mask->shape(1) != 1 || mask->shape(3) != S ||
         (mask->shape(2) != 1 && mask->shape(2) != L) || (mask->shape(0) != 1 && mask->shape(0) != B))

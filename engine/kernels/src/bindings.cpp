@@ -11,6 +11,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 #include "decoder.h"
+#include "kv_write.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -113,6 +114,13 @@ NB_MODULE(_ext, m) {
       [](const mlx::core::array& x, bool reference) { return mlxterm::argmax_rows(x, reference); },
       "x"_a, "reference"_a = false,
       "Index of each row's largest value (the first of equal ones), float32 (..., V) -> int32 (src/fused.h).");
+  m.def(
+      "kv_write_rows",
+      [](const mlx::core::array& buf, const mlx::core::array& x, const mlx::core::array& pos) {
+        return mlxterm::kv_write_rows(buf, x, pos);
+      },
+      "buf"_a, "x"_a, "pos"_a,
+      "Each row's new key (or value) at its own position of a (B, H, S, D) buffer, in place when MLX allows (src/kv_write.h).");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });

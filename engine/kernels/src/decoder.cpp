@@ -37,11 +37,11 @@ mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op) {
 }
 
 mx::array f32c(const mx::array& a, mx::Stream st) {
-  return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
+  return contiguous_in(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), st);
 }
 
 void push_weight(std::vector<mx::array>& in, const QWeight& q, mx::Stream st) {
-  in.push_back(mx::contiguous(q.w, false, st));
+  in.push_back(contiguous_in(q.w, st));
   in.push_back(qmm_scales(q.scales, q.biases, st));
   in.push_back(qmm_scales(q.biases, q.scales, st));
 }
@@ -253,8 +253,8 @@ std::vector<mx::array> norm_qkv_rope(
   }
   auto st = cpu_stream(s, op);
   std::vector<mx::array> in = {
-      mx::contiguous(x, false, st), f32c(norm_w, st),
-      mx::contiguous(mx::flatten(mx::astype(offset, mx::int32, st), st), false, st)};
+      contiguous_in(x, st), f32c(norm_w, st),
+      contiguous_in(mx::flatten(mx::astype(offset, mx::int32, st), st), st)};
   push_weight(in, q, st);
   push_weight(in, k, st);
   push_weight(in, v, st);
@@ -288,7 +288,7 @@ mx::array attn_out_mlp(
   if (down.w.shape(0) != Dm)
     throw std::invalid_argument("[mlxterm.attn_out_mlp] down's out features must equal h's width.");
   auto st = cpu_stream(s, op);
-  std::vector<mx::array> in = {mx::contiguous(a, false, st), mx::contiguous(h, false, st)};
+  std::vector<mx::array> in = {contiguous_in(a, st), contiguous_in(h, st)};
   push_weight(in, o, st);
   in.push_back(f32c(norm_w, st));
   push_weight(in, gate, st);

@@ -266,11 +266,11 @@ mx::array quantized_swiglu(
     throw std::invalid_argument("[mlxterm.quantized_swiglu] gate and up weights must have one shape.");
   auto st = mx::to_stream(s);
   auto f32 = [&](const mx::array& a) {
-    return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
+    return contiguous_in(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), st);
   };
   std::vector<mx::array> inputs = {
-      f32(x), mx::contiguous(wg, false, st), qmm_scales(sg, bg, st), qmm_scales(bg, sg, st),
-      mx::contiguous(wu, false, st), qmm_scales(su, bu, st), qmm_scales(bu, su, st)};
+      f32(x), contiguous_in(wg, st), qmm_scales(sg, bg, st), qmm_scales(bg, sg, st),
+      contiguous_in(wu, st), qmm_scales(su, bu, st), qmm_scales(bu, su, st)};
   auto shape = x.shape();
   shape.back() = wg.shape(0);
   return mx::array(
@@ -354,7 +354,7 @@ void LogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
 mx::array log_softmax(const mx::array& x, bool reference, mx::StreamOrDevice s) {
   auto st = row_stream(x, "log_softmax", s);
   return mx::array(x.shape(), mx::float32, std::make_shared<LogSoftmax>(st, reference),
-                   {mx::contiguous(x, false, st)});
+                   {contiguous_in(x, st)});
 }
 
 namespace {
@@ -424,7 +424,7 @@ mx::array argmax_rows(const mx::array& x, bool reference, mx::StreamOrDevice s) 
   auto st = row_stream(x, "argmax_rows", s);
   auto shape = x.shape();
   shape.pop_back();
-  return mx::array(shape, mx::int32, std::make_shared<ArgmaxRows>(st, reference), {mx::contiguous(x, false, st)});
+  return mx::array(shape, mx::int32, std::make_shared<ArgmaxRows>(st, reference), {contiguous_in(x, st)});
 }
 
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s) {
@@ -434,7 +434,7 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
   if (st.device != mx::Device::cpu)
     throw std::invalid_argument("[mlxterm.rms_norm] runs on the CPU stream only.");
   std::vector<mx::array> inputs = {
-      mx::contiguous(x, false, st), mx::contiguous(mx::astype(w, mx::float32, st), false, st)};
+      contiguous_in(x, st), contiguous_in(mx::astype(w, mx::float32, st), st)};
   return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(st, eps), inputs);
 }
 
@@ -451,7 +451,7 @@ mx::array rope(
   if (st.device != mx::Device::cpu)
     throw std::invalid_argument("[mlxterm.rope] runs on the CPU stream only.");
   std::vector<mx::array> inputs = {
-      x, mx::contiguous(mx::flatten(mx::astype(offset, mx::int32, st), st), false, st)};
+      x, contiguous_in(mx::flatten(mx::astype(offset, mx::int32, st), st), st)};
   return mx::array(
       x.shape(), mx::float32, std::make_shared<Rope>(st, dims, traditional, base, scale), inputs);
 }

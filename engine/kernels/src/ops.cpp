@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -80,9 +81,25 @@ QmmProblem f32_scales(const QmmProblem& p, std::vector<float>& buf) {
   return q;
 }
 
+namespace {
+
+// Every primitive of this extension (names "Mlxterm...") allocates its outputs row contiguous
+// (or, kv_write_rows, shares a row-contiguous buffer), so an output of one not yet evaluated
+// (the decoder layers' chain, attention's q/k/v and output) needs no Contiguous node either.
+bool produced_row_contiguous(const mx::array& a) {
+  return a.has_primitive() && std::strncmp(a.primitive().name(), "Mlxterm", 7) == 0;
+}
+
+}  // namespace
+
+mx::array contiguous_in(const mx::array& a, mx::Stream st) {
+  if (a.is_available() ? a.flags().row_contiguous : produced_row_contiguous(a)) return a;
+  return mx::contiguous(a, false, st);
+}
+
 mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st) {
-  if (a.dtype() == mx::float16 && other.dtype() == mx::float16) return mx::contiguous(a, false, st);
-  return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
+  if (a.dtype() == mx::float16 && other.dtype() == mx::float16) return contiguous_in(a, st);
+  return contiguous_in(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), st);
 }
 
 namespace {
@@ -478,9 +495,9 @@ mx::array quantized_matmul(
   if (st.device != mx::Device::cpu)
     throw std::invalid_argument("[mlxterm.quantized_matmul] runs on the CPU stream only.");
   auto f32 = [&](const mx::array& a) {
-    return mx::contiguous(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), false, st);
+    return contiguous_in(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), st);
   };
-  std::vector<mx::array> inputs = {f32(x), mx::contiguous(w, false, st), qmm_scales(scales, biases, st),
+  std::vector<mx::array> inputs = {f32(x), contiguous_in(w, st), qmm_scales(scales, biases, st),
                                    qmm_scales(biases, scales, st)};
   auto shape = x.shape();
   shape.back() = N;

@@ -27,6 +27,12 @@ mx::array quantized_matmul(
 QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& scales,
                        const mx::array& biases, int group_size, int bits, float* out);
 
+// `a` as a row-contiguous primitive input: `a` itself when it is already evaluated and row
+// contiguous (weights, scales) or an output of this extension's primitives, else
+// mx::contiguous(a). Why: MLX's contiguous() is a graph node even for a row-contiguous array,
+// and a SmolLM2 decode step held ~930 of them (each evaluated every step).
+mx::array contiguous_in(const mx::array& a, mx::Stream st);
+
 // scales or biases (`a`) as the kernels take them: float16 when both are float16 (read as
 // such by the decode path), else float32.
 mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st);
