@@ -59,6 +59,25 @@ class NoEos:
         pass
 
 
+class GateAfter:
+    """``inner``'s constraint that holds the engine thread after ``n`` tokens until ``release``
+    is set (``reached`` says it got there): the test then acts at a known token boundary."""
+
+    def __init__(self, inner, n: int):
+        self.inner, self.n = inner, n
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def allowed(self):
+        return self.inner.allowed()
+
+    def advance(self, token: int) -> None:
+        self.inner.advance(token)
+        self.n -= 1
+        if self.n == 0:
+            self.reached.set()
+            self.release.wait(60)
+
+
 def _prompt(eng, text: str) -> list[int]:
     return eng.chat_prompt([{"role": "user", "content": text}])
 
@@ -457,9 +476,18 @@ def test_sliding_window_rows_batch_and_match_solo_runs(tmp_path, tiny_gemma_dir)
         specs[1]["params"] = eng.sampling(temperature=0.9, seed=8, max_tokens=34)
         refs = [_solo(solo, s) for s in specs]
         assert len(refs[0].completion_token_ids) == 60
-        first = eng.submit(_request(eng, specs[0]))
-        _streaming(first, 3)  # the first row streams in the serial lane
+        # The first row streams in the serial lane and waits after its third token until the
+        # others are submitted, so it migrates into the batch mid-reply however slowly this
+        # thread runs (it used to read 3 deltas while the engine raced on).
+        gate = GateAfter(NoEos(eng), 3)
+        first = eng.submit(
+            GenerationRequest(
+                list(specs[0]["prompt"]), specs[0]["params"], constraint=gate, split_reasoning=False
+            )
+        )
+        assert gate.reached.wait(60)
         handles = [first] + [eng.submit(_request(eng, s)) for s in specs[1:]]
+        gate.release.set()
         for h, ref in zip(handles, refs, strict=True):
             done = h.result(60)
             assert done.completion_token_ids == ref.completion_token_ids and done.lane == "batched"
