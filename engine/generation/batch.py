@@ -27,15 +27,10 @@ from __future__ import annotations
 from engine import kernels
 from engine.generation.generate import per_model
 from engine.generation.kv_cache import StaticKVCache, WindowKVCache, _stored
-from engine.kernels.hook import fused_enabled
+from engine.kernels.hook import fused_active
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
-
-
-def _kernel_writes() -> bool:
-    """Whether rows' K/V writes go to the CPU kernels' primitive (``MLXTERM_NO_FUSED=1``: no)."""
-    return kernels.available() and fused_enabled()
 
 
 def batchable(cache: list) -> bool:
@@ -77,14 +72,15 @@ class RowsKVCache:
         """Write each row's one new key/value at that row's position: on the CPU kernels one
         in-place primitive for both (``kernels.kv_write_rows``, casting float32 rows to a
         float16 buffer itself), else ``put_along_axis``."""
-        direct = self.keys is not None and _kernel_writes() and keys.dtype == values.dtype == mx.float32
-        if not (direct and self.keys.dtype in (mx.float16, mx.bfloat16)):
+        kernel = fused_active()  # else put_along_axis (MLXTERM_NO_FUSED=1, not on the CPU)
+        casts = kernel and self.keys is not None and self.keys.dtype in (mx.float16, mx.bfloat16)
+        if not (casts and keys.dtype == values.dtype == mx.float32):
             keys, values = _stored(self.dtype, keys, values)  # the rows' storage (float16, q8 rows)
         B, H, _, Dk = keys.shape
         if self.keys is None:  # every row joined with an empty history: first step allocates
             self.keys = mx.zeros((B, H, StaticKVCache.step, Dk), keys.dtype)
             self.values = mx.zeros((B, H, StaticKVCache.step, values.shape[3]), keys.dtype)
-        if _kernel_writes() and keys.dtype == values.dtype and keys.dtype in (self.keys.dtype, mx.float32):
+        if kernel and keys.dtype == values.dtype and keys.dtype in (self.keys.dtype, mx.float32):
             self.keys = kernels.kv_write_rows(self.keys, keys, self.offset)
             self.values = kernels.kv_write_rows(self.values, values, self.offset)
             return self.keys, self.values

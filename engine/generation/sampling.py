@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from engine import kernels
-from engine.kernels.hook import fused_enabled
+from engine.kernels.hook import fused_active
 
 import mlx.core as mx
 
@@ -76,7 +76,7 @@ def greedy_tokens(logits: mx.array) -> mx.array:
     ~0.4 ms for the 8 rows of a batched SmolLM2 step); elsewhere, or with
     ``MLXTERM_NO_FUSED=1``, MLX's argmax."""
     logits = logits.astype(mx.float32)
-    if kernels.available() and fused_enabled():
+    if fused_active():
         return kernels.argmax_rows(logits)
     return mx.argmax(logits, axis=-1).astype(mx.int32)
 
@@ -85,7 +85,7 @@ def log_softmax(logits: mx.array) -> mx.array:
     """``logits - logsumexp(logits)``: on the CPU kernels one primitive with a vectorised exp
     (MLX's CPU logsumexp is a scalar exp over the whole vocabulary, ~3% of a small model's
     decode step); elsewhere, or with ``MLXTERM_NO_FUSED=1``, MLX's ops."""
-    if logits.dtype == mx.float32 and kernels.available() and fused_enabled():
+    if logits.dtype == mx.float32 and fused_active():
         return kernels.log_softmax(logits)
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 

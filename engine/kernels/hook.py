@@ -184,6 +184,12 @@ def fused_enabled() -> bool:
     return not os.environ.get("MLXTERM_NO_FUSED")
 
 
+def fused_active() -> bool:
+    """Whether the kernels' fused primitives run here: the kernels serve the default device
+    (the CPU) and ``MLXTERM_NO_FUSED`` does not ask for MLX's own ops."""
+    return kernels.available() and fused_enabled()
+
+
 def install(model: nn.Module) -> int:
     """Route ``model``'s quantized layers to the kernels; return how many were routed."""
     if not kernels.available():

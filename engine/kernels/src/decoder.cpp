@@ -29,12 +29,6 @@ void check_weight(const QWeight& q, int K, const char* op, const char* what) {
     throw std::invalid_argument(where + "scales/biases must be (N, K / group_size).");
 }
 
-mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op) {
-  auto st = mx::to_stream(s);
-  if (st.device != mx::Device::cpu)
-    throw std::invalid_argument(std::string("[mlxterm.") + op + "] runs on the CPU stream only.");
-  return st;
-}
 
 mx::array f32c(const mx::array& a, mx::Stream st) {
   return contiguous_in(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), st);
@@ -66,10 +60,6 @@ QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_
   p.bits = bits;
   p.out = out;
   return p;
-}
-
-void gpu_unsupported() {
-  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
 }
 
 }  // namespace

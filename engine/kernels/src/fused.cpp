@@ -41,10 +41,6 @@ void over_rows(long rows, F&& f) {
   });
 }
 
-void gpu_unsupported() {
-  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
-}
-
 }  // namespace
 
 void rms_row(const float* x, const float* w, float* o, int D, float eps) {
@@ -330,10 +326,7 @@ void dispatch_rows(mx::Stream st, const mx::array& x, mx::array& out, Body body)
 mx::Stream row_stream(const mx::array& x, const std::string& op, mx::StreamOrDevice s) {
   if (x.ndim() < 1 || x.dtype() != mx::float32 || x.shape(-1) < 1)
     throw std::invalid_argument("[mlxterm." + op + "] x must be float32 (..., V) with V >= 1.");
-  auto st = mx::to_stream(s);
-  if (st.device != mx::Device::cpu)
-    throw std::invalid_argument("[mlxterm." + op + "] runs on the CPU stream only.");
-  return st;
+  return cpu_stream(s, op.c_str());
 }
 
 }  // namespace

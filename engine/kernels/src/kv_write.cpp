@@ -102,13 +102,10 @@ void KvWriteRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out)
   });
 }
 
-void KvWriteRows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
-}
+void KvWriteRows::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
 
 mx::array kv_write_rows(const mx::array& buf, const mx::array& x, const mx::array& pos, mx::StreamOrDevice s) {
-  auto st = mx::to_stream(s);
-  if (st.device != mx::Device::cpu) throw std::invalid_argument("[mlxterm.kv_write_rows] runs on the CPU stream only.");
+  auto st = cpu_stream(s, "kv_write_rows");
   const auto T = buf.dtype();
   const bool fits = buf.ndim() == 4 && x.ndim() == 4 && x.shape(0) == buf.shape(0) && x.shape(1) == buf.shape(1) &&
                     x.shape(2) == 1 && x.shape(3) == buf.shape(3) &&

@@ -92,6 +92,17 @@ bool produced_row_contiguous(const mx::array& a) {
 
 }  // namespace
 
+mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op) {
+  auto st = mx::to_stream(s);
+  if (st.device != mx::Device::cpu)
+    throw std::invalid_argument(std::string("[mlxterm.") + op + "] runs on the CPU stream only.");
+  return st;
+}
+
+void gpu_unsupported() {
+  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
+}
+
 mx::array contiguous_in(const mx::array& a, mx::Stream st) {
   if (a.is_available() ? a.flags().row_contiguous : produced_row_contiguous(a)) return a;
   return mx::contiguous(a, false, st);

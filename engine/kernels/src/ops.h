@@ -27,6 +27,12 @@ mx::array quantized_matmul(
 QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& scales,
                        const mx::array& biases, int group_size, int bits, float* out);
 
+// The CPU stream of `s` for op `op`, or invalid_argument: the kernels run on the CPU only.
+mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op);
+
+// Every primitive's eval_gpu: the kernels have no GPU implementation (runtime_error).
+[[noreturn]] void gpu_unsupported();
+
 // `a` as a row-contiguous primitive input: `a` itself when it is already evaluated and row
 // contiguous (weights, scales) or an output of this extension's primitives, else
 // mx::contiguous(a). Why: MLX's contiguous() is a graph node even for a row-contiguous array,
