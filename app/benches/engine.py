@@ -39,6 +39,8 @@ import platform
 import statistics
 import time
 
+from app.benches import llama_peer
+
 PASSAGE = (
     "The history of computing is a story of layers. At the bottom sit transistors, switching "
     "billions of times a second; above them, logic gates, then arithmetic units, caches and "
@@ -66,29 +68,12 @@ def _llama_cpp_arm(path, prompt: list[int], n: int, threads: int, read: bool = F
     """A callable running llama.cpp on ``path`` -> (ttft s, decode tok/s, tokens), and its load
     seconds; or (None, reason) when xllamacpp is not installed. ``read``: load the weights into
     memory rather than mmap the file."""
-    try:
-        import xllamacpp as xl
-    except ImportError:
-        return None, "xllamacpp not installed (pip install -e '.[peer]')"
-    p = xl.CommonParams()
-    p.model.path = str(path)
-    p.n_ctx = max(2048, len(prompt) + n + 16)
-    p.n_batch = p.n_ubatch = 512
-    p.n_parallel = 1
-    p.cpuparams.n_threads = threads
-    p.cpuparams_batch.n_threads = threads
-    p.warmup = False
-    if read:
-        p.load_mode = xl.llama_load_mode.LLAMA_LOAD_MODE_NONE
-    t = time.perf_counter()
-    server = xl.Server(p)
-    load_s = time.perf_counter() - t
+    server, load_s = llama_peer.start_server(path, max(2048, len(prompt) + n + 16), threads, read=read)
+    if server is None:
+        return None, load_s
 
     def run_():
-        r = server.handle_completions(
-            {"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False}
-        )
-        tm = r["timings"]
+        tm = llama_peer.complete(server, prompt, n)
         return tm["prompt_ms"] / 1000, tm["predicted_per_second"], int(tm["predicted_n"])
 
     run_.server = server  # keep the model alive with the arm

@@ -21,7 +21,13 @@ same with float32 K/V), ``flash-kv16`` (float16 K/V whatever the profile says), 
 (8-bit K/V rows, the CPU's live ``q8`` format, group ``kv_cache.group_size`` when the profile
 picks q8, else 64), ``softmax``
 (the kernels with an earlier round's attention: MLX matmuls + fused softmax, MLX at decode) and
-``today`` (the original engine path: fp32 weights + OpenBLAS + MLX's attention, no kernels).
+``today`` (the original engine path: fp32 weights + OpenBLAS + MLX's attention, no kernels);
+the peer: ``llama_cpp`` (llama.cpp via xllamacpp, app/benches/llama_peer.py, on the same GGUF,
+the same prompt tokens and ``--threads``, its default f16 K/V cache) and ``llama_cpp_q8`` (q8_0
+K and V, flash attention on), skipped with a note when xllamacpp is not installed. A llama.cpp
+run keeps both contexts in two slots of one server and alternates their decodes in chunks as
+the engine's do (``_llama_cpp_long`` says how a chunk is timed); ``vs_llama_cpp`` divides
+each engine arm's numbers by each llama.cpp arm's (whole runs alternated, not chunks).
 ``--arms`` picks a subset (default ``engine,today``: the issue's ratio, measured in one run).
 It first times the attention op alone at N keys (a prefill chunk and a decode step, the
 model's head shapes) for each implementation, so the attention share is visible, and the fused
@@ -36,7 +42,12 @@ import statistics
 import tempfile
 import uuid
 
-from app.benches.engine import PASSAGE
+from app.benches import llama_peer
+from app.benches.engine import PASSAGE, _prompt_ids
+
+# llama.cpp arms of the long-context bench -> the K/V cache type each runs with.
+LLAMA_ARMS = {"llama_cpp": "f16", "llama_cpp_q8": "q8_0"}
+ENGINE_ARMS = ("engine", "flash", "flash-kv16", "flash-q8", "softmax", "today")
 
 
 def add_arguments(p) -> None:
@@ -50,7 +61,41 @@ def add_arguments(p) -> None:
     p.add_argument("--chunk", type=int, default=8,
                    help="long-context arm: tokens per turn when the two decodes alternate")
     p.add_argument("--arms", default="engine,today",
-                   help="long-context arm: arms to run (engine, flash, flash-kv16, flash-q8, softmax, today)")
+                   help="long-context arm: arms to run (engine, flash, flash-kv16, flash-q8, softmax, today, "
+                        "llama_cpp, llama_cpp_q8)")
+    p.add_argument("--threads", type=int, default=2, help="long-context arm: llama.cpp threads (and the kernel pool's)")
+
+
+def _llama_cpp_long(source, long_ids: list[int], short_ids: list[int], chunk: int, turns: int, threads: int,
+                    kv_type: str):
+    """One run of a llama.cpp arm, as ``run_arm`` times the engine's: (cold prefill s, tok/s per
+    chunk at the long context, at ~100 tokens, paired ratios); or (None, reason) without
+    xllamacpp. A fresh server per run (two in one process slow each other) with two slots,
+    one per context; after the cold prefill the two decodes alternate in chunks, each chunk a
+    request of ``chunk`` + 1 tokens on its slot's cached prompt: llama.cpp evaluates the prompt's
+    last token again (that step yields the first token) and the ``chunk`` decode steps after it
+    are the chunk's tok/s (its ``predicted_per_second``, timed inside the server loop). Every
+    chunk restarts from the same prompt, so each decodes at contexts N..N+chunk, where the
+    engine's chunks move on through N..N+decode-tokens."""
+    n_ctx = len(long_ids) + chunk + 16
+    server, info = llama_peer.start_server(source, n_ctx, threads, slots=2, kv_type=kv_type)
+    if server is None:
+        return None, info
+    slots = {"long": (0, long_ids), "short": (1, short_ids)}
+    try:
+        cold = llama_peer.complete(server, long_ids, 1, slot=0, cache_prompt=True)["prompt_ms"] / 1000
+        llama_peer.complete(server, short_ids, 1, slot=1, cache_prompt=True)
+        tps: dict[str, list[float]] = {"long": [], "short": []}
+        for i in range(turns):
+            for name in ("long", "short") if i % 2 == 0 else ("short", "long"):
+                slot, ids = slots[name]
+                tm = llama_peer.complete(server, ids, chunk + 1, slot=slot, cache_prompt=True)
+                if tm["prompt_n"] > 1:  # the slot lost its context: this chunk timed a prefill
+                    raise RuntimeError(f"llama.cpp slot {slot} re-evaluated {tm['prompt_n']} prompt tokens")
+                tps[name].append(tm["predicted_per_second"])
+    finally:
+        del server  # frees the model and both contexts before the next arm runs
+    return cold, tps["long"], tps["short"], [a / b for a, b in zip(tps["long"], tps["short"], strict=True)]
 
 
 def _attention_op(model, n_keys: int, kv_dtype) -> dict:
@@ -154,12 +199,8 @@ def _long_context(args) -> dict:
     profile = load_profile(args.profile)
     source = resolve_source(profile.model.source, profile.base_dir)
     fast = load_bundle(source, "quantized")
-    today = load_bundle(source, "fp32")
     tok = fast.tokenizer
-    text = PASSAGE
-    while len(tok.encode(text)) < args.long_context:
-        text += PASSAGE
-    long_ids = tok.encode(text)[: args.long_context]
+    long_ids = _prompt_ids(tok, args.long_context)  # bench engine's prompt: the passage repeated
     short_ids = long_ids[:100]
     chunk = max(1, args.chunk)
     turns = max(1, args.decode_tokens // chunk)
@@ -187,6 +228,8 @@ def _long_context(args) -> dict:
         return cold, tps["long"], tps["short"], [a / b for a, b in zip(tps["long"], tps["short"], strict=True)]
 
     def arm(name):
+        if name in LLAMA_ARMS:
+            return _llama_cpp_long(source, long_ids, short_ids, chunk, turns, args.threads, LLAMA_ARMS[name])
         if name == "today":
             attention.uninstall()  # today's path: MLX attention, fp32 weights
             try:
@@ -204,22 +247,32 @@ def _long_context(args) -> dict:
 
     if not kernels.available():
         return {"bench": "resume-long", "skipped": f"CPU kernels unavailable: {kernels.status()['reason']}"}
+    kernels.set_threads(args.threads)
     hook.install(fast.model)
     engine_kv = live_kv_format(profile.kv_cache, backend(), fast.model)  # as PromptCache.new_cache
     engine_dtype = live_kv_dtype(engine_kv)
     q8 = engine_dtype if isinstance(engine_dtype, Q8) else Q8(64)
     arms = [a for a in args.arms.split(",") if a]
-    unknown = set(arms) - {"engine", "flash", "flash-kv16", "flash-q8", "softmax", "today"}
+    unknown = set(arms) - set(ENGINE_ARMS) - set(LLAMA_ARMS)
     if unknown:
         raise SystemExit(f"bench resume: unknown arm(s) {', '.join(sorted(unknown))}")
+    today = load_bundle(source, "fp32") if "today" in arms else None
     op = {"kv_float32": _attention_op(fast.model, len(long_ids), mx.float32),
           "kv_float16": _attention_op(fast.model, len(long_ids), mx.float16),
           q8.name: _attention_op(fast.model, len(long_ids), q8)}
     order = arms + arms[::-1]
     res: dict[str, list] = {name: [] for name in arms}
+    notes: list[str] = []
     for _ in range(args.repeats):
         for name in order[: len(arms) if args.repeats == 1 else len(order)]:
-            res[name].append(arm(name))
+            if name not in res:
+                continue  # skipped
+            r = arm(name)
+            if r[0] is None:
+                notes.append(f"{name} arm skipped: {r[1]}")
+                del res[name]
+                continue
+            res[name].append(r)
             mx.clear_cache()
     out = {}
     for name, runs in res.items():
@@ -227,7 +280,7 @@ def _long_context(args) -> dict:
         at_100 = [x for r in runs for x in r[2]]
         ratios = [x for r in runs for x in r[3]]
         out[name] = {
-            "cold_prefill_s": round(statistics.median(r[0] for r in runs), 2),
+            "cold_prefill_s": round(statistics.median(r[0] for r in runs), 3),
             "decode_tps_at_context": round(statistics.median(at_context), 2),
             "decode_tps_at_100": round(statistics.median(at_100), 2),
             "runs": len(runs),
@@ -239,6 +292,8 @@ def _long_context(args) -> dict:
             "decode_ratio_runs": [round(x, 3) for x in ratios],
             "decode_ratio_context_vs_100": round(statistics.median(ratios), 2),
         }
+        if name in LLAMA_ARMS:
+            out[name]["kv_cache"] = LLAMA_ARMS[name]
     table = ["| arm | cold prefill s | decode tok/s at context (min-max) | decode tok/s at 100 (min-max) | ratio |",
              "|---|---|---|---|---|"]
 
@@ -249,6 +304,11 @@ def _long_context(args) -> dict:
         table.append(f"| {name} | {r['cold_prefill_s']} | {r['decode_tps_at_context']} "
                      f"({spread(r['decode_tps_at_context_runs'])}) | {r['decode_tps_at_100']} "
                      f"({spread(r['decode_tps_at_100_runs'])}) | {r['decode_ratio_context_vs_100']} |")
+    vs_llama = _vs_llama_cpp(out)
+    for key, r in vs_llama.items():
+        table.append(f"{key}: decode at {len(long_ids)} tokens {r['decode_at_context']}x, at 100 "
+                     f"{r['decode_at_100']}x, cold prefill {r['cold_prefill']}x")
+    table += notes
     speedups = {}
     if "today" in out:
         for name in out:
@@ -263,8 +323,32 @@ def _long_context(args) -> dict:
                      f"per token")
     return {"bench": "resume-long", "profile": profile.name, "context_tokens": len(long_ids),
             "engine_kv_format": engine_kv, "kernel_isa": kernels.status().get("isa"),
-            "hugepages": hugepages.status(), "arms": out, "prefill_speedup": speedups, "attention_op_ms": op,
+            "hugepages": hugepages.status(), "threads": args.threads, "arms": out, "prefill_speedup": speedups,
+            "vs_llama_cpp": vs_llama, "notes": notes, "attention_op_ms": op,
             "load_avg": list(os.getloadavg()), "summary": "\n".join(table)}
+
+
+def _vs_llama_cpp(out: dict) -> dict:
+    """Each engine arm over each llama.cpp arm that ran ("engine / llama_cpp": ...): decode
+    tok/s at the context and at ~100 tokens, and cold prefill speed (llama.cpp's seconds over
+    the arm's). The arms' runs alternate whole (A/B/B/A), not chunk by chunk."""
+    res = {}
+    for name, r in out.items():
+        if name in LLAMA_ARMS:
+            continue
+        for peer in LLAMA_ARMS:
+            if peer in out:
+                p = out[peer]
+                res[f"{name} / {peer}"] = {
+                    "decode_at_context": _ratio(r["decode_tps_at_context"], p["decode_tps_at_context"]),
+                    "decode_at_100": _ratio(r["decode_tps_at_100"], p["decode_tps_at_100"]),
+                    "cold_prefill": _ratio(p["cold_prefill_s"], r["cold_prefill_s"]),
+                }
+    return res
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None
 
 def _conversation(engine, n_tokens: int, nonce: str) -> list[int]:
     text = f"[{nonce}] Summarise this text.\n"
