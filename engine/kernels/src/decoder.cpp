@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fused.h"
+#include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "ops.h"
 #include "pool.h"
@@ -64,6 +65,38 @@ QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_
 
 }  // namespace
 
+// A layer call's float scratch: at decode sizes the thread's own vector, kept between calls; for
+// a prompt forward (rows on the many-row matmul paths) a buffer from MLX's allocator, given
+// back at the end of the call to MLX's cache as the op-by-op layer's intermediate arrays are
+// (reused without new page faults, not pinned to the stream thread at the longest prompt's size).
+class Floats {
+ public:
+  Floats(std::vector<float>& keep, bool once) : keep_(keep), once_(once) {}
+  Floats(const Floats&) = delete;
+  Floats& operator=(const Floats&) = delete;
+  ~Floats() {
+    if (buf_.ptr()) mx::allocator::allocator().free(buf_);
+  }
+  void resize(size_t n) {
+    if (!once_) {
+      keep_.resize(n);
+      p_ = keep_.data();
+      return;
+    }
+    if (buf_.ptr()) mx::allocator::allocator().free(buf_);
+    buf_ = mx::allocator::allocator().malloc(n * sizeof(float));
+    p_ = static_cast<float*>(buf_.raw_ptr());
+  }
+  float* data() const { return p_; }
+  float& operator[](size_t i) const { return p_[i]; }
+
+ private:
+  std::vector<float>& keep_;
+  bool once_;
+  mx::allocator::Buffer buf_{nullptr};
+  float* p_ = nullptr;
+};
+
 std::vector<mx::Shape> NormQkvRope::output_shapes(const std::vector<mx::array>& inputs) {
   const auto& x = inputs[0];
   const int B = x.shape(0), L = x.shape(1);
@@ -99,8 +132,11 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
   const int dims = rope_dims_;
   const bool trad = traditional_;
   enc.dispatch([=]() mutable {
-    thread_local std::vector<float> xn, cs, sn, part[3];
+    thread_local std::vector<float> cs, sn, keep[4];
     thread_local PreparedX px;
+    const bool once = rows >= qmm_dense_min_rows();
+    Floats xn(keep[0], once);
+    Floats part[3] = {Floats(keep[1], once), Floats(keep[2], once), Floats(keep[3], once)};
     xn.resize(size_t(rows) * Dm);
     for (int r = 0; r < rows; ++r) rms_row(xp + size_t(r) * Dm, nw, xn.data() + size_t(r) * Dm, Dm, eps);
     for (int i = 0; i < 3; ++i) {
@@ -109,7 +145,7 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
       p[i].out = part[i].data();
     }
     if (rows >= qmm_dense_min_rows()) {
-      // Prefill-sized (the engine does not route these here; kept correct): each matmul as is.
+      // Prompt-sized: each matmul on its many-row path (AMX tiles, VNNI GEMM or float panels).
       for (int i = 0; i < 3; ++i) qmm_run(p[i], false);
     } else {
       // One activation quantization and one pool job for the three matmuls.
@@ -179,7 +215,9 @@ void AttnOutMlp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   float* op = out.data<float>();
   const float eps = eps_;
   enc.dispatch([=]() mutable {
-    thread_local std::vector<float> ao, r, hn, act;
+    thread_local std::vector<float> keep[4];
+    const bool once = rows >= qmm_dense_min_rows();
+    Floats ao(keep[0], once), r(keep[1], once), hn(keep[2], once), act(keep[3], once);
     // The attention output (B, H, L, Dv) as the (B, L, H * Dv) rows o_proj multiplies.
     ao.resize(size_t(rows) * Ka);
     for (int b = 0; b < B; ++b)
