@@ -157,7 +157,7 @@ def test_prefill_sized_inputs_run_the_primitives_bit_identical(fused_on, make, m
     x = mx.random.normal((1, kernels.dense_rows(), 128), key=mx.random.key(1))
     assert hook._block_fits(layer, x, None) and hook._block_fits(layer, x[:, :-1], None)
     assert not hook._block_fits(layer, x[:, :1].astype(mx.float16), None)
-    for L in (kernels.dense_rows(), 40, 67, 200):  # 200: row loops on pool threads too
+    for L in (kernels.dense_rows(), 40, 67, 200, 600):  # 200: pool threads; 600: per-call scratch
         tokens = mx.array([[(5 * i + 2) % 96 for i in range(L)]])
         assert mx.array_equal(m(tokens), _ops_forward(m, tokens))
     caches = [make_cache(m), make_cache(m)]

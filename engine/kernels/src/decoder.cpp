@@ -65,10 +65,15 @@ QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_
 
 }  // namespace
 
-// A layer call's float scratch: at decode sizes the thread's own vector, kept between calls; for
-// a prompt forward (rows on the many-row matmul paths) a buffer from MLX's allocator, given
-// back at the end of the call to MLX's cache as the op-by-op layer's intermediate arrays are
-// (reused without new page faults, not pinned to the stream thread at the longest prompt's size).
+// Calls of up to this many rows keep their scratch with the stream thread between calls (one
+// prefill chunk, engine/generation/generate.py: PREFILL_CHUNK; SmolLM2 ~10 MB, Qwen2.5-0.5B ~20 MB
+// at most); larger ones (joint prefills of several prompts) allocate it per call.
+constexpr int kKeptScratchRows = 512;
+
+// A layer call's float scratch: the thread's own vector, kept between calls, up to
+// kKeptScratchRows rows; above that a buffer from MLX's allocator, freed at the end of the call
+// (a kept one would pin the largest joint prefill's size to the stream thread). Per-call
+// buffers for every prompt forward measured slower (page faults; with std::vector also zero fill).
 class Floats {
  public:
   Floats(std::vector<float>& keep, bool once) : keep_(keep), once_(once) {}
@@ -145,7 +150,7 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
   enc.dispatch([=]() mutable {
     thread_local std::vector<float> cs, sn, keep[4];
     thread_local PreparedX px;
-    const bool once = rows >= qmm_dense_min_rows();
+    const bool once = rows > kKeptScratchRows;
     Floats xn(keep[0], once);
     Floats part[3] = {Floats(keep[1], once), Floats(keep[2], once), Floats(keep[3], once)};
     xn.resize(size_t(rows) * Dm);
@@ -232,7 +237,7 @@ void AttnOutMlp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   const float eps = eps_;
   enc.dispatch([=]() mutable {
     thread_local std::vector<float> keep[4];
-    const bool once = rows >= qmm_dense_min_rows();
+    const bool once = rows > kKeptScratchRows;
     Floats ao(keep[0], once), r(keep[1], once), hn(keep[2], once), act(keep[3], once);
     // The attention output (B, H, L, Dv) as the (B, L, H * Dv) rows o_proj multiplies.
     ao.resize(size_t(rows) * Ka);
