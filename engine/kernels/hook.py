@@ -20,8 +20,8 @@ per-op dispatch and kernel pool hand-offs were a third of a small model's decode
 compute the same bits as the layer op by op; the cache update and the attention stay the
 model's own calls (so ``engine.kernels.attention`` and speculation's row-exact attention still
 apply). Prompt forwards (prefill-sized inputs, whose matmuls run on the many-row paths) take
-them too since round 12: ~5-7% less time per SmolLM2 prompt forward of 40-665 tokens (fewer
-graph nodes, MLX copies and pool hand-offs; docs/benchmarks.md). ``PREFILL_LAYERS = False``
+them too since round 12: 10-14% less time per SmolLM2 prompt forward of 40-665 tokens, 1-7% for
+Qwen2.5-0.5B (fewer graph nodes, MLX copies and pool hand-offs; docs/benchmarks.md). ``PREFILL_LAYERS = False``
 (or ``MLXTERM_NO_PREFILL_LAYERS=1``) keeps those op by op (A/B runs).
 """
 
