@@ -1,8 +1,8 @@
 """The decoder-layer primitives (engine/kernels/src/decoder.cpp): ``norm_qkv_rope`` and
 ``attn_out_mlp`` against the single fused ops they replace (bit for bit) and a float64
 reference of the layer, 1 vs 2 threads, mx.compile with an array offset, and the hook's
-routing of llama/qwen2 decoder layers (decode-sized inputs on the CPU only, bit-identical
-to the layer op by op: the compiled decode step, a row of a batch and a speculative verify
+routing of llama/qwen2 decoder layers (on the CPU only, decode- and prefill-sized inputs,
+bit-identical to the layer op by op: the compiled decode step, a row of a batch and a speculative verify
 forward see the same numbers as before). The MLXTERM_NO_FUSED switch is tested for the layers
 and the single ops at once in test_kernels_fused."""
 
@@ -144,16 +144,33 @@ def test_symmetric_weights_give_the_bits_of_reading_their_biases(fused_on, monke
 
 
 @needs_ext
-def test_prefill_sized_inputs_keep_the_layer_op_by_op(fused_on):
-    m = _llama()
+@pytest.mark.parametrize("make", [_llama, lambda: _llama(bits_o=5, bits_down=8), _qwen2])
+def test_prefill_sized_inputs_run_the_primitives_bit_identical(fused_on, make, monkeypatch):
+    """Prompt forwards (rows on the many-row matmul paths) take the decoder primitives too and
+    give the bits of the layer op by op: no cache, a prompt into a cache after a prefix, two
+    batch rows at once; PREFILL_LAYERS = False keeps them op by op."""
+    from engine.generation.kv_cache import make_cache
+
+    m = make()
     hook.install(m)
     layer = m.layers[0]
     x = mx.random.normal((1, kernels.dense_rows(), 128), key=mx.random.key(1))
+    assert hook._block_fits(layer, x, None) and hook._block_fits(layer, x[:, :-1], None)
+    assert not hook._block_fits(layer, x[:, :1].astype(mx.float16), None)
+    for L in (kernels.dense_rows(), 40, 67, 200, 600):  # 200: pool threads; 600: per-call scratch
+        tokens = mx.array([[(5 * i + 2) % 96 for i in range(L)]])
+        assert mx.array_equal(m(tokens), _ops_forward(m, tokens))
+    caches = [make_cache(m), make_cache(m)]
+    for part in ([[3, 14, 15, 92, 65, 35]], [[(3 * i + 1) % 96 for i in range(40)]]):
+        a, b = m(mx.array(part), cache=caches[0]), _ops_forward(m, mx.array(part), cache=caches[1])
+        assert mx.array_equal(a, b)
+    for c0, c1 in zip(*caches, strict=True):
+        assert mx.array_equal(c0.keys, c1.keys) and mx.array_equal(c0.values, c1.values)
+    two = mx.array([[(7 * i + r) % 96 for i in range(24)] for r in (1, 2)])
+    assert mx.array_equal(m(two), _ops_forward(m, two))
+    monkeypatch.setattr(hook, "PREFILL_LAYERS", False)
     assert not hook._block_fits(layer, x, None)
     assert hook._block_fits(layer, x[:, :-1], None)
-    assert not hook._block_fits(layer, x[:, :1].astype(mx.float16), None)
-    tokens = mx.array([[i % 96 for i in range(40)]])
-    assert mx.array_equal(m(tokens), _ops_forward(m, tokens))
 
 
 @needs_ext

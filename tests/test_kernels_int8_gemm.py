@@ -52,7 +52,7 @@ def path(request):
 
 # (M, N, K): one tile, a row past it, many tiles with a remainder, a long prefill chunk; odd N
 # (partial 16-column panels and panels of <= 8 rows), one whole panel, K an odd number of 32-blocks.
-SHAPES = [(16, 67, 256), (17, 37, 96), (64, 128, 512), (300, 77, 640), (33, 8, 160), (47, 16, 224)]
+SHAPES = [(16, 67, 256), (17, 37, 96), (64, 128, 512), (300, 77, 640), (33, 8, 160), (47, 16, 224), (40, 24, 576)]
 
 
 def _weights(N, K, bits, gs, seed, fmt):

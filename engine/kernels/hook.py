@@ -14,12 +14,15 @@ more in dispatch than in arithmetic at decode; a SwiGLU MLP (mlx_lm's llama/qwen
 its gate and up projections and the activation as one primitive. ``MLXTERM_NO_FUSED=1`` keeps MLX's ops for
 them (A/B benchmarks).
 
-At decode sizes (fewer rows than the matmul's int8 path takes) a whole llama/qwen2 decoder
-layer runs as two primitives around its attention (``kernels.norm_qkv_rope`` and
-``kernels.attn_out_mlp``, src/decoder.h) instead of ~20 MLX ops: per-op dispatch and kernel
-pool hand-offs were a third of a small model's decode step. They compute the same bits as
-the layer op by op; the cache update and the attention stay the model's own calls (so
-``engine.kernels.attention`` and speculation's row-exact attention still apply).
+A whole llama/qwen2 decoder layer runs as two primitives around its attention
+(``kernels.norm_qkv_rope`` and ``kernels.attn_out_mlp``, src/decoder.h) instead of ~20 MLX ops:
+per-op dispatch and kernel pool hand-offs were a third of a small model's decode step. They
+compute the same bits as the layer op by op; the cache update and the attention stay the
+model's own calls (so ``engine.kernels.attention`` and speculation's row-exact attention still
+apply). Prompt forwards (prefill-sized inputs, whose matmuls run on the many-row paths) take
+them too since round 12: 10-14% less time per SmolLM2 prompt forward of 40-665 tokens, 1-7% for
+Qwen2.5-0.5B (fewer graph nodes, MLX copies and pool hand-offs; docs/benchmarks.md). ``PREFILL_LAYERS = False``
+(or ``MLXTERM_NO_PREFILL_LAYERS=1``) keeps those op by op (A/B runs).
 """
 
 from __future__ import annotations
@@ -123,6 +126,10 @@ _BLOCKS = _SWIGLU_MLPS
 _block_classes: dict[type, type] = {}
 
 
+# Prefill-sized layer inputs run the decoder primitives too (False: op by op, for A/B runs).
+PREFILL_LAYERS = not os.environ.get("MLXTERM_NO_PREFILL_LAYERS")
+
+
 def _block_fits(block: nn.Module, x: mx.array, cache) -> bool:
     attn, mlp = block.self_attn, block.mlp
     q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
@@ -130,7 +137,7 @@ def _block_fits(block: nn.Module, x: mx.array, cache) -> bool:
     return (
         x.ndim == 3
         and x.dtype == mx.float32
-        and x.shape[0] * x.shape[1] < kernels.dense_rows()
+        and (PREFILL_LAYERS or x.shape[0] * x.shape[1] < kernels.dense_rows())
         and mx.default_device() == mx.cpu
         and not hasattr(cache, "bits")  # quantized KV: mlx_lm's own path
         and type(block.input_layernorm) is KernelRMSNorm

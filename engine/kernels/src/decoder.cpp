@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fused.h"
+#include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "ops.h"
 #include "pool.h"
@@ -64,6 +65,54 @@ QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_
 
 }  // namespace
 
+// Calls of up to this many rows keep their scratch with the stream thread between calls (one
+// prefill chunk, engine/generation/generate.py: PREFILL_CHUNK; SmolLM2 ~10 MB, Qwen2.5-0.5B ~20 MB
+// at most); larger ones (joint prefills of several prompts) allocate it per call.
+constexpr int kKeptScratchRows = 512;
+
+// A layer call's float scratch: the thread's own vector, kept between calls, up to
+// kKeptScratchRows rows; above that a buffer from MLX's allocator, freed at the end of the call
+// (a kept one would pin the largest joint prefill's size to the stream thread). Per-call
+// buffers for every prompt forward measured slower (page faults; with std::vector also zero fill).
+class Floats {
+ public:
+  Floats(std::vector<float>& keep, bool once) : keep_(keep), once_(once) {}
+  Floats(const Floats&) = delete;
+  Floats& operator=(const Floats&) = delete;
+  ~Floats() {
+    if (buf_.ptr()) mx::allocator::allocator().free(buf_);
+  }
+  void resize(size_t n) {
+    if (!once_) {
+      keep_.resize(n);
+      p_ = keep_.data();
+      return;
+    }
+    if (buf_.ptr()) mx::allocator::allocator().free(buf_);
+    buf_ = mx::allocator::allocator().malloc(n * sizeof(float));
+    p_ = static_cast<float*>(buf_.raw_ptr());
+  }
+  float* data() const { return p_; }
+  float& operator[](size_t i) const { return p_[i]; }
+
+ private:
+  std::vector<float>& keep_;
+  bool once_;
+  mx::allocator::Buffer buf_{nullptr};
+  float* p_ = nullptr;
+};
+
+// A layer call's row loops (norms, RoPE, residual adds, layout copies): a prompt forward's on the
+// kernel pool, a decode step's few rows on this thread (a pool hand-off costs more than their
+// work). Each row's arithmetic is the same either way.
+template <class F>
+void layer_rows(int rows, F&& f) {
+  if (rows >= qmm_dense_min_rows())
+    over_rows(rows, f);
+  else
+    for (int r = 0; r < rows; ++r) f(r);
+}
+
 std::vector<mx::Shape> NormQkvRope::output_shapes(const std::vector<mx::array>& inputs) {
   const auto& x = inputs[0];
   const int B = x.shape(0), L = x.shape(1);
@@ -99,17 +148,20 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
   const int dims = rope_dims_;
   const bool trad = traditional_;
   enc.dispatch([=]() mutable {
-    thread_local std::vector<float> xn, cs, sn, part[3];
+    thread_local std::vector<float> cs, sn, keep[4];
     thread_local PreparedX px;
+    const bool once = rows > kKeptScratchRows;
+    Floats xn(keep[0], once);
+    Floats part[3] = {Floats(keep[1], once), Floats(keep[2], once), Floats(keep[3], once)};
     xn.resize(size_t(rows) * Dm);
-    for (int r = 0; r < rows; ++r) rms_row(xp + size_t(r) * Dm, nw, xn.data() + size_t(r) * Dm, Dm, eps);
+    layer_rows(rows, [&](long r) { rms_row(xp + size_t(r) * Dm, nw, xn.data() + size_t(r) * Dm, Dm, eps); });
     for (int i = 0; i < 3; ++i) {
       part[i].resize(size_t(rows) * p[i].N);
       p[i].x = xn.data();
       p[i].out = part[i].data();
     }
     if (rows >= qmm_dense_min_rows()) {
-      // Prefill-sized (the engine does not route these here; kept correct): each matmul as is.
+      // Prompt-sized: each matmul on its many-row path (AMX tiles, VNNI GEMM or float panels).
       for (int i = 0; i < 3; ++i) qmm_run(p[i], false);
     } else {
       // One activation quantization and one pool job for the three matmuls.
@@ -127,30 +179,35 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     }
     // Linear biases (qwen2), as the separate add would: y + b.
     if (lb[0])
-      for (int i = 0; i < 3; ++i)
-        for (int r = 0; r < rows; ++r) {
+      layer_rows(rows, [&](long r) {
+        for (int i = 0; i < 3; ++i) {
           float* yr = part[i].data() + size_t(r) * p[i].N;
           for (int n = 0; n < p[i].N; ++n) yr[n] = yr[n] + lb[i][n];
         }
+      });
     // RoPE on q and k, and every head to (B, heads, L, D).
     const int nb = n_off == 1 ? 1 : B;
     const int half = dims / 2;
     rope_table(off, nb, L, half, base, scale, cs, sn);
-    for (int i = 0; i < 3; ++i) {
-      const int Hh = heads[i], D = p[i].N / Hh;
-      for (int b = 0; b < B; ++b)
-        for (int h = 0; h < Hh; ++h)
-          for (int t = 0; t < L; ++t) {
-            const float* src = part[i].data() + size_t(b * L + t) * p[i].N + size_t(h) * D;
-            float* dst = out[i] + ((size_t(b) * Hh + h) * L + t) * D;
-            if (i == 2) {
-              std::copy_n(src, D, dst);
-            } else {
-              const size_t kk = (size_t(nb == 1 ? 0 : b) * L + t) * half;
-              rope_row(src, 1, dst, cs.data() + kk, sn.data() + kk, dims, D, trad);
-            }
+    // The tables by pointer: inside the loop on a pool thread, `cs` would name that thread's own.
+    const float* cos_t = cs.data();
+    const float* sin_t = sn.data();
+    layer_rows(rows, [&](long bt) {
+      const int b = int(bt / L), t = int(bt % L);
+      for (int i = 0; i < 3; ++i) {
+        const int Hh = heads[i], D = p[i].N / Hh;
+        for (int h = 0; h < Hh; ++h) {
+          const float* src = part[i].data() + size_t(bt) * p[i].N + size_t(h) * D;
+          float* dst = out[i] + ((size_t(b) * Hh + h) * L + t) * D;
+          if (i == 2) {
+            std::copy_n(src, D, dst);
+          } else {
+            const size_t kk = (size_t(nb == 1 ? 0 : b) * L + t) * half;
+            rope_row(src, 1, dst, cos_t + kk, sin_t + kk, dims, D, trad);
           }
-    }
+        }
+      }
+    });
   });
 }
 
@@ -179,22 +236,30 @@ void AttnOutMlp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   float* op = out.data<float>();
   const float eps = eps_;
   enc.dispatch([=]() mutable {
-    thread_local std::vector<float> ao, r, hn, act;
+    thread_local std::vector<float> keep[4];
+    const bool once = rows > kKeptScratchRows;
+    Floats ao(keep[0], once), r(keep[1], once), hn(keep[2], once), act(keep[3], once);
     // The attention output (B, H, L, Dv) as the (B, L, H * Dv) rows o_proj multiplies.
     ao.resize(size_t(rows) * Ka);
-    for (int b = 0; b < B; ++b)
+    layer_rows(rows, [&](long bt) {
+      const int b = int(bt / L), t = int(bt % L);
       for (int hh = 0; hh < H; ++hh)
-        for (int t = 0; t < L; ++t)
-          std::copy_n(ap + ((size_t(b) * H + hh) * L + t) * Dv, Dv, ao.data() + size_t(b * L + t) * Ka + size_t(hh) * Dv);
+        std::copy_n(ap + ((size_t(b) * H + hh) * L + t) * Dv, Dv, ao.data() + size_t(bt) * Ka + size_t(hh) * Dv);
+    });
     r.resize(size_t(rows) * Dm);
     QmmProblem q = po;
     q.x = ao.data();
     q.out = r.data();
     qmm_run(q, false);
     const size_t n = size_t(rows) * Dm;
-    for (size_t i = 0; i < n; ++i) op[i] = hp[i] + r[i];  // h1 = h + o_proj(a)
     hn.resize(n);
-    for (int t = 0; t < rows; ++t) rms_row(op + size_t(t) * Dm, nw, hn.data() + size_t(t) * Dm, Dm, eps);
+    layer_rows(rows, [&](long t) {  // h1 = h + o_proj(a), then its norm
+      float* o1 = op + size_t(t) * Dm;
+      const float* h0 = hp + size_t(t) * Dm;
+      const float* r1 = r.data() + size_t(t) * Dm;
+      for (int j = 0; j < Dm; ++j) o1[j] = h0[j] + r1[j];
+      rms_row(o1, nw, hn.data() + size_t(t) * Dm, Dm, eps);
+    });
     act.resize(size_t(rows) * pg.N);
     QmmProblem g = pg, u = pu;
     g.x = u.x = hn.data();
@@ -203,7 +268,11 @@ void AttnOutMlp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     q.x = act.data();
     q.out = r.data();
     qmm_run(q, false);
-    for (size_t i = 0; i < n; ++i) op[i] = op[i] + r[i];  // h1 + down(...)
+    layer_rows(rows, [&](long t) {  // h1 + down(...)
+      float* o1 = op + size_t(t) * Dm;
+      const float* r1 = r.data() + size_t(t) * Dm;
+      for (int j = 0; j < Dm; ++j) o1[j] = o1[j] + r1[j];
+    });
   });
 }
 

@@ -23,22 +23,12 @@ namespace mlxterm {
 namespace {
 
 // Rows per pool chunk: small calls (decode) run on the calling thread alone.
-constexpr long kRowsPerChunk = 64;
 
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-
-template <class F>
-void over_rows(long rows, F&& f) {
-  const int chunks = int((rows + kRowsPerChunk - 1) / kRowsPerChunk);
-  Pool::get().run(chunks, [&](int c) {
-    const long end = std::min(rows, (c + 1) * kRowsPerChunk);
-    for (long r = c * kRowsPerChunk; r < end; ++r) f(r);
-  });
 }
 
 }  // namespace

@@ -4,16 +4,30 @@
 // at decode every one of those is a separate dispatch and allocation for a few hundred floats.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "pool.h"
 #include "qmm.h"
 
 namespace mlxterm {
 
 namespace mx = mlx::core;
+
+constexpr long kRowsPerChunk = 64;
+
+// f(r) for rows r in [0, rows) on the kernel pool, kRowsPerChunk rows per chunk.
+template <class F>
+void over_rows(long rows, F&& f) {
+  const int chunks = int((rows + kRowsPerChunk - 1) / kRowsPerChunk);
+  Pool::get().run(chunks, [&](int c) {
+    const long end = std::min(rows, (c + 1) * kRowsPerChunk);
+    for (long r = c * kRowsPerChunk; r < end; ++r) f(r);
+  });
+}
 
 // x (..., D) float32 -> x * rsqrt(mean(x^2) + eps) * w, w (D,).
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s = {});
