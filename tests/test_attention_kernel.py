@@ -164,6 +164,30 @@ def test_decode_bit_identical_across_instruction_sets(tmp_path):
     assert_same_under_isa(_decode_results, tmp_path)
 
 
+@pytest.mark.skipif(not kernels.available() or not kernels._load().decode512(), reason="no AVX-512 decode scores")
+def test_decode_scores_two_keys_per_zmm_give_the_avx2_tiles_bits():
+    # src/attention_decode512.cpp (two keys per zmm) vs the AVX2 score_rows tiles in one process:
+    # every GQA row count 1..7 (3-row tiles and their 2/1-row rests), key counts that end inside
+    # an 8-key tile, head sizes 64/128, float32 and float16 K/V, batched rows under a mask.
+    ext = kernels._load()
+    cases = [(1, H, 1, 64, S) for H in range(1, 8) for S in (1, 5, 13, 131)]
+    cases += [(3, 9, 3, 128, 333), (4, 14, 2, 64, 300), (2, 6, 6, 64, 2000)]
+    try:
+        for B, H, Hk, D, S in cases:
+            for dt in (mx.float32, mx.float16):
+                q, k, v = _qkv(B, H, Hk, 1, S, D=D, seed=H + S + D, kv_dtype=dt)
+                valid = mx.arange(S)[None, :] <= mx.array([S - 1 - 3 * b for b in range(B)])[:, None]
+                mask = _additive(valid).reshape(B, 1, 1, S)
+                outs = []
+                for on in (True, False):
+                    ext.set_decode512(on)
+                    outs.append(kernels.flash_attention(q, k, v, SCALE, mask=mask))
+                    mx.eval(outs[-1])
+                assert mx.array_equal(outs[0], outs[1]), f"{(B, H, Hk, D, S, dt)}"
+    finally:
+        ext.set_decode512(True)
+
+
 def test_decode_shapes_match_the_reference():
     # The decode tiles (3-row / 2-row scores, wide P @ V remainders) vs the scalar reference.
     for H, Hk, D, Dv, S in DECODE_SHAPES:

@@ -21,8 +21,10 @@
 #include "attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -182,11 +184,25 @@ inline void score_rows(const float* Q, int r0, int R, const T* K, int n, int D, 
   }
 }
 
+bool use_avx512();
+
+std::atomic<bool>& decode512_switch() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("MLXTERM_NO_DECODE512");
+    return !(e && e[0] == '1');
+  }()};
+  return on;
+}
+
 // s[r][c] = Q[r] . K[c] for rows [0, R) and keys [0, n): 3-row tiles when R is a multiple of
 // 3 (SmolLM2's 3 query heads per KV head: 2-row tiles computed a duplicate fourth row),
 // else 2-row tiles.
 template <typename T>
 void scores(const float* Q, int R, const T* K, int n, int D, float* s, const Prefetch& pf) {
+  if (use_avx512() && decode512_switch().load(std::memory_order_relaxed)) {  // the same chains and tree, two keys per zmm
+    avx512::scores_decode(Q, R, K, n, D, s, pf);
+    return;
+  }
   if (R % 3 == 0) {
     for (int r = 0; r < R; r += 3) score_rows<3>(Q, r, R, K, n, D, s, pf);
   } else {
@@ -666,6 +682,9 @@ void run_reference(const Problem& p) {
 }
 
 }  // namespace
+
+bool decode512_on() { return use_avx512() && decode512_switch().load(std::memory_order_relaxed); }
+bool set_decode512(bool on) { return decode512_switch().exchange(on); }
 
 void FlashAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));

@@ -64,6 +64,11 @@ class FlashAttention : public mx::UnaryPrimitive {
   bool reference_, rotate_;
 };
 
+// Decode-sized float / float16 scores on AVX-512 (attention_decode512.cpp, two keys per zmm; the
+// AVX2 tiles' bits): on where the CPU has it unless MLXTERM_NO_DECODE512=1; the switch is for A/B.
+bool decode512_on();
+bool set_decode512(bool on);  // returns the previous setting
+
 // Float (..., D) -> q8 rows uint8 (..., D + 4 * D / G): per group of G dims, scale = max|x| / 127,
 // int8 = round-half-even(x * (127 / max|x|)) in -127..127 (an all-zero group: 0 and scale 0),
 // then the float32 scales. One op per cache write (the same rows as kv_cache.q8_pack's MLX ops,

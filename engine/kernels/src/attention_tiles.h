@@ -68,6 +68,11 @@ void pv_tiled(const float* P, int pstride, int R6, const float* V, int n, int Dv
 // float32 or float16 V: the AVX2 accumulate<> chains 64 columns at a time.
 void pv_decode(const float* P, int R, const float* V, int n, int Dv, float* O);
 void pv_decode(const float* P, int R, const uint16_t* V, int n, int Dv, float* O);
+// Decode-sized scores s[r][c] = Q[r] . K[c] (rows [0, R), keys [0, n) in K's natural layout, s
+// row stride kAttnBlock): the AVX2 score_rows chains and tree, two keys per zmm
+// (attention_decode512.cpp).
+void scores_decode(const float* Q, int R, const float* K, int n, int D, float* s, const Prefetch& pf);
+void scores_decode(const float* Q, int R, const uint16_t* K, int n, int D, float* s, const Prefetch& pf);
 // s[c] = exp(s[c] - m) for c in [0, n) (n % 8 == 0, s[c] <= m), with vmath.h's exp_neg
 // arithmetic lane for lane (same values as the AVX2 loop).
 void exp_shifted(float* s, int n, float m);
