@@ -162,7 +162,7 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     }
     if (rows >= qmm_dense_min_rows()) {
       // Prompt-sized: each matmul on its many-row path (AMX tiles, VNNI GEMM or float panels).
-      for (int i = 0; i < 3; ++i) qmm_run(p[i], false);
+      qmm_run_shared_x(p, 3);
     } else {
       // One activation quantization and one pool job for the three matmuls.
       prepare_x(p[0], true, px);
