@@ -281,6 +281,32 @@ def test_primitives_match_a_float64_reference(fused_on):
 
 
 @needs_ext
+def test_rope_table_follows_offsets_and_settings_between_calls(fused_on):
+    """The primitive keeps its RoPE table between calls of the same key: calls that differ
+    only in offsets or base (same shapes) must each get their own rotation, and a repeated
+    call the bits of its first."""
+    m = _qwen2(layers=1)
+    layer = m.layers[0]
+    attn = layer.self_attn
+    B, L = 2, 3
+    x = mx.random.normal((B, L, 128), key=mx.random.key(7))
+    xn = _rms(np.array(x, dtype=np.float64), np.array(layer.input_layernorm.weight, dtype=np.float64), 1e-6)
+    k_lin = xn @ _dq(attn.k_proj).T + np.array(attn.k_proj.bias, dtype=np.float64)
+    k_lin = k_lin.reshape(B, L, 1, -1).transpose(0, 2, 1, 3)
+    first = {}
+    for offsets, base in (([4, 11], 1e6), ([5, 11], 1e6), ([5, 11], 1e4), ([4, 11], 1e6)):
+        _, k, _ = kernels.norm_qkv_rope(
+            x, layer.input_layernorm.weight, 1e-6, attn.q_proj, attn.k_proj, attn.v_proj, mx.array(offsets),
+            4, 1, rope_dims=32, traditional=False, base=base, scale=1.0,
+        )
+        ref = _rope(k_lin, offsets, base)
+        assert np.abs(np.array(k) - ref).max() < 0.03 * np.abs(ref).max()
+        key = (tuple(offsets), base)
+        if key in first:
+            assert mx.array_equal(k, first[key])
+        first.setdefault(key, k)
+
+
 def test_threads_and_compile_are_bit_identical(fused_on):
     m = _llama(bits_o=5, bits_down=8, layers=1)
     layer = m.layers[0]

@@ -162,7 +162,7 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     }
     if (rows >= qmm_dense_min_rows()) {
       // Prompt-sized: each matmul on its many-row path (AMX tiles, VNNI GEMM or float panels).
-      for (int i = 0; i < 3; ++i) qmm_run(p[i], false);
+      qmm_run_shared_x(p, 3);
     } else {
       // One activation quantization and one pool job for the three matmuls.
       prepare_x(p[0], true, px);
@@ -188,7 +188,14 @@ void NormQkvRope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     // RoPE on q and k, and every head to (B, heads, L, D).
     const int nb = n_off == 1 ? 1 : B;
     const int half = dims / 2;
-    rope_table(off, nb, L, half, base, scale, cs, sn);
+    // Every layer of a forward asks for the same table (same offsets, L and RoPE settings):
+    // libm's sincos for it was ~1.9% of a prompt forward's CPU, once per layer.
+    thread_local RopeTableKey have;
+    const RopeTableKey want(off, nb, L, half, base, scale);
+    if (!(want == have)) {
+      rope_table(off, nb, L, half, base, scale, cs, sn);
+      have = want;
+    }
     // The tables by pointer: inside the loop on a pool thread, `cs` would name that thread's own.
     const float* cos_t = cs.data();
     const float* sin_t = sn.data();

@@ -189,8 +189,13 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   pg.out = g.data();
   pu.out = u.data();
   if (M >= qmm_dense_min_rows()) {  // prefill-sized: the many-row path (qmm_run), then the activation
-    qmm_run(pg, exact);
-    qmm_run(pu, exact);
+    if (exact) {
+      qmm_run(pg, true);
+      qmm_run(pu, true);
+    } else {
+      const QmmProblem gu[2] = {pg, pu};
+      qmm_run_shared_x(gu, 2);  // x quantized once for both
+    }
     // silu(g) * u on the pool (a scalar loop ran one exp per element on one thread: ~5% of the
     // CPU of a 512-token prefill chunk of SmolLM2, all of it serial).
     const size_t total = g.size(), per = 1 << 14;

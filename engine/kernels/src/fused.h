@@ -99,6 +99,18 @@ void rms_row(const float* x, const float* w, float* o, int D, float eps);
 // cos/sin tables for positions offsets[b] + t (b < nb, t < T), `half` frequencies each.
 void rope_table(const int32_t* offsets, int nb, int T, int half, float base, float scale,
                 std::vector<float>& cs, std::vector<float>& sn);
+// What a rope_table is computed from: a table made for an equal key can be reused.
+struct RopeTableKey {
+  std::vector<int32_t> offsets;
+  int T = -1, half = 0;
+  float base = 0.0f, scale = 0.0f;
+  RopeTableKey() = default;
+  RopeTableKey(const int32_t* offs, int nb, int t, int h, float b, float s)
+      : offsets(offs, offs + nb), T(t), half(h), base(b), scale(s) {}
+  bool operator==(const RopeTableKey& o) const {
+    return offsets == o.offsets && T == o.T && half == o.half && base == o.base && scale == o.scale;
+  }
+};
 // One rotated row: x at stride sd, y contiguous (D values; the first `dims` rotated).
 void rope_row(const float* xr, int64_t sd, float* yr, const float* c, const float* s, int dims,
               int D, bool trad);

@@ -335,32 +335,35 @@ void run_panel_chunks(const QmmProblem& p, const std::function<void(int, int)>& 
 }
 
 // Many rows on AMX tiles: the row path's int8 activations (prepare_x), padded with zero rows to
-// whole 16-row tiles, and chunks of whole 16-column panels.
-void run_amx(const QmmProblem& p) {
+// whole 16-row tiles, and the activation scales tile by tile (16 rows of a block side by side:
+// the tile's float chain reads one block's 16 from one place).
+void prepare_amx(const QmmProblem& p, PreparedX& x, std::vector<float>& dt) {
   Pool& pool = Pool::get();
   const size_t rows = size_t(p.M + 15) & ~size_t(15);
   const int nb = p.K / 32;
-  thread_local PreparedX x;
   size_x(p, true, x, rows, false);  // zero padding rows; int8 (rows_path sends x16 elsewhere)
-  // The activation scales tile by tile (16 rows of a block side by side): the tile's float
-  // chain reads one block's 16 from one place.
-  thread_local std::vector<float> dt;
   dt.assign(rows * nb, 0.0f);
   // Quantizing the activations on all threads too: on one it was ~30% of a prefill layer's
   // matmul time (the tiles made the rest that much faster).
-  // (Through plain references: a lambda does not capture thread_locals, a worker running it
-  // would see its own.)
-  PreparedX& xs = x;
   float* const dtp = dt.data();
   constexpr int kRowChunk = 32;
   pool.run((p.M + kRowChunk - 1) / kRowChunk, [&](int c) {
     const int m0 = c * kRowChunk, m1 = std::min(p.M, m0 + kRowChunk);
-    prepare_rows(p, true, xs, m0, m1);
+    prepare_rows(p, true, x, m0, m1);
     for (int m = m0; m < m1; ++m)
-      for (int b = 0; b < nb; ++b) dtp[size_t(m / 16) * nb * 16 + size_t(b) * 16 + m % 16] = xs.d[size_t(m) * nb + b];
+      for (int b = 0; b < nb; ++b) dtp[size_t(m / 16) * nb * 16 + size_t(b) * 16 + m % 16] = x.d[size_t(m) * nb + b];
   });
-  const XView xv{x.q.data(), dt.data(), x.gsum.data()};
-  run_panel_chunks(p, [&](int n0, int n1) { amx::qmm_amx(p, xv, n0, n1); });
+}
+
+// Many rows on the AVX512-VNNI GEMM: the row path's int8 activations, quantized on all threads,
+// each row on its own (so the same bits).
+void prepare_gemm512(const QmmProblem& p, PreparedX& x) {
+  size_x(p, true, x, size_t(p.M));
+  constexpr int kRowChunk = 32;
+  Pool::get().run((p.M + kRowChunk - 1) / kRowChunk, [&](int c) {
+    const int m0 = c * kRowChunk;
+    prepare_rows(p, true, x, m0, std::min(p.M, m0 + kRowChunk));
+  });
 }
 
 std::atomic<bool>& x16_switch() {
@@ -377,22 +380,6 @@ bool vnni_gemm_active() {
   return best_isa() == Isa::avx512vnni && vnni_gemm_switch().load(std::memory_order_relaxed);
 }
 
-// Many rows on the AVX512-VNNI GEMM: the row path's int8 activations (quantized on all threads,
-// each row on its own, so the same bits), then chunks of whole 16-column panels.
-void run_gemm512(const QmmProblem& p) {
-  Pool& pool = Pool::get();
-  thread_local PreparedX x;
-  size_x(p, true, x, size_t(p.M));
-  PreparedX& xs = x;  // a lambda does not capture thread_locals (see run_amx)
-  constexpr int kRowChunk = 32;
-  pool.run((p.M + kRowChunk - 1) / kRowChunk, [&](int c) {
-    const int m0 = c * kRowChunk;
-    prepare_rows(p, true, xs, m0, std::min(p.M, m0 + kRowChunk));
-  });
-  const XView xv = x_view(x);
-  run_panel_chunks(p, [&](int n0, int n1) { gemm512::qmm_gemm(p, xv, n0, n1); });
-}
-
 // Where a non-exact matmul of `rows` rows runs (qmm_path names it): the one decision run_qmm
 // and the status report share.
 enum class RowsPath { amx, vnni512, float_panels, int8_rows };
@@ -404,14 +391,32 @@ RowsPath rows_path(int rows) {
   return vnni_gemm_active() ? RowsPath::vnni512 : RowsPath::float_panels;
 }
 
-void run_qmm(const QmmProblem& p0, bool exact) {
-  const RowsPath path = exact ? RowsPath::float_panels : rows_path(p0.M);
+// The int8 many-row paths (AMX tiles, VNNI GEMM) for n problems on the same x (same M, K and
+// group size): x quantized once, then each problem's chunks of whole 16-column panels. The
+// kernels read x only, so each output is what its problem alone would give.
+void run_qmm_shared(const QmmProblem* ps, int n, RowsPath path) {
+  thread_local PreparedX x;
+  thread_local std::vector<float> dt;
+  // (Through plain references: a lambda does not capture thread_locals, a worker running it
+  // would see its own.)
+  PreparedX& xs = x;
   if (path == RowsPath::amx) {
-    run_amx(p0);  // reads float16 scales as such, as the row path does
+    prepare_amx(ps[0], xs, dt);
+    const XView xv{xs.q.data(), dt.data(), xs.gsum.data()};
+    for (int i = 0; i < n; ++i)
+      run_panel_chunks(ps[i], [&](int n0, int n1) { amx::qmm_amx(ps[i], xv, n0, n1); });
     return;
   }
-  if (path == RowsPath::vnni512) {
-    run_gemm512(p0);  // float16 scales read as such too (pack_group)
+  prepare_gemm512(ps[0], xs);
+  const XView xv = x_view(xs);
+  for (int i = 0; i < n; ++i)
+    run_panel_chunks(ps[i], [&](int n0, int n1) { gemm512::qmm_gemm(ps[i], xv, n0, n1); });
+}
+
+void run_qmm(const QmmProblem& p0, bool exact) {
+  const RowsPath path = exact ? RowsPath::float_panels : rows_path(p0.M);
+  if (path == RowsPath::amx || path == RowsPath::vnni512) {
+    run_qmm_shared(&p0, 1, path);  // float16 scales read as such, as the row path does
     return;
   }
   Pool& pool = Pool::get();
@@ -520,6 +525,18 @@ mx::array quantized_matmul(
 
 namespace mlxterm {
 void qmm_run(const QmmProblem& p, bool exact) { run_qmm(p, exact); }
+void qmm_run_shared_x(const QmmProblem* ps, int n) {
+  const RowsPath path = rows_path(ps[0].M);
+  bool shared = path == RowsPath::amx || path == RowsPath::vnni512;
+  for (int i = 1; i < n; ++i)
+    shared = shared && ps[i].x == ps[0].x && ps[i].M == ps[0].M && ps[i].K == ps[0].K &&
+             ps[i].group_size == ps[0].group_size;
+  if (shared) {
+    run_qmm_shared(ps, n, path);
+    return;
+  }
+  for (int i = 0; i < n; ++i) run_qmm(ps[i], false);
+}
 QmmColumns qmm_columns(bool exact) { return pick(exact); }
 int qmm_dense_min_rows() { return dense_min_rows(); }
 int qmm_chunk_cols(int n, int rows) {

@@ -105,6 +105,9 @@ namespace mlxterm {
 // QuantizedMatmul runs it, and the kernel for output columns [n0, n1) of the int8/exact path.
 using QmmColumns = void (*)(const QmmProblem&, const XView&, int, int);
 void qmm_run(const QmmProblem& p, bool exact);
+// n non-exact matmuls of the same x (same rows, K and group size: a layer's q/k/v or gate/up),
+// as n qmm_run calls give them, but on the int8 many-row paths x is quantized once for all.
+void qmm_run_shared_x(const QmmProblem* ps, int n);
 QmmColumns qmm_columns(bool exact);
 int qmm_dense_min_rows();
 // Output columns per pool chunk of the int8 row path for n columns and `rows` activation rows
