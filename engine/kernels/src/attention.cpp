@@ -24,7 +24,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -187,10 +186,7 @@ inline void score_rows(const float* Q, int r0, int R, const T* K, int n, int D, 
 bool use_avx512();
 
 std::atomic<bool>& decode512_switch() {
-  static std::atomic<bool> on{[] {
-    const char* e = std::getenv("MLXTERM_NO_DECODE512");
-    return !(e && e[0] == '1');
-  }()};
+  static std::atomic<bool> on{starts_on("MLXTERM_NO_DECODE512")};
   return on;
 }
 
@@ -199,7 +195,7 @@ std::atomic<bool>& decode512_switch() {
 // else 2-row tiles.
 template <typename T>
 void scores(const float* Q, int R, const T* K, int n, int D, float* s, const Prefetch& pf) {
-  if (use_avx512() && decode512_switch().load(std::memory_order_relaxed)) {  // the same chains and tree, two keys per zmm
+  if (decode512_on()) {  // the same chains and tree, two keys per zmm
     avx512::scores_decode(Q, R, K, n, D, s, pf);
     return;
   }

@@ -236,15 +236,14 @@ void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out) {
   prepare_rows(p, quantize, out, 0, p.M);
 }
 
-namespace {
-
-using Kernel = void (*)(const QmmProblem&, const XView&, int, int);
-
-// A path's run-time switch starts on unless its environment variable `off` is "1".
 bool starts_on(const char* off) {
   const char* e = std::getenv(off);
   return !(e && e[0] == '1');
 }
+
+namespace {
+
+using Kernel = void (*)(const QmmProblem&, const XView&, int, int);
 
 std::atomic<bool>& rows512_switch() {
   static std::atomic<bool> on{starts_on("MLXTERM_NO_ROWS512")};
