@@ -369,10 +369,11 @@ def argmax_rows(x: mx.array, reference: bool = False) -> mx.array:
 
 
 def kv_write_rows(buf: mx.array, x: mx.array, pos: mx.array) -> mx.array:
-    """The (B, H, S, D) K or V buffer ``buf`` with row ``b``'s new entry (``x``: B, H, 1, D) at
-    position ``pos[b]``: ``mx.put_along_axis`` along the position axis as one primitive that
-    writes in place when MLX can donate the buffer. ``x`` may be float32 for a float16 /
-    bfloat16 buffer (cast as ``astype`` casts); a position outside the buffer writes nothing."""
+    """The (B, H, S, D) K or V buffer ``buf`` with row ``b``'s new entries (``x``: B, H, L, D)
+    at positions ``pos[b] .. pos[b] + L - 1``: ``mx.put_along_axis`` along the position axis as
+    one primitive that writes in place when MLX can donate the buffer. ``x`` may be float32 for
+    a float16 / bfloat16 buffer (cast with ``astype``'s bits); a position outside the buffer
+    writes nothing."""
     ext = _required()
     return ext.kv_write_rows(buf, x, pos)
 

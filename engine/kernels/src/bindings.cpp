@@ -120,7 +120,7 @@ NB_MODULE(_ext, m) {
         return mlxterm::kv_write_rows(buf, x, pos);
       },
       "buf"_a, "x"_a, "pos"_a,
-      "Each row's new key (or value) at its own position of a (B, H, S, D) buffer, in place when MLX allows (src/kv_write.h).");
+      "Each row's L new keys (or values) from its own position on in a (B, H, S, D) buffer, in place when MLX allows (src/kv_write.h).");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });
