@@ -110,6 +110,14 @@ def set_amx(on: bool) -> bool:
     return bool(ext.set_amx(on)) if ext is not None else False
 
 
+def set_shared_job(on: bool) -> bool:
+    """Hand the many-row q/k/v (gate/up) matmuls on one input to the kernel pool as one job (the
+    same bits, fewer waits) or one job per matmul (A/B measurements); returns the previous
+    setting. ``MLXTERM_NO_SHARED_JOB=1`` starts with it off."""
+    ext = _load()
+    return bool(ext.set_shared_job(on)) if ext is not None else False
+
+
 def set_vnni_gemm(on: bool) -> bool:
     """Run non-exact many-row matmuls that AMX does not take on the AVX512-VNNI GEMM (int8
     activations, the row path's bits) or on the float panels (A/B measurements); returns the
