@@ -174,6 +174,25 @@ def test_prefill_sized_inputs_run_the_primitives_bit_identical(fused_on, make, m
 
 
 @needs_ext
+@pytest.mark.parametrize("make", [_llama, _qwen2])
+def test_shared_x_matmuls_in_one_pool_job_give_the_bits_of_one_job_each(fused_on, make):
+    """q/k/v and gate/up of a prompt forward as one pool job (kernels.set_shared_job) or one job
+    per matmul: the same bits, on 1 and 2 threads (qwen2: q wider than k and v, so the job's
+    chunks differ in size)."""
+    m = make()
+    hook.install(m)
+    tokens = mx.array([[(5 * i + 2) % 96 for i in range(67)]])
+    was = kernels.set_shared_job(False)
+    try:
+        per_matmul = on_one_and_two_threads(lambda: m(tokens))
+        kernels.set_shared_job(True)
+        one_job = on_one_and_two_threads(lambda: m(tokens))
+    finally:
+        kernels.set_shared_job(was)
+    assert all(mx.array_equal(a, per_matmul[0]) for a in (*per_matmul, *one_job))
+
+
+@needs_ext
 def test_compiled_decode_and_batch_rows(fused_on):
     """generate_step's compiled step gives the same tokens and logprobs, and a row of a batch
     (per-row offsets) equals that row alone."""

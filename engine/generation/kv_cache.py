@@ -30,10 +30,18 @@ something else and are never read as these.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+from engine import kernels
+from engine.kernels.hook import fused_active
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, create_causal_mask
+
+# Prompt forwards write their new K/V rows with the kernels' in-place primitive (False, or
+# MLXTERM_NO_PROMPT_KV_WRITE=1: mlx_lm's astype + slice assignment, for A/B runs).
+PROMPT_KV_WRITE = not os.environ.get("MLXTERM_NO_PROMPT_KV_WRITE")
 
 
 class StaticKVCache(KVCache):
@@ -72,7 +80,10 @@ class StaticKVCache(KVCache):
         self.keys, self.values, self.offset, self._pos = keys, values, offset, None
 
     def update_and_fetch(self, keys, values):
-        keys, values = _stored(_storage(self.dtype, self.keys, keys), keys, values)
+        stored = _storage(self.dtype, self.keys, keys)
+        if self._pos is None and self._writes_rows(stored, keys, values):
+            return self._write_rows(stored or keys.dtype, keys, values)
+        keys, values = _stored(stored, keys, values)
         if self._pos is None:
             return super().update_and_fetch(keys, values)
         self.keys = mx.slice_update(self.keys, keys, self._pos, axes=(2,))
@@ -83,6 +94,43 @@ class StaticKVCache(KVCache):
         if self._pos is None:
             return super().make_mask(N, return_array=return_array, window_size=window_size)
         return mx.arange(self.capacity) <= self._pos
+
+    # -- prompt forwards on the CPU kernels --------------------------------------------
+    def _writes_rows(self, stored, keys: mx.array, values: mx.array) -> bool:
+        """Whether ``kernels.kv_write_rows`` can store these rows: float K/V kept as computed or
+        float32 ones cast to a float16 / bfloat16 buffer, the buffer (if any) of that dtype."""
+        if not (PROMPT_KV_WRITE and fused_active()) or isinstance(stored, Q8):
+            return False
+        dtype = stored or keys.dtype
+        casts = keys.dtype == mx.float32 and dtype in (mx.float16, mx.bfloat16)
+        return (
+            keys.dtype == values.dtype
+            and (keys.dtype == dtype or casts)
+            and dtype in (mx.float32, mx.float16, mx.bfloat16)
+            and (self.keys is None or (self.keys.dtype == dtype and self.values.dtype == dtype))
+        )
+
+    def _write_rows(self, dtype: mx.Dtype, keys: mx.array, values: mx.array):
+        """mlx_lm's ``KVCache.update_and_fetch`` (the buffer grows by whole steps) with the rows
+        written by one in-place primitive per buffer: no astype and slice_update nodes, the
+        float16 cast vectorised, the buffer not copied when MLX can donate it."""
+        prev, n = self.offset, keys.shape[2]
+        if self.keys is None or prev + n > self.keys.shape[2]:
+            B, H, _, Dk = keys.shape
+            size = ((self.step + n - 1) // self.step) * self.step
+            new_k = mx.zeros((B, H, size, Dk), dtype)
+            new_v = mx.zeros((B, H, size, values.shape[3]), dtype)
+            if self.keys is not None:
+                if prev % self.step != 0:
+                    self.keys, self.values = self.keys[..., :prev, :], self.values[..., :prev, :]
+                new_k = mx.concatenate([self.keys, new_k], axis=2)
+                new_v = mx.concatenate([self.values, new_v], axis=2)
+            self.keys, self.values = new_k, new_v
+        at = mx.full((keys.shape[0],), prev, mx.int32)
+        self.keys = kernels.kv_write_rows(self.keys, keys, at)
+        self.values = kernels.kv_write_rows(self.values, values, at)
+        self.offset = prev + n
+        return self.keys_and_values()
 
 
 class WindowKVCache(KVCache):

@@ -110,6 +110,14 @@ def set_amx(on: bool) -> bool:
     return bool(ext.set_amx(on)) if ext is not None else False
 
 
+def set_shared_job(on: bool) -> bool:
+    """Hand the many-row q/k/v (gate/up) matmuls on one input to the kernel pool as one job (the
+    same bits, fewer waits) or one job per matmul (A/B measurements); returns the previous
+    setting. ``MLXTERM_NO_SHARED_JOB=1`` starts with it off."""
+    ext = _load()
+    return bool(ext.set_shared_job(on)) if ext is not None else False
+
+
 def set_vnni_gemm(on: bool) -> bool:
     """Run non-exact many-row matmuls that AMX does not take on the AVX512-VNNI GEMM (int8
     activations, the row path's bits) or on the float panels (A/B measurements); returns the
@@ -369,10 +377,11 @@ def argmax_rows(x: mx.array, reference: bool = False) -> mx.array:
 
 
 def kv_write_rows(buf: mx.array, x: mx.array, pos: mx.array) -> mx.array:
-    """The (B, H, S, D) K or V buffer ``buf`` with row ``b``'s new entry (``x``: B, H, 1, D) at
-    position ``pos[b]``: ``mx.put_along_axis`` along the position axis as one primitive that
-    writes in place when MLX can donate the buffer. ``x`` may be float32 for a float16 /
-    bfloat16 buffer (cast as ``astype`` casts); a position outside the buffer writes nothing."""
+    """The (B, H, S, D) K or V buffer ``buf`` with row ``b``'s new entries (``x``: B, H, L, D)
+    at positions ``pos[b] .. pos[b] + L - 1``: ``mx.put_along_axis`` along the position axis as
+    one primitive that writes in place when MLX can donate the buffer. ``x`` may be float32 for
+    a float16 / bfloat16 buffer (cast with ``astype``'s bits); a position outside the buffer
+    writes nothing."""
     ext = _required()
     return ext.kv_write_rows(buf, x, pos)
 

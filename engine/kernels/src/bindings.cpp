@@ -120,7 +120,7 @@ NB_MODULE(_ext, m) {
         return mlxterm::kv_write_rows(buf, x, pos);
       },
       "buf"_a, "x"_a, "pos"_a,
-      "Each row's new key (or value) at its own position of a (B, H, S, D) buffer, in place when MLX allows (src/kv_write.h).");
+      "Each row's L new keys (or values) from its own position on in a (B, H, S, D) buffer, in place when MLX allows (src/kv_write.h).");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });
@@ -139,6 +139,8 @@ NB_MODULE(_ext, m) {
         "True when non-exact many-row matmuls (where AMX does not take them) run on the AVX512-VNNI GEMM.");
   m.def("set_vnni_gemm", [](bool on) { return mlxterm::set_vnni_gemm(on); }, "on"_a,
         "Switch the AVX512-VNNI GEMM on or off (A/B); returns the previous setting.");
+  m.def("set_shared_job", [](bool on) { return mlxterm::set_shared_job(on); }, "on"_a,
+        "Hand q/k/v (gate/up) on one x to the pool as one job, or one job per matmul (A/B); returns the previous setting.");
   m.def("x16", [] { return mlxterm::x16_on(); },
         "True when quantized matmuls' int8 paths prepare 16-bit activations (two int8 parts).");
   m.def("set_x16", [](bool on) { return mlxterm::set_x16(on); }, "on"_a,

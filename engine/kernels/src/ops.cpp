@@ -322,14 +322,39 @@ int amx_rows() {
 }
 
 // The int8 many-row paths' output columns: chunks of whole 16-column panels, about four per
-// pool thread (a busy core takes fewer), each run as fn(n0, n1).
-void run_panel_chunks(const QmmProblem& p, const std::function<void(int, int)>& fn) {
+// pool thread (a busy core takes fewer).
+int panel_chunk(const QmmProblem& p) {
   const int T = Pool::get().threads();
-  int chunk = (p.N + 4 * T - 1) / (4 * T);
-  chunk = std::max(16, (chunk + 15) & ~15);
-  Pool::get().run((p.N + chunk - 1) / chunk, [&](int c) {
-    const int n0 = c * chunk;
-    fn(n0, std::min(p.N, n0 + chunk));
+  const int chunk = (p.N + 4 * T - 1) / (4 * T);
+  return std::max(16, (chunk + 15) & ~15);
+}
+
+// Problems ps[0..n)'s panel chunks in one pool job, each run as fn(i, n0, n1): q/k/v (and
+// gate/up) on one x hand the pool one job instead of three (two), so no thread waits at the
+// end of q for the slowest chunk before k starts. Each output's chunk is computed alone, so
+// the same bits as one job per problem.
+std::atomic<bool>& shared_job_switch() {
+  static std::atomic<bool> on{starts_on("MLXTERM_NO_SHARED_JOB")};
+  return on;
+}
+
+void run_panel_chunks(const QmmProblem* ps, int n, const std::function<void(int, int, int)>& fn) {
+  if (n > 1 && !shared_job_switch().load(std::memory_order_relaxed)) {
+    for (int i = 0; i < n; ++i) run_panel_chunks(ps + i, 1, [&](int, int n0, int n1) { fn(i, n0, n1); });
+    return;
+  }
+  std::vector<int> first(n), size(n);
+  int total = 0;
+  for (int i = 0; i < n; ++i) {
+    size[i] = panel_chunk(ps[i]);
+    first[i] = total;
+    total += (ps[i].N + size[i] - 1) / size[i];
+  }
+  Pool::get().run(total, [&](int c) {
+    int i = n - 1;
+    while (c < first[i]) --i;
+    const int n0 = (c - first[i]) * size[i];
+    fn(i, n0, std::min(ps[i].N, n0 + size[i]));
   });
 }
 
@@ -402,14 +427,12 @@ void run_qmm_shared(const QmmProblem* ps, int n, RowsPath path) {
   if (path == RowsPath::amx) {
     prepare_amx(ps[0], xs, dt);
     const XView xv{xs.q.data(), dt.data(), xs.gsum.data()};
-    for (int i = 0; i < n; ++i)
-      run_panel_chunks(ps[i], [&](int n0, int n1) { amx::qmm_amx(ps[i], xv, n0, n1); });
+    run_panel_chunks(ps, n, [&](int i, int n0, int n1) { amx::qmm_amx(ps[i], xv, n0, n1); });
     return;
   }
   prepare_gemm512(ps[0], xs);
   const XView xv = x_view(xs);
-  for (int i = 0; i < n; ++i)
-    run_panel_chunks(ps[i], [&](int n0, int n1) { gemm512::qmm_gemm(ps[i], xv, n0, n1); });
+  run_panel_chunks(ps, n, [&](int i, int n0, int n1) { gemm512::qmm_gemm(ps[i], xv, n0, n1); });
 }
 
 void run_qmm(const QmmProblem& p0, bool exact) {
@@ -554,6 +577,8 @@ bool rows512_on() { return best_isa() == Isa::avx512vnni && rows512_switch().loa
 bool set_rows512(bool on) { return rows512_switch().exchange(on); }
 bool vnni_gemm_on() { return vnni_gemm_active(); }
 bool set_vnni_gemm(bool on) { return vnni_gemm_switch().exchange(on); }
+bool shared_job_on() { return shared_job_switch().load(std::memory_order_relaxed); }
+bool set_shared_job(bool on) { return shared_job_switch().exchange(on); }
 bool x16_on() { return x16_switch().load(std::memory_order_relaxed); }
 bool set_x16(bool on) { return x16_switch().exchange(on); }
 const char* qmm_path(int rows) {

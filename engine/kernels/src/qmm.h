@@ -106,7 +106,8 @@ namespace mlxterm {
 using QmmColumns = void (*)(const QmmProblem&, const XView&, int, int);
 void qmm_run(const QmmProblem& p, bool exact);
 // n non-exact matmuls of the same x (same rows, K and group size: a layer's q/k/v or gate/up),
-// as n qmm_run calls give them, but on the int8 many-row paths x is quantized once for all.
+// as n qmm_run calls give them, but on the int8 many-row paths x is quantized once for all and
+// the n matmuls' column chunks go to the pool as one job.
 void qmm_run_shared_x(const QmmProblem* ps, int n);
 QmmColumns qmm_columns(bool exact);
 int qmm_dense_min_rows();
@@ -131,6 +132,10 @@ bool set_rows512(bool on);
 bool vnni_gemm_on();
 // Turn the VNNI GEMM on or off at run time (A/B in one process); returns the old setting.
 bool set_vnni_gemm(bool on);
+// qmm_run_shared_x's matmuls go to the pool as one job (on unless MLXTERM_NO_SHARED_JOB=1);
+// off: one job per matmul (A/B). set_shared_job returns the old setting.
+bool shared_job_on();
+bool set_shared_job(bool on);
 // The path a non-exact matmul of `rows` rows takes now: "amx", "vnni512", "float panels" or
 // "int8 rows" (the row path, below the many-row threshold).
 const char* qmm_path(int rows);
