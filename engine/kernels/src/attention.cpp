@@ -553,10 +553,12 @@ void run_flash(const Problem& p) {
         }
       }
   const int R_max = rep * nt_max;
-  // Per split: (m, l, O) for every row; only used when the keys are split.
-  std::vector<float> part;
+  // Per split: (m, l, O) for every row; only used when the keys are split. Kept with the
+  // calling thread (no allocation and zero fill per call: every entry read is written first).
+  thread_local std::vector<float> kept_part;
+  std::vector<float>& part = kept_part;  // the caller's: on a pool thread the name is that thread's
   const size_t part_stride = size_t(R_max) * (p.Dv + 2);
-  if (n_splits > 1) part.resize(tasks.size() * part_stride);
+  if (n_splits > 1 && part.size() < tasks.size() * part_stride) part.resize(tasks.size() * part_stride);
   size_t work = 0;
   for (const Split& t : tasks) work += size_t(rep) * t.nt * size_t(t.s1 - t.s0);
   const bool inline_ = work * size_t(p.D + p.Dv) < kInlineWork;

@@ -185,7 +185,16 @@ inline void silu_mul(const float* g, const float* u, float* out, size_t n) {
 
 void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   const int M = pg.M, N = pg.N;
-  std::vector<float> g(size_t(M) * N), u(size_t(M) * N);
+  // Decode-sized calls keep their gate/up scratch with the thread: no allocation and zero fill
+  // per layer (every element is written before it is read). Prompt-sized ones allocate per call.
+  thread_local std::vector<float> kept_g, kept_u;
+  std::vector<float> own_g, own_u;
+  const bool keep = M < qmm_dense_min_rows();
+  // References: inside a pool job `kept_g` would name the worker's own vector.
+  std::vector<float>& g = keep ? kept_g : own_g;
+  std::vector<float>& u = keep ? kept_u : own_u;
+  if (g.size() < size_t(M) * N) g.resize(size_t(M) * N);
+  if (u.size() < size_t(M) * N) u.resize(size_t(M) * N);
   pg.out = g.data();
   pu.out = u.data();
   if (M >= qmm_dense_min_rows()) {  // prefill-sized: the many-row path (qmm_run), then the activation
@@ -198,7 +207,7 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
     }
     // silu(g) * u on the pool (a scalar loop ran one exp per element on one thread: ~5% of the
     // CPU of a 512-token prefill chunk of SmolLM2, all of it serial).
-    const size_t total = g.size(), per = 1 << 14;
+    const size_t total = size_t(M) * N, per = 1 << 14;
     const int n_chunks = int((total + per - 1) / per);
     Pool::get().run(n_chunks, [&](int c) {
       const size_t i0 = size_t(c) * per, i1 = std::min(total, i0 + per);
