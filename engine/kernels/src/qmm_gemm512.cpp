@@ -56,10 +56,17 @@ inline __m512i block_dot(__m512i w0, __m512i w1, __m512i w2, __m512i w3, __m512i
   return _mm512_add_epi32(d0, d1);
 }
 
+// Nothing to interleave (panel_rows' Fill).
+struct NoFill {
+  void operator()(int) const {}
+};
+
 // Activation rows [m0, m0 + MR) against one panel: out[m, n0 + j] for j < nr. X16: 16-bit
 // activations, a second chain on their low parts (x.lo) joined as group_rows joins them.
-template <int MR, bool X16>
-void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int n0, int nr) {
+// fill(blk) runs after block blk's dots (the next panel's decode, see gemm_run).
+template <int MR, bool X16, class Fill = NoFill>
+void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int n0, int nr,
+                const Fill& fill = Fill{}) {
   const int K = p.K, nb = K / 32, ng = K / p.group_size, bpg = p.group_size / 32;
   __m512 acc[MR];
 #pragma GCC unroll 16
@@ -83,6 +90,7 @@ void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, in
       const __m512 s = _mm512_mul_ps(sv, _mm512_set1_ps(xd[size_t(i) * nb + blk]));
       acc[i] = _mm512_fmadd_ps(dot, s, acc[i]);
     }
+    fill(blk);
   }
   // The affine biases: per row, sum over groups of bias term * sum(x of the group), in group
   // order, then + acc (group_rows' order); the rows' chains side by side.
@@ -101,28 +109,89 @@ void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, in
     _mm512_mask_storeu_ps(p.out + size_t(m0 + i) * p.N + n0, mask, _mm512_add_ps(acc[i], b[i]));
 }
 
+// The tiles of rows [s0, s1) against one packed panel; the first one runs fill (pipelined_slice).
+template <bool X16, class Fill>
+void slice_rows(const QmmProblem& p, const XView& x, const Panel& pn, int s0, int s1, int n, int nr,
+                const Fill& fill) {
+  int m = s0;
+  bool first = true;
+  auto tile = [&](auto mr) {
+    constexpr int MR = decltype(mr)::value;
+    if (first) panel_rows<MR, X16>(p, x, pn, m, n, nr, fill);
+    else panel_rows<MR, X16>(p, x, pn, m, n, nr);
+    first = false;
+    m += MR;
+  };
+  while (s1 - m >= 16) tile(std::integral_constant<int, 16>{});
+  if (s1 - m >= 8) tile(std::integral_constant<int, 8>{});
+  if (s1 - m >= 4) tile(std::integral_constant<int, 4>{});
+  if (s1 - m >= 2) tile(std::integral_constant<int, 2>{});
+  if (s1 - m >= 1) tile(std::integral_constant<int, 1>{});
+}
+
+// Rows [s0, s1) against the panels of columns [n0, n1) of 8-bit weights, software-pipelined:
+// the next panel is decoded block by block between this panel's block dots (two panel buffers,
+// pn[0] and pn[1]). Decoding 8-bit rows is loads and transposes waiting on the weight stream; the
+// dots are vpdpbusd on the rows: one after the other, each phase left the other's units idle.
+// The panels hold exactly what pack_pair16 writes, so the results are the same bits.
+// Only 8-bit: interleaved, the 4-bit (SmolLM2's step 1.067x) and 5-bit decodes (gate 4864 x 896
+// at 8 rows 1.3-1.5x, hot or streamed) got slower -- probably their 256-bit integer work loses
+// port 1 beside 512-bit uops, where the 8-bit decode is loads and shuffles (port 5 either way).
+template <bool X16>
+void pipelined_slice(const QmmProblem& p, const XView& x, const Panel* pn, int s0, int s1, int n0, int n1) {
+  const int nb = p.K / 32;
+  auto pair16 = [&](const Panel& q, int n) {
+    return Pair16<8>(p, n, std::min(16, n1 - n), reinterpret_cast<uint8_t*>(q.w), q.scale, q.bias);
+  };
+  {
+    const Pair16<8> first = pair16(pn[0], n0);
+    first.blocks(0, nb);
+    first.scales();
+  }
+  int cur = 0;
+  for (int n = n0; n < n1; n += 16) {
+    const int nr = std::min(16, n1 - n);
+    if (n + 16 >= n1) {
+      slice_rows<X16>(p, x, pn[cur], s0, s1, n, nr, NoFill{});
+      break;
+    }
+    const Pair16<8> next = pair16(pn[cur ^ 1], n + 16);
+    // Inlined into the dots' block loop: a call there would spill the accumulators.
+    auto fill = [&next](int blk) __attribute__((always_inline)) { next.blocks(blk, blk + 1); };
+    slice_rows<X16>(p, x, pn[cur], s0, s1, n, nr, fill);
+    next.scales();
+    cur ^= 1;
+  }
+}
+
 template <int BITS, bool X16>
 void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
+  if (n0 >= n1) return;
   const int nb = p.K / 32, ng = p.K / p.group_size;
   thread_local std::vector<float> pf;
   thread_local std::vector<__m512i> pw;
-  pw.resize(size_t(nb) * 8);
-  pf.resize(size_t(ng) * 32);
-  const Panel pn{pw.data(), pf.data(), pf.data() + size_t(ng) * 16};
+  pw.resize(size_t(nb) * 16);  // two panels: the pipelined 8-bit path decodes into the other
+  pf.resize(size_t(ng) * 64);
+  Panel pn[2];
+  for (int i = 0; i < 2; ++i) {
+    float* f = pf.data() + size_t(i) * ng * 32;
+    pn[i] = Panel{pw.data() + size_t(i) * nb * 8, f, f + size_t(ng) * 16};
+  }
   // Activation rows in slices that stay in L2 while every panel of this chunk passes over them
   // (a panel is decoded once per slice; for K <= ~2k that is once per matmul).
   const int slice = std::max(16, int((512 * 1024) / size_t(p.K)) & ~15);
   for (int s0 = 0; s0 < p.M; s0 += slice) {
     const int s1 = std::min(p.M, s0 + slice);
+    if constexpr (BITS == 8) {
+      if (rows512_pipe_on()) {
+        pipelined_slice<X16>(p, x, pn, s0, s1, n0, n1);
+        continue;
+      }
+    }
     for (int n = n0; n < n1; n += 16) {
       const int nr = std::min(16, n1 - n);
-      pack_pair16<BITS>(p, n, nr, reinterpret_cast<uint8_t*>(pn.w), pn.scale, pn.bias);
-      int m = s0;
-      for (; m + 16 <= s1; m += 16) panel_rows<16, X16>(p, x, pn, m, n, nr);
-      if (s1 - m >= 8) { panel_rows<8, X16>(p, x, pn, m, n, nr); m += 8; }
-      if (s1 - m >= 4) { panel_rows<4, X16>(p, x, pn, m, n, nr); m += 4; }
-      if (s1 - m >= 2) { panel_rows<2, X16>(p, x, pn, m, n, nr); m += 2; }
-      if (s1 - m >= 1) panel_rows<1, X16>(p, x, pn, m, n, nr);
+      pack_pair16<BITS>(p, n, nr, reinterpret_cast<uint8_t*>(pn[0].w), pn[0].scale, pn[0].bias);
+      slice_rows<X16>(p, x, pn[0], s0, s1, n, nr, NoFill{});
     }
   }
 }
