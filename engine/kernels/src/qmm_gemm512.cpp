@@ -33,6 +33,74 @@ struct Panel {
   float* bias;
 };
 
+// A 16-row panel of 5-bit weights decoded two rows per zmm: row j of the panel's first half in
+// the low 256 bits, row j + 8 (its second half) in the high 256 bits, so every shuffle, multiply
+// and shift of decode5 runs once for two rows, and the 8x8 dword transpose per 256-bit half leaves
+// vector t of a block as the panel's 64-byte row t (weight rows 0-7, then 8-15) -- the bytes
+// pack_pair16<5> writes. Why: the 256-bit decode of the 5-bit rows was ~20% of Qwen 0.5B's
+// 8-row step (146 of its 170 matrices are Q5_0), and it lost port 1 when interleaved with the
+// dots (pipelined_slice).
+struct Rows5x16 {
+  const uint8_t* wr[16];
+  const uint8_t* next;  // the rows 16 on (the panel after), a block's share fetched per block
+
+  Rows5x16(const QmmProblem& p, int n0, int nr) {
+    const size_t row_bytes = size_t(p.K) * 5 / 8;
+    const int lo = std::min(8, nr);
+    for (int j = 0; j < 8; ++j) {
+      wr[j] = p.w + size_t(n0 + std::min(j, lo - 1)) * row_bytes;
+      // pack_pair16's second half: rows 8.. of the panel, or the first half again (never stored)
+      wr[8 + j] = nr > 8 ? p.w + size_t(n0 + 8 + std::min(j, nr - 9)) * row_bytes : wr[j];
+    }
+    next = p.w + size_t(n0 + 16) * row_bytes;
+  }
+
+  // Block blk of the 16 rows into the panel's 8 vectors at out.
+  __attribute__((always_inline)) void block(int blk, __m512i* out) const {
+    for (int t = 0; t < 320; t += 64) _mm_prefetch(reinterpret_cast<const char*>(next) + size_t(blk) * 320 + t, _MM_HINT_T0);
+    const __m512i shuf_a = _mm512_broadcast_i64x4(_mm256_setr_epi8(
+        0, 1, 0, 1, 1, 2, 1, 2, 2, 3, 3, 4, 3, 4, 4, 5, 5, 6, 5, 6, 6, 7, 6, 7, 7, 8, 8, 9, 8, 9, 9, 10));
+    const __m512i shuf_b = _mm512_broadcast_i64x4(_mm256_setr_epi8(
+        6, 7, 6, 7, 7, 8, 7, 8, 8, 9, 9, 10, 9, 10, 10, 11, 11, 12, 11, 12, 12, 13, 12, 13, 13, 14, 14, 15, 14, 15, 15, -128));
+    const __m512i mul = _mm512_broadcast_i64x4(_mm256_setr_epi16(
+        1 << 11, 1 << 6, 1 << 9, 1 << 4, 1 << 7, 1 << 10, 1 << 5, 1 << 8,
+        1 << 11, 1 << 6, 1 << 9, 1 << 4, 1 << 7, 1 << 10, 1 << 5, 1 << 8));
+    const __m512i order = _mm512_setr_epi64(0, 2, 1, 3, 4, 6, 5, 7);
+    __m512i r[8];
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* a = wr[j] + size_t(blk) * 20;
+      const uint8_t* b = wr[8 + j] + size_t(blk) * 20;
+      // 128-bit lanes: bytes 0-15 of row j twice, then of row j + 8 twice (decode5's b0, b0);
+      // bytes 4-19 likewise (b1, b1)
+      const __m512i b0 = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                                     0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+      const __m512i b1 = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4))),
+                                                     0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)));
+      const __m512i x = _mm512_srli_epi16(_mm512_mullo_epi16(_mm512_shuffle_epi8(b0, shuf_a), mul), 11);
+      const __m512i y = _mm512_srli_epi16(_mm512_mullo_epi16(_mm512_shuffle_epi8(b1, shuf_b), mul), 11);
+      r[j] = _mm512_permutexvar_epi64(order, _mm512_packus_epi16(x, y));
+    }
+    // transpose8i per 256-bit half (its unpacks work per 128-bit lane; its permute2x128 across
+    // the half's two lanes is a two-source qword permute here)
+    __m512i t[8], u[8];
+    for (int k = 0; k < 4; ++k) {
+      t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    u[0] = _mm512_unpacklo_epi64(t[0], t[2]), u[1] = _mm512_unpackhi_epi64(t[0], t[2]);
+    u[2] = _mm512_unpacklo_epi64(t[1], t[3]), u[3] = _mm512_unpackhi_epi64(t[1], t[3]);
+    u[4] = _mm512_unpacklo_epi64(t[4], t[6]), u[5] = _mm512_unpackhi_epi64(t[4], t[6]);
+    u[6] = _mm512_unpacklo_epi64(t[5], t[7]), u[7] = _mm512_unpackhi_epi64(t[5], t[7]);
+    const __m512i lo_lanes = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi_lanes = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512i* o = out + size_t(blk) * 8;
+    for (int k = 0; k < 4; ++k) {
+      _mm512_storeu_si512(o + k, _mm512_permutex2var_epi64(u[k], lo_lanes, u[4 + k]));
+      _mm512_storeu_si512(o + 4 + k, _mm512_permutex2var_epi64(u[k], hi_lanes, u[4 + k]));
+    }
+  }
+};
+
 // A 4-byte piece of an activation block, broadcast (folded into vpdpbusd as {1to16}).
 inline __m512i piece16(const int8_t* p) {
   int32_t v;
@@ -129,23 +197,46 @@ void slice_rows(const QmmProblem& p, const XView& x, const Panel& pn, int s0, in
   if (s1 - m >= 1) tile(std::integral_constant<int, 1>{});
 }
 
-// Rows [s0, s1) against the panels of columns [n0, n1) of 8-bit weights, software-pipelined:
-// the next panel is decoded block by block between this panel's block dots (two panel buffers,
-// pn[0] and pn[1]). Decoding 8-bit rows is loads and transposes waiting on the weight stream; the
-// dots are vpdpbusd on the rows: one after the other, each phase left the other's units idle.
-// The panels hold exactly what pack_pair16 writes, so the results are the same bits.
-// Only 8-bit: interleaved, the 4-bit (SmolLM2's step 1.067x) and 5-bit decodes (gate 4864 x 896
-// at 8 rows 1.3-1.5x, hot or streamed) got slower -- probably their 256-bit integer work loses
-// port 1 beside 512-bit uops, where the 8-bit decode is loads and shuffles (port 5 either way).
-template <bool X16>
+// The decode of one 16-row panel, block by block (pipelined_slice): 8-bit rows by pack_group's
+// block code (Pair16), 5-bit rows two per zmm (Rows5x16); the scales as pack_pair16 makes them.
+template <int BITS>
+struct PanelFill;
+
+template <>
+struct PanelFill<8> {
+  Pair16<8> pair;
+  PanelFill(const QmmProblem& p, const Panel& q, int n, int nr)
+      : pair(p, n, nr, reinterpret_cast<uint8_t*>(q.w), q.scale, q.bias) {}
+  __attribute__((always_inline)) void block(int blk) const { pair.blocks(blk, blk + 1); }
+  void scales() const { pair.scales(); }
+};
+
+template <>
+struct PanelFill<5> {
+  Pair16<5> pair;
+  Rows5x16 rows;
+  __m512i* w;
+  PanelFill(const QmmProblem& p, const Panel& q, int n, int nr)
+      : pair(p, n, nr, reinterpret_cast<uint8_t*>(q.w), q.scale, q.bias), rows(p, n, nr), w(q.w) {}
+  __attribute__((always_inline)) void block(int blk) const { rows.block(blk, w); }
+  void scales() const { pair.scales(); }
+};
+
+// Rows [s0, s1) against the panels of columns [n0, n1), software-pipelined: the next panel is
+// decoded block by block between this panel's block dots (two panel buffers, pn[0] and pn[1]).
+// Decoding is loads, shuffles and shifts waiting on the weight stream, the dots are vpdpbusd on
+// the rows: one after the other (panel by panel), each phase left the other's units idle. The
+// panels hold exactly what pack_pair16 writes, so the results are the same bits.
+// 8- and 5-bit only. Interleaved with the 512-bit dots, the 256-bit decodes got slower (5-bit
+// 4864 x 896 at 8 rows 1.3-1.5x, hot or streamed; SmolLM2's 4-bit step 1.067x) -- probably their
+// integer work loses port 1 beside 512-bit uops; the 8-bit decode is loads and shuffles (port 5
+// either way) and the 5-bit one now runs in zmm.
+template <int BITS, bool X16>
 void pipelined_slice(const QmmProblem& p, const XView& x, const Panel* pn, int s0, int s1, int n0, int n1) {
   const int nb = p.K / 32;
-  auto pair16 = [&](const Panel& q, int n) {
-    return Pair16<8>(p, n, std::min(16, n1 - n), reinterpret_cast<uint8_t*>(q.w), q.scale, q.bias);
-  };
   {
-    const Pair16<8> first = pair16(pn[0], n0);
-    first.blocks(0, nb);
+    const PanelFill<BITS> first(p, pn[0], n0, std::min(16, n1 - n0));
+    for (int blk = 0; blk < nb; ++blk) first.block(blk);
     first.scales();
   }
   int cur = 0;
@@ -155,9 +246,9 @@ void pipelined_slice(const QmmProblem& p, const XView& x, const Panel* pn, int s
       slice_rows<X16>(p, x, pn[cur], s0, s1, n, nr, NoFill{});
       break;
     }
-    const Pair16<8> next = pair16(pn[cur ^ 1], n + 16);
+    const PanelFill<BITS> next(p, pn[cur ^ 1], n + 16, std::min(16, n1 - n - 16));
     // Inlined into the dots' block loop: a call there would spill the accumulators.
-    auto fill = [&next](int blk) __attribute__((always_inline)) { next.blocks(blk, blk + 1); };
+    auto fill = [&next](int blk) __attribute__((always_inline)) { next.block(blk); };
     slice_rows<X16>(p, x, pn[cur], s0, s1, n, nr, fill);
     next.scales();
     cur ^= 1;
@@ -170,7 +261,7 @@ void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
   const int nb = p.K / 32, ng = p.K / p.group_size;
   thread_local std::vector<float> pf;
   thread_local std::vector<__m512i> pw;
-  pw.resize(size_t(nb) * 16);  // two panels: the pipelined 8-bit path decodes into the other
+  pw.resize(size_t(nb) * 16);  // two panels: the pipelined path decodes into the other
   pf.resize(size_t(ng) * 64);
   Panel pn[2];
   for (int i = 0; i < 2; ++i) {
@@ -182,9 +273,9 @@ void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
   const int slice = std::max(16, int((512 * 1024) / size_t(p.K)) & ~15);
   for (int s0 = 0; s0 < p.M; s0 += slice) {
     const int s1 = std::min(p.M, s0 + slice);
-    if constexpr (BITS == 8) {
+    if constexpr (BITS == 5 || BITS == 8) {
       if (rows512_pipe_on()) {
-        pipelined_slice<X16>(p, x, pn, s0, s1, n0, n1);
+        pipelined_slice<BITS, X16>(p, x, pn, s0, s1, n0, n1);
         continue;
       }
     }
