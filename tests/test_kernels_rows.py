@@ -145,12 +145,12 @@ def test_the_16_column_few_row_path_gives_the_8_column_paths_bits(bits, scales, 
 
 
 @pytest.mark.skipif(not _ROWS512, reason="CPU feature missing: the 16-column tiles need AVX512-VNNI")
-@pytest.mark.parametrize("bits", [5, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])
 @pytest.mark.parametrize("scales", ["float32", "float16", "symmetric"])
 @pytest.mark.parametrize("x16", [False, True])
 def test_the_pipelined_panels_give_the_panel_by_panel_bits(bits, scales, x16):
-    """5- and 8-bit weights on the 16-column tiles decode the next panel between a panel's block
-    dots (set_rows512_pipe; 5-bit two rows per zmm): the same bits as pack_pair16's panel by
+    """Weights on the 16-column tiles decode the next panel between a panel's block dots
+    (set_rows512_pipe; 4- and 5-bit two rows per zmm): the same bits as pack_pair16's panel by
     panel decode -- for 2..15 rows and for the many-row VNNI GEMM (AMX off), with several panels
     per pool chunk, a partial last panel (and a last panel of <= 8 rows) and an odd block count;
     on 1 and 2 threads. Each row also keeps its solo bits."""

@@ -33,6 +33,25 @@ struct Panel {
   float* bias;
 };
 
+// The 16 weight rows of a panel [n0, n0 + nr) as pack_pair16 takes them: the first half's rows
+// (the last one repeated), the second half's, or the first half again when nr <= 8 (never
+// stored); and the rows 16 on (the panel after), a block's share prefetched per block.
+template <int BITS>
+struct PanelRows {
+  const uint8_t* wr[16];
+  const uint8_t* next;
+
+  PanelRows(const QmmProblem& p, int n0, int nr) {
+    const size_t row_bytes = size_t(p.K) * BITS / 8;
+    const int lo = std::min(8, nr);
+    for (int j = 0; j < 8; ++j) {
+      wr[j] = p.w + size_t(n0 + std::min(j, lo - 1)) * row_bytes;
+      wr[8 + j] = nr > 8 ? p.w + size_t(n0 + 8 + std::min(j, nr - 9)) * row_bytes : wr[j];
+    }
+    next = p.w + size_t(n0 + 16) * row_bytes;
+  }
+};
+
 // A 16-row panel of 5-bit weights decoded two rows per zmm: row j of the panel's first half in
 // the low 256 bits, row j + 8 (its second half) in the high 256 bits, so every shuffle, multiply
 // and shift of decode5 runs once for two rows, and the 8x8 dword transpose per 256-bit half leaves
@@ -40,20 +59,8 @@ struct Panel {
 // pack_pair16<5> writes. Why: the 256-bit decode of the 5-bit rows was ~20% of Qwen 0.5B's
 // 8-row step (146 of its 170 matrices are Q5_0), and it lost port 1 when interleaved with the
 // dots (pipelined_slice).
-struct Rows5x16 {
-  const uint8_t* wr[16];
-  const uint8_t* next;  // the rows 16 on (the panel after), a block's share fetched per block
-
-  Rows5x16(const QmmProblem& p, int n0, int nr) {
-    const size_t row_bytes = size_t(p.K) * 5 / 8;
-    const int lo = std::min(8, nr);
-    for (int j = 0; j < 8; ++j) {
-      wr[j] = p.w + size_t(n0 + std::min(j, lo - 1)) * row_bytes;
-      // pack_pair16's second half: rows 8.. of the panel, or the first half again (never stored)
-      wr[8 + j] = nr > 8 ? p.w + size_t(n0 + 8 + std::min(j, nr - 9)) * row_bytes : wr[j];
-    }
-    next = p.w + size_t(n0 + 16) * row_bytes;
-  }
+struct Rows5x16 : PanelRows<5> {
+  using PanelRows<5>::PanelRows;
 
   // Block blk of the 16 rows into the panel's 8 vectors at out.
   __attribute__((always_inline)) void block(int blk, __m512i* out) const {
@@ -97,6 +104,48 @@ struct Rows5x16 {
     for (int k = 0; k < 4; ++k) {
       _mm512_storeu_si512(o + k, _mm512_permutex2var_epi64(u[k], lo_lanes, u[4 + k]));
       _mm512_storeu_si512(o + 4 + k, _mm512_permutex2var_epi64(u[k], hi_lanes, u[4 + k]));
+    }
+  }
+};
+
+// The same for 4-bit weights, two blocks at a time as pack_blocks<4> does them: a row's blocks
+// blk and blk + 1 are 32 contiguous bytes, row j's in the low 256 bits and row j + 8's in the
+// high; pack_blocks<4>'s word transposes and nibble split per 128-bit lane, then a two-source
+// qword permute splits the two blocks (its permute2x128 per 256-bit half).
+struct Rows4x16 : PanelRows<4> {
+  using PanelRows<4>::PanelRows;
+
+  // Blocks blk and blk + 1 of the 16 rows into the panel's vectors at out.
+  __attribute__((always_inline)) void pair(int blk, __m512i* out) const {
+    for (int t = 0; t < 512; t += 64) _mm_prefetch(reinterpret_cast<const char*>(next) + size_t(blk) * 256 + t, _MM_HINT_T0);
+    __m512i a[8], b[8], c[8];
+    for (int j = 0; j < 8; ++j)
+      a[j] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + size_t(blk) * 16))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[8 + j] + size_t(blk) * 16)), 1);
+    for (int j = 0; j < 4; ++j) {
+      b[2 * j] = _mm512_unpacklo_epi16(a[2 * j], a[2 * j + 1]);
+      b[2 * j + 1] = _mm512_unpackhi_epi16(a[2 * j], a[2 * j + 1]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m512i* sb = b + 4 * h;
+      c[4 * h + 0] = _mm512_unpacklo_epi32(sb[0], sb[2]);
+      c[4 * h + 1] = _mm512_unpackhi_epi32(sb[0], sb[2]);
+      c[4 * h + 2] = _mm512_unpacklo_epi32(sb[1], sb[3]);
+      c[4 * h + 3] = _mm512_unpackhi_epi32(sb[1], sb[3]);
+    }
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i second = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512i* o0 = out + size_t(blk) * 8;
+    __m512i* o1 = o0 + 8;
+    for (int t = 0; t < 8; ++t) {
+      const __m512i lo_rows = c[t / 2], hi_rows = c[4 + t / 2];
+      const __m512i w = (t % 2 == 0) ? _mm512_unpacklo_epi64(lo_rows, hi_rows) : _mm512_unpackhi_epi64(lo_rows, hi_rows);
+      const __m512i lo = _mm512_and_si512(w, m), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m);
+      const __m512i u0 = _mm512_unpacklo_epi8(lo, hi), u1 = _mm512_unpackhi_epi8(lo, hi);
+      _mm512_storeu_si512(o0 + t, _mm512_permutex2var_epi64(u0, first, u1));
+      _mm512_storeu_si512(o1 + t, _mm512_permutex2var_epi64(u0, second, u1));
     }
   }
 };
@@ -198,7 +247,8 @@ void slice_rows(const QmmProblem& p, const XView& x, const Panel& pn, int s0, in
 }
 
 // The decode of one 16-row panel, block by block (pipelined_slice): 8-bit rows by pack_group's
-// block code (Pair16), 5-bit rows two per zmm (Rows5x16); the scales as pack_pair16 makes them.
+// block code (Pair16), 4- and 5-bit rows two per zmm (Rows4x16, Rows5x16); the scales as
+// pack_pair16 makes them.
 template <int BITS>
 struct PanelFill;
 
@@ -222,15 +272,31 @@ struct PanelFill<5> {
   void scales() const { pair.scales(); }
 };
 
+template <>
+struct PanelFill<4> {
+  Pair16<4> pair;
+  Rows4x16 rows;
+  __m512i* w;
+  int nb;
+  PanelFill(const QmmProblem& p, const Panel& q, int n, int nr)
+      : pair(p, n, nr, reinterpret_cast<uint8_t*>(q.w), q.scale, q.bias), rows(p, n, nr), w(q.w), nb(p.K / 32) {}
+  // After block blk's dots: the pair (blk - 1, blk), or an odd count's last block alone.
+  __attribute__((always_inline)) void block(int blk) const {
+    if (blk % 2 == 1) rows.pair(blk - 1, w);
+    else if (blk == nb - 1) pair.blocks(blk, blk + 1);
+  }
+  void scales() const { pair.scales(); }
+};
+
 // Rows [s0, s1) against the panels of columns [n0, n1), software-pipelined: the next panel is
 // decoded block by block between this panel's block dots (two panel buffers, pn[0] and pn[1]).
 // Decoding is loads, shuffles and shifts waiting on the weight stream, the dots are vpdpbusd on
 // the rows: one after the other (panel by panel), each phase left the other's units idle. The
 // panels hold exactly what pack_pair16 writes, so the results are the same bits.
-// 8- and 5-bit only. Interleaved with the 512-bit dots, the 256-bit decodes got slower (5-bit
-// 4864 x 896 at 8 rows 1.3-1.5x, hot or streamed; SmolLM2's 4-bit step 1.067x) -- probably their
-// integer work loses port 1 beside 512-bit uops; the 8-bit decode is loads and shuffles (port 5
-// either way) and the 5-bit one now runs in zmm.
+// The 4- and 5-bit decodes run in zmm here: their 256-bit versions, interleaved with the 512-bit
+// dots, got slower (5-bit 4864 x 896 at 8 rows 1.3-1.5x, hot or streamed; SmolLM2's 4-bit step
+// 1.067x) -- probably 256-bit integer work loses port 1 beside 512-bit uops. The 8-bit decode is
+// loads and shuffles (port 5 either way) and stays pack_group's.
 template <int BITS, bool X16>
 void pipelined_slice(const QmmProblem& p, const XView& x, const Panel* pn, int s0, int s1, int n0, int n1) {
   const int nb = p.K / 32;
@@ -273,11 +339,9 @@ void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
   const int slice = std::max(16, int((512 * 1024) / size_t(p.K)) & ~15);
   for (int s0 = 0; s0 < p.M; s0 += slice) {
     const int s1 = std::min(p.M, s0 + slice);
-    if constexpr (BITS == 5 || BITS == 8) {
-      if (rows512_pipe_on()) {
-        pipelined_slice<BITS, X16>(p, x, pn, s0, s1, n0, n1);
-        continue;
-      }
+    if (rows512_pipe_on()) {
+      pipelined_slice<BITS, X16>(p, x, pn, s0, s1, n0, n1);
+      continue;
     }
     for (int n = n0; n < n1; n += 16) {
       const int nr = std::min(16, n1 - n);
