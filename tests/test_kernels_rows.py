@@ -151,9 +151,9 @@ def test_the_16_column_few_row_path_gives_the_8_column_paths_bits(bits, scales, 
 def test_the_pipelined_panels_give_the_panel_by_panel_bits(bits, scales, x16):
     """Weights on the 16-column tiles decode the next panel between a panel's block dots
     (set_rows512_pipe; 4- and 5-bit two rows per zmm): the same bits as pack_pair16's panel by
-    panel decode -- for 2..15 rows and for the many-row VNNI GEMM (AMX off), with several panels
-    per pool chunk, a partial last panel (and a last panel of <= 8 rows) and an odd block count;
-    on 1 and 2 threads. Each row also keeps its solo bits."""
+    panel decode -- for 2..15 rows (16+ rows, here the VNNI GEMM with AMX off, stay panel by
+    panel), with several panels per pool chunk, a partial last panel (and a last panel of <= 8
+    rows) and an odd block count; on 1 and 2 threads. Each row also keeps its solo bits."""
     ext = kernels._load()
     n, k = 597, 13 * 32  # 597 = 37 * 16 + 5
     rng = np.random.default_rng(11)

@@ -339,7 +339,9 @@ void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
   const int slice = std::max(16, int((512 * 1024) / size_t(p.K)) & ~15);
   for (int s0 = 0; s0 < p.M; s0 += slice) {
     const int s1 = std::min(p.M, s0 + slice);
-    if (rows512_pipe_on()) {
+    // Few rows only: with a 16-row tile (16 accumulators) the decode's registers do not fit
+    // beside it (a 5-bit 4864 x 896 matmul of 64 rows, AMX off, was 1.18x pipelined).
+    if (s1 - s0 < 16 && rows512_pipe_on()) {
       pipelined_slice<BITS, X16>(p, x, pn, s0, s1, n0, n1);
       continue;
     }
