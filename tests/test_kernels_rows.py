@@ -106,6 +106,18 @@ def test_narrower_instruction_sets_keep_rows_independent(isa):
 _ROWS512 = kernels.available() and kernels.status()["isa"] == "avx2+avx512vnni"
 
 
+def _on_equals_off(switch, run):
+    """run() with switch(True) and switch(False), each on 1 and 2 threads: all four the same bits;
+    returns the output with the switch on (one thread)."""
+    outs = {}
+    for on in (True, False):
+        switch(on)
+        outs[on] = on_one_and_two_threads(run)
+    ref = outs[False][0]
+    assert all(mx.array_equal(a, ref).item() for a in (*outs[True], outs[False][1]))
+    return outs[True][0]
+
+
 @pytest.mark.skipif(not _ROWS512, reason="CPU feature missing: the 16-column few-row path needs AVX512-VNNI")
 @pytest.mark.parametrize("bits", [4, 5, 8])
 @pytest.mark.parametrize("scales", ["float32", "float16", "symmetric"])
@@ -126,14 +138,45 @@ def test_the_16_column_few_row_path_gives_the_8_column_paths_bits(bits, scales, 
     try:
         assert ext.rows512()
         for m in (2, 3, 5, 8, 15):
-            outs = {}
-            for on in (True, False):
-                ext.set_rows512(on)
-                outs[on] = on_one_and_two_threads(
-                    lambda m=m: kernels.quantized_matmul(x[:m], wq, s, b, 64, bits, symmetric=sym)
-                )
-            ref = outs[False][0]
-            assert all(mx.array_equal(a, ref).item() for a in (*outs[True], outs[False][1])), (m, scales)
+            _on_equals_off(ext.set_rows512, lambda m=m: kernels.quantized_matmul(x[:m], wq, s, b, 64, bits, symmetric=sym))
     finally:
         ext.set_rows512(was)
         kernels.set_x16(was_x16)
+
+
+@pytest.mark.skipif(not _ROWS512, reason="CPU feature missing: the 16-column tiles need AVX512-VNNI")
+@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("scales", ["float32", "float16", "symmetric"])
+@pytest.mark.parametrize("x16", [False, True])
+def test_the_pipelined_panels_give_the_panel_by_panel_bits(bits, scales, x16):
+    """Weights on the 16-column tiles decode the next panel between a panel's block dots
+    (set_rows512_pipe; 4- and 5-bit two rows per zmm): the same bits as pack_pair16's panel by
+    panel decode -- for 2..15 rows (16+ rows, here the VNNI GEMM with AMX off, stay panel by
+    panel), with several panels per pool chunk, a partial last panel (and a last panel of <= 8
+    rows) and an odd block count; on 1 and 2 threads. Each row also keeps its solo bits."""
+    ext = kernels._load()
+    n, k = 597, 13 * 32  # 597 = 37 * 16 + 5
+    rng = np.random.default_rng(11)
+    wq, s, b = mx.quantize(mx.array(rng.standard_normal((n, k)).astype(np.float32)), group_size=32, bits=bits)
+    if scales != "float32":
+        s = s.astype(mx.float16)
+        b = (s * -(2 ** (bits - 1))) if scales == "symmetric" else b.astype(mx.float16)
+    sym = scales == "symmetric"
+    x = mx.random.normal((20, k), key=mx.random.key(3))
+    was = (kernels.set_x16(x16), ext.set_rows512(True), ext.set_rows512_pipe(True), kernels.set_amx(False),
+           ext.set_vnni_gemm(True))
+    try:
+        assert ext.rows512_pipe()
+        solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, 32, bits, symmetric=sym) for i in range(20)]
+        for m in (2, 8, 15, 20):
+            y = _on_equals_off(
+                ext.set_rows512_pipe, lambda m=m: kernels.quantized_matmul(x[:m], wq, s, b, 32, bits, symmetric=sym)
+            )
+            for i in range(m):
+                assert mx.array_equal(y[i], solo[i][0]), (m, i)
+    finally:
+        kernels.set_x16(was[0])
+        ext.set_rows512(was[1])
+        ext.set_rows512_pipe(was[2])
+        kernels.set_amx(was[3])
+        ext.set_vnni_gemm(was[4])

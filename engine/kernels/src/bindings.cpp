@@ -131,6 +131,10 @@ NB_MODULE(_ext, m) {
         "True when int8 matmuls of 2..15 rows run on the VNNI GEMM's 16-column zmm tiles.");
   m.def("set_rows512", [](bool on) { return mlxterm::set_rows512(on); }, "on"_a,
         "Switch the 16-column few-row path on or off (A/B); returns the previous setting.");
+  m.def("rows512_pipe", [] { return mlxterm::rows512_pipe_on(); },
+        "True when the 16-column tiles decode the next weight panel between a panel's block dots.");
+  m.def("set_rows512_pipe", [](bool on) { return mlxterm::set_rows512_pipe(on); }, "on"_a,
+        "Switch the pipelined panel decode on or off (A/B); returns the previous setting.");
   m.def("decode512", [] { return mlxterm::decode512_on(); },
         "True when decode-sized attention scores run two keys per zmm (AVX-512).");
   m.def("set_decode512", [](bool on) { return mlxterm::set_decode512(on); }, "on"_a,

@@ -250,6 +250,11 @@ std::atomic<bool>& rows512_switch() {
   return on;
 }
 
+std::atomic<bool>& rows512_pipe_switch() {
+  static std::atomic<bool> on{starts_on("MLXTERM_NO_ROWS512_PIPE")};
+  return on;
+}
+
 // A row-count threshold: environment variable `name` (at least `lo`) if set, else `fallback`.
 int env_rows(const char* name, int lo, int fallback) {
   const char* env = std::getenv(name);
@@ -575,6 +580,8 @@ bool amx_on() { return amx_capable() && amx_switch().load(std::memory_order_rela
 bool set_amx(bool on) { return amx_switch().exchange(on); }
 bool rows512_on() { return best_isa() == Isa::avx512vnni && rows512_switch().load(std::memory_order_relaxed); }
 bool set_rows512(bool on) { return rows512_switch().exchange(on); }
+bool rows512_pipe_on() { return rows512_pipe_switch().load(std::memory_order_relaxed); }
+bool set_rows512_pipe(bool on) { return rows512_pipe_switch().exchange(on); }
 bool vnni_gemm_on() { return vnni_gemm_active(); }
 bool set_vnni_gemm(bool on) { return vnni_gemm_switch().exchange(on); }
 bool shared_job_on() { return shared_job_switch().load(std::memory_order_relaxed); }

@@ -126,6 +126,11 @@ bool set_amx(bool on);
 bool rows512_on();
 // Turn it on or off at run time; returns the old setting.
 bool set_rows512(bool on);
+// The 16-column tiles decode the next weight panel between a panel's block dots (the same
+// values, so the same bits); MLXTERM_NO_ROWS512_PIPE=1 or set_rows512_pipe(false) decode each
+// panel whole before its dots (A/B).
+bool rows512_pipe_on();
+bool set_rows512_pipe(bool on);
 // Non-exact matmuls of qmm_dense_min_rows() rows or more run on the AVX512-VNNI GEMM
 // (qmm_gemm512.cpp) where AMX does not take them: best_isa() is avx512vnni and it is switched
 // on (MLXTERM_NO_VNNI_GEMM=1 or set_vnni_gemm turn it off: the float panels run).

@@ -33,6 +33,123 @@ struct Panel {
   float* bias;
 };
 
+// The 16 weight rows of a panel [n0, n0 + nr) as pack_pair16 takes them: the first half's rows
+// (the last one repeated), the second half's, or the first half again when nr <= 8 (never
+// stored); and the rows 16 on (the panel after), a block's share prefetched per block.
+template <int BITS>
+struct PanelRows {
+  const uint8_t* wr[16];
+  const uint8_t* next;
+
+  PanelRows(const QmmProblem& p, int n0, int nr) {
+    const size_t row_bytes = size_t(p.K) * BITS / 8;
+    const int lo = std::min(8, nr);
+    for (int j = 0; j < 8; ++j) {
+      wr[j] = p.w + size_t(n0 + std::min(j, lo - 1)) * row_bytes;
+      wr[8 + j] = nr > 8 ? p.w + size_t(n0 + 8 + std::min(j, nr - 9)) * row_bytes : wr[j];
+    }
+    next = p.w + size_t(n0 + 16) * row_bytes;
+  }
+};
+
+// A 16-row panel of 5-bit weights decoded two rows per zmm: row j of the panel's first half in
+// the low 256 bits, row j + 8 (its second half) in the high 256 bits, so every shuffle, multiply
+// and shift of decode5 runs once for two rows, and the 8x8 dword transpose per 256-bit half leaves
+// vector t of a block as the panel's 64-byte row t (weight rows 0-7, then 8-15) -- the bytes
+// pack_pair16<5> writes. Why: the 256-bit decode of the 5-bit rows was ~20% of Qwen 0.5B's
+// 8-row step (146 of its 170 matrices are Q5_0), and it lost port 1 when interleaved with the
+// dots (pipelined_slice).
+struct Rows5x16 : PanelRows<5> {
+  using PanelRows<5>::PanelRows;
+
+  // Block blk of the 16 rows into the panel's 8 vectors at out.
+  __attribute__((always_inline)) void block(int blk, __m512i* out) const {
+    for (int t = 0; t < 320; t += 64) _mm_prefetch(reinterpret_cast<const char*>(next) + size_t(blk) * 320 + t, _MM_HINT_T0);
+    const __m512i shuf_a = _mm512_broadcast_i64x4(_mm256_setr_epi8(
+        0, 1, 0, 1, 1, 2, 1, 2, 2, 3, 3, 4, 3, 4, 4, 5, 5, 6, 5, 6, 6, 7, 6, 7, 7, 8, 8, 9, 8, 9, 9, 10));
+    const __m512i shuf_b = _mm512_broadcast_i64x4(_mm256_setr_epi8(
+        6, 7, 6, 7, 7, 8, 7, 8, 8, 9, 9, 10, 9, 10, 10, 11, 11, 12, 11, 12, 12, 13, 12, 13, 13, 14, 14, 15, 14, 15, 15, -128));
+    const __m512i mul = _mm512_broadcast_i64x4(_mm256_setr_epi16(
+        1 << 11, 1 << 6, 1 << 9, 1 << 4, 1 << 7, 1 << 10, 1 << 5, 1 << 8,
+        1 << 11, 1 << 6, 1 << 9, 1 << 4, 1 << 7, 1 << 10, 1 << 5, 1 << 8));
+    const __m512i order = _mm512_setr_epi64(0, 2, 1, 3, 4, 6, 5, 7);
+    __m512i r[8];
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* a = wr[j] + size_t(blk) * 20;
+      const uint8_t* b = wr[8 + j] + size_t(blk) * 20;
+      // 128-bit lanes: bytes 0-15 of row j twice, then of row j + 8 twice (decode5's b0, b0);
+      // bytes 4-19 likewise (b1, b1)
+      const __m512i b0 = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                                     0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+      const __m512i b1 = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 4))),
+                                                     0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)));
+      const __m512i x = _mm512_srli_epi16(_mm512_mullo_epi16(_mm512_shuffle_epi8(b0, shuf_a), mul), 11);
+      const __m512i y = _mm512_srli_epi16(_mm512_mullo_epi16(_mm512_shuffle_epi8(b1, shuf_b), mul), 11);
+      r[j] = _mm512_permutexvar_epi64(order, _mm512_packus_epi16(x, y));
+    }
+    // transpose8i per 256-bit half (its unpacks work per 128-bit lane; its permute2x128 across
+    // the half's two lanes is a two-source qword permute here)
+    __m512i t[8], u[8];
+    for (int k = 0; k < 4; ++k) {
+      t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    u[0] = _mm512_unpacklo_epi64(t[0], t[2]), u[1] = _mm512_unpackhi_epi64(t[0], t[2]);
+    u[2] = _mm512_unpacklo_epi64(t[1], t[3]), u[3] = _mm512_unpackhi_epi64(t[1], t[3]);
+    u[4] = _mm512_unpacklo_epi64(t[4], t[6]), u[5] = _mm512_unpackhi_epi64(t[4], t[6]);
+    u[6] = _mm512_unpacklo_epi64(t[5], t[7]), u[7] = _mm512_unpackhi_epi64(t[5], t[7]);
+    const __m512i lo_lanes = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i hi_lanes = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512i* o = out + size_t(blk) * 8;
+    for (int k = 0; k < 4; ++k) {
+      _mm512_storeu_si512(o + k, _mm512_permutex2var_epi64(u[k], lo_lanes, u[4 + k]));
+      _mm512_storeu_si512(o + 4 + k, _mm512_permutex2var_epi64(u[k], hi_lanes, u[4 + k]));
+    }
+  }
+};
+
+// The same for 4-bit weights, two blocks at a time as pack_blocks<4> does them: a row's blocks
+// blk and blk + 1 are 32 contiguous bytes, row j's in the low 256 bits and row j + 8's in the
+// high; pack_blocks<4>'s word transposes and nibble split per 128-bit lane, then a two-source
+// qword permute splits the two blocks (its permute2x128 per 256-bit half).
+struct Rows4x16 : PanelRows<4> {
+  using PanelRows<4>::PanelRows;
+
+  // Blocks blk and blk + 1 of the 16 rows into the panel's vectors at out.
+  __attribute__((always_inline)) void pair(int blk, __m512i* out) const {
+    for (int t = 0; t < 512; t += 64) _mm_prefetch(reinterpret_cast<const char*>(next) + size_t(blk) * 256 + t, _MM_HINT_T0);
+    __m512i a[8], b[8], c[8];
+    for (int j = 0; j < 8; ++j)
+      a[j] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[j] + size_t(blk) * 16))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[8 + j] + size_t(blk) * 16)), 1);
+    for (int j = 0; j < 4; ++j) {
+      b[2 * j] = _mm512_unpacklo_epi16(a[2 * j], a[2 * j + 1]);
+      b[2 * j + 1] = _mm512_unpackhi_epi16(a[2 * j], a[2 * j + 1]);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m512i* sb = b + 4 * h;
+      c[4 * h + 0] = _mm512_unpacklo_epi32(sb[0], sb[2]);
+      c[4 * h + 1] = _mm512_unpackhi_epi32(sb[0], sb[2]);
+      c[4 * h + 2] = _mm512_unpacklo_epi32(sb[1], sb[3]);
+      c[4 * h + 3] = _mm512_unpackhi_epi32(sb[1], sb[3]);
+    }
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i second = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    __m512i* o0 = out + size_t(blk) * 8;
+    __m512i* o1 = o0 + 8;
+    for (int t = 0; t < 8; ++t) {
+      const __m512i lo_rows = c[t / 2], hi_rows = c[4 + t / 2];
+      const __m512i w = (t % 2 == 0) ? _mm512_unpacklo_epi64(lo_rows, hi_rows) : _mm512_unpackhi_epi64(lo_rows, hi_rows);
+      const __m512i lo = _mm512_and_si512(w, m), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m);
+      const __m512i u0 = _mm512_unpacklo_epi8(lo, hi), u1 = _mm512_unpackhi_epi8(lo, hi);
+      _mm512_storeu_si512(o0 + t, _mm512_permutex2var_epi64(u0, first, u1));
+      _mm512_storeu_si512(o1 + t, _mm512_permutex2var_epi64(u0, second, u1));
+    }
+  }
+};
+
 // A 4-byte piece of an activation block, broadcast (folded into vpdpbusd as {1to16}).
 inline __m512i piece16(const int8_t* p) {
   int32_t v;
@@ -56,10 +173,17 @@ inline __m512i block_dot(__m512i w0, __m512i w1, __m512i w2, __m512i w3, __m512i
   return _mm512_add_epi32(d0, d1);
 }
 
+// Nothing to interleave (panel_rows' Fill).
+struct NoFill {
+  void operator()(int) const {}
+};
+
 // Activation rows [m0, m0 + MR) against one panel: out[m, n0 + j] for j < nr. X16: 16-bit
 // activations, a second chain on their low parts (x.lo) joined as group_rows joins them.
-template <int MR, bool X16>
-void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int n0, int nr) {
+// fill(blk) runs after block blk's dots (the next panel's decode, see gemm_run).
+template <int MR, bool X16, class Fill = NoFill>
+void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, int n0, int nr,
+                const Fill& fill = Fill{}) {
   const int K = p.K, nb = K / 32, ng = K / p.group_size, bpg = p.group_size / 32;
   __m512 acc[MR];
 #pragma GCC unroll 16
@@ -83,6 +207,7 @@ void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, in
       const __m512 s = _mm512_mul_ps(sv, _mm512_set1_ps(xd[size_t(i) * nb + blk]));
       acc[i] = _mm512_fmadd_ps(dot, s, acc[i]);
     }
+    fill(blk);
   }
   // The affine biases: per row, sum over groups of bias term * sum(x of the group), in group
   // order, then + acc (group_rows' order); the rows' chains side by side.
@@ -101,28 +226,129 @@ void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, in
     _mm512_mask_storeu_ps(p.out + size_t(m0 + i) * p.N + n0, mask, _mm512_add_ps(acc[i], b[i]));
 }
 
+// The tiles of rows [s0, s1) against one packed panel; the first one runs fill (pipelined_slice).
+template <bool X16, class Fill>
+void slice_rows(const QmmProblem& p, const XView& x, const Panel& pn, int s0, int s1, int n, int nr,
+                const Fill& fill) {
+  int m = s0;
+  bool first = true;
+  auto tile = [&](auto mr) {
+    constexpr int MR = decltype(mr)::value;
+    if (first) panel_rows<MR, X16>(p, x, pn, m, n, nr, fill);
+    else panel_rows<MR, X16>(p, x, pn, m, n, nr);
+    first = false;
+    m += MR;
+  };
+  while (s1 - m >= 16) tile(std::integral_constant<int, 16>{});
+  if (s1 - m >= 8) tile(std::integral_constant<int, 8>{});
+  if (s1 - m >= 4) tile(std::integral_constant<int, 4>{});
+  if (s1 - m >= 2) tile(std::integral_constant<int, 2>{});
+  if (s1 - m >= 1) tile(std::integral_constant<int, 1>{});
+}
+
+// The decode of one 16-row panel, block by block (pipelined_slice): 8-bit rows by pack_group's
+// block code (Pair16), 4- and 5-bit rows two per zmm (Rows4x16, Rows5x16); the scales as
+// pack_pair16 makes them.
+template <int BITS>
+struct PanelFill;
+
+template <>
+struct PanelFill<8> {
+  Pair16<8> pair;
+  PanelFill(const QmmProblem& p, const Panel& q, int n, int nr)
+      : pair(p, n, nr, reinterpret_cast<uint8_t*>(q.w), q.scale, q.bias) {}
+  __attribute__((always_inline)) void block(int blk) const { pair.blocks(blk, blk + 1); }
+  void scales() const { pair.scales(); }
+};
+
+template <>
+struct PanelFill<5> {
+  Pair16<5> pair;
+  Rows5x16 rows;
+  __m512i* w;
+  PanelFill(const QmmProblem& p, const Panel& q, int n, int nr)
+      : pair(p, n, nr, reinterpret_cast<uint8_t*>(q.w), q.scale, q.bias), rows(p, n, nr), w(q.w) {}
+  __attribute__((always_inline)) void block(int blk) const { rows.block(blk, w); }
+  void scales() const { pair.scales(); }
+};
+
+template <>
+struct PanelFill<4> {
+  Pair16<4> pair;
+  Rows4x16 rows;
+  __m512i* w;
+  int nb;
+  PanelFill(const QmmProblem& p, const Panel& q, int n, int nr)
+      : pair(p, n, nr, reinterpret_cast<uint8_t*>(q.w), q.scale, q.bias), rows(p, n, nr), w(q.w), nb(p.K / 32) {}
+  // After block blk's dots: the pair (blk - 1, blk), or an odd count's last block alone.
+  __attribute__((always_inline)) void block(int blk) const {
+    if (blk % 2 == 1) rows.pair(blk - 1, w);
+    else if (blk == nb - 1) pair.blocks(blk, blk + 1);
+  }
+  void scales() const { pair.scales(); }
+};
+
+// Rows [s0, s1) against the panels of columns [n0, n1), software-pipelined: the next panel is
+// decoded block by block between this panel's block dots (two panel buffers, pn[0] and pn[1]).
+// Decoding is loads, shuffles and shifts waiting on the weight stream, the dots are vpdpbusd on
+// the rows: one after the other (panel by panel), each phase left the other's units idle. The
+// panels hold exactly what pack_pair16 writes, so the results are the same bits.
+// The 4- and 5-bit decodes run in zmm here: their 256-bit versions, interleaved with the 512-bit
+// dots, got slower (5-bit 4864 x 896 at 8 rows 1.3-1.5x, hot or streamed; SmolLM2's 4-bit step
+// 1.067x) -- probably 256-bit integer work loses port 1 beside 512-bit uops. The 8-bit decode is
+// loads and shuffles (port 5 either way) and stays pack_group's.
+template <int BITS, bool X16>
+void pipelined_slice(const QmmProblem& p, const XView& x, const Panel* pn, int s0, int s1, int n0, int n1) {
+  const int nb = p.K / 32;
+  {
+    const PanelFill<BITS> first(p, pn[0], n0, std::min(16, n1 - n0));
+    for (int blk = 0; blk < nb; ++blk) first.block(blk);
+    first.scales();
+  }
+  int cur = 0;
+  for (int n = n0; n < n1; n += 16) {
+    const int nr = std::min(16, n1 - n);
+    if (n + 16 >= n1) {
+      slice_rows<X16>(p, x, pn[cur], s0, s1, n, nr, NoFill{});
+      break;
+    }
+    const PanelFill<BITS> next(p, pn[cur ^ 1], n + 16, std::min(16, n1 - n - 16));
+    // Inlined into the dots' block loop: a call there would spill the accumulators.
+    auto fill = [&next](int blk) __attribute__((always_inline)) { next.block(blk); };
+    slice_rows<X16>(p, x, pn[cur], s0, s1, n, nr, fill);
+    next.scales();
+    cur ^= 1;
+  }
+}
+
 template <int BITS, bool X16>
 void gemm_run(const QmmProblem& p, const XView& x, int n0, int n1) {
+  if (n0 >= n1) return;
   const int nb = p.K / 32, ng = p.K / p.group_size;
   thread_local std::vector<float> pf;
   thread_local std::vector<__m512i> pw;
-  pw.resize(size_t(nb) * 8);
-  pf.resize(size_t(ng) * 32);
-  const Panel pn{pw.data(), pf.data(), pf.data() + size_t(ng) * 16};
+  pw.resize(size_t(nb) * 16);  // two panels: the pipelined path decodes into the other
+  pf.resize(size_t(ng) * 64);
+  Panel pn[2];
+  for (int i = 0; i < 2; ++i) {
+    float* f = pf.data() + size_t(i) * ng * 32;
+    pn[i] = Panel{pw.data() + size_t(i) * nb * 8, f, f + size_t(ng) * 16};
+  }
   // Activation rows in slices that stay in L2 while every panel of this chunk passes over them
   // (a panel is decoded once per slice; for K <= ~2k that is once per matmul).
   const int slice = std::max(16, int((512 * 1024) / size_t(p.K)) & ~15);
   for (int s0 = 0; s0 < p.M; s0 += slice) {
     const int s1 = std::min(p.M, s0 + slice);
+    // Few rows only: with a 16-row tile (16 accumulators) the decode's registers do not fit
+    // beside it (a 5-bit 4864 x 896 matmul of 64 rows, AMX off, was 1.18x pipelined).
+    if (s1 - s0 < 16 && rows512_pipe_on()) {
+      pipelined_slice<BITS, X16>(p, x, pn, s0, s1, n0, n1);
+      continue;
+    }
     for (int n = n0; n < n1; n += 16) {
       const int nr = std::min(16, n1 - n);
-      pack_pair16<BITS>(p, n, nr, reinterpret_cast<uint8_t*>(pn.w), pn.scale, pn.bias);
-      int m = s0;
-      for (; m + 16 <= s1; m += 16) panel_rows<16, X16>(p, x, pn, m, n, nr);
-      if (s1 - m >= 8) { panel_rows<8, X16>(p, x, pn, m, n, nr); m += 8; }
-      if (s1 - m >= 4) { panel_rows<4, X16>(p, x, pn, m, n, nr); m += 4; }
-      if (s1 - m >= 2) { panel_rows<2, X16>(p, x, pn, m, n, nr); m += 2; }
-      if (s1 - m >= 1) panel_rows<1, X16>(p, x, pn, m, n, nr);
+      pack_pair16<BITS>(p, n, nr, reinterpret_cast<uint8_t*>(pn[0].w), pn[0].scale, pn[0].bias);
+      slice_rows<X16>(p, x, pn[0], s0, s1, n, nr, NoFill{});
     }
   }
 }
