@@ -535,6 +535,9 @@ def test_generate_json_reports_lane_and_batch_size(tmp_path, tiny_llama_dir):
             "--prompt",
             "hi",
             "--json",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
         ],
         capture_output=True,
         text=True,
@@ -543,6 +546,8 @@ def test_generate_json_reports_lane_and_batch_size(tmp_path, tiny_llama_dir):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["batch"] == {"lane": "serial", "size_min": 1, "size_mean": 1.0, "size_max": 1}
+    # --ignore-eos reaches the request: a fixed-length reply
+    assert out["finish_reason"] == "length" and out["usage"]["completion_tokens"] == 12
 
 
 async def test_status_bar_counts_requests_sharing_the_engine(tiny_profile):
@@ -808,3 +813,59 @@ def test_a_chat_turn_is_not_held_behind_a_burst_of_background_prefill(
         assert done.completion_token_ids == ref.completion_token_ids
     # its first steps ran while background rows were still prefilling (the batch ramped up)
     assert dones[0].lane == "batched" and dones[0].batch_min == 1 and dones[0].batch_max == 4
+
+
+def test_ignore_eos_runs_replies_to_max_tokens_in_both_lanes(tmp_path, tiny_llama_dir):
+    """``SamplingParams.ignore_eos`` (fixed reply lengths for benchmarks): a reply that stops at
+    an end-of-sequence token goes on to max_tokens with the tokens it would draw anyway, served
+    alone and in a batch; explicit stop_token_ids still end it."""
+    solo = _engine(tmp_path, tiny_llama_dir, "eos-solo")
+    eng = _engine(tmp_path, tiny_llama_dir, "eos-batch")
+    try:
+        prompts = [_prompt(eng, f"fixed length {i} " + "z" * (5 * i)) for i in range(3)]
+        free = [
+            _solo(solo, dict(prompt=p, params=solo.sampling(max_tokens=24, ignore_eos=True)))
+            for p in prompts
+        ]
+        for done in free:
+            assert done.finish_reason == "length" and len(done.completion_token_ids) == 24
+        # Make a token each reply draws early an end-of-sequence id of both engines' tokenizers.
+        ends = {done.completion_token_ids[3] for done in free}
+        for e in (solo, eng):
+            e.tokenizer.eos_ids = set(e.tokenizer.eos_ids) | ends
+        stopped = _solo(solo, dict(prompt=prompts[0], params=solo.sampling(max_tokens=24)))
+        assert stopped.finish_reason == "stop" and len(stopped.completion_token_ids) <= 4
+        assert (
+            stopped.completion_token_ids
+            == free[0].completion_token_ids[: len(stopped.completion_token_ids)]
+        )
+        alone = _solo(
+            solo, dict(prompt=prompts[0], params=solo.sampling(max_tokens=24, ignore_eos=True))
+        )
+        assert alone.completion_token_ids == free[0].completion_token_ids
+        handles = [
+            eng.submit(
+                _request(eng, dict(prompt=p, params=eng.sampling(max_tokens=24, ignore_eos=True)))
+            )
+            for p in prompts
+        ]
+        for h, ref in zip(handles, free, strict=True):
+            done = h.result(60)
+            assert done.lane == "batched" and done.finish_reason == "length"
+            assert done.completion_token_ids == ref.completion_token_ids
+        end = free[1].completion_token_ids[3]
+        told = _solo(
+            solo,
+            dict(
+                prompt=prompts[1],
+                params=solo.sampling(max_tokens=24, ignore_eos=True, stop_token_ids=(end,)),
+            ),
+        )
+        assert told.finish_reason == "stop"
+        assert (
+            told.completion_token_ids
+            == free[1].completion_token_ids[: len(told.completion_token_ids)]
+        )
+    finally:
+        solo.close()
+        eng.close()

@@ -55,3 +55,26 @@ def test_seed_makes_runs_serve_the_same_prompts(tmp_path, tiny_llama_dir):
     assert first != other
     assert fresh[0] != fresh[1]
     assert len({tuple(p) for p in first}) == 4  # each request its own prompt
+
+
+def test_ignore_eos_gives_every_reply_max_tokens(tmp_path, tiny_llama_dir):
+    """--ignore-eos: fixed reply lengths, so both arms time N x max_tokens tokens whatever
+    end-of-sequence tokens the replies draw (one of the tiny model's end ids made frequent here)."""
+    from tests.tiny_models import write_profile
+
+    profile = write_profile(
+        tmp_path / "bench.yaml", tiny_llama_dir, cache={"ssd_dir": str(tmp_path / "ckpt")}
+    )
+    with Engine.load(str(profile)) as eng:
+        prompts = bench._prompts(eng, 3)
+        free = bench._run_arm(eng, "batched", 3, 8, prompts, ignore_eos=True)
+        eng.tokenizer.eos_ids = set(eng.tokenizer.eos_ids) | {free["replies"][0][1]}
+        runs = [
+            bench._run_arm(eng, arm, 3, 8, prompts, ignore_eos=True)
+            for arm in ("serial", "batched")
+        ]
+        ended = bench._run_arm(eng, "serial", 3, 8, prompts)
+    assert all(len(r) == 8 for run in [free, *runs] for r in run["replies"])
+    assert runs[0]["replies"] == runs[1]["replies"] == free["replies"]
+    assert runs[0]["tokens"] == runs[1]["tokens"] == 24
+    assert len(ended["replies"][0]) == 2 and ended["tokens"] < 24

@@ -9,7 +9,12 @@ Both arms of a round serve the same requests: the same prompts (each with its ow
 before each arm the checkpoint store is emptied and given one checkpoint of the chat
 template's prefix, so every arm restores the same prefix and no arm reuses another's replies;
 greedy rows decode their solo tokens, so ``replies_match`` checks that every arm of a round
-returned the same token ids (the same work was timed). Reported per arm:
+returned the same token ids (the same work was timed). Replies end at end-of-sequence or
+--max-tokens; with --ignore-eos every reply runs to --max-tokens (``SamplingParams.ignore_eos``,
+the fixed reply lengths throughput benchmarks use): when one reply runs far longer than the
+others, most batched steps carry few rows whatever the scheduler does (4 SmolLM2 replies of
+14, 44, 41 and 96 tokens: at most 195 / 96 = 2.03x on decode even if a step of 4 rows cost one
+row's time). Reported per arm:
 aggregate tok/s = completion tokens of all N / wall time from first submit to last Done
 (prefill included); CPU ms per token (this process's CPU time over the arm / its tokens: less
 sensitive than wall time to other processes on a shared machine); aggregate decode tok/s =
@@ -77,6 +82,12 @@ def add_arguments(p) -> None:
         type=int,
         default=None,
         help="seed the prompts' nonces: the same requests in every run (A/B across builds)",
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="every reply runs to --max-tokens (past end-of-sequence tokens): fixed reply "
+        "lengths, so the arms compare the scheduler and not how early some replies end",
     )
 
 
@@ -154,12 +165,19 @@ def _fresh_checkpoints(engine) -> None:
 
 
 def _run_arm(
-    engine, arm: str, n: int, max_tokens: int, prompts: list[list[int]] | None = None
+    engine,
+    arm: str,
+    n: int,
+    max_tokens: int,
+    prompts: list[list[int]] | None = None,
+    ignore_eos: bool = False,
 ) -> dict:
     from engine.runtime import GenerationRequest
 
     prompts = prompts or _prompts(engine, n)
-    params = engine.sampling(temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.0)
+    params = engine.sampling(
+        temperature=0.0, max_tokens=max_tokens, repetition_penalty=1.0, ignore_eos=ignore_eos
+    )
     timed: list[_Timed | None] = [None] * n
     s0 = engine.scheduler_stats()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -283,6 +301,7 @@ def run(args) -> dict:
     out: dict = {
         "load_avg_start": os.getloadavg()[0],
         "max_tokens": args.max_tokens,
+        "ignore_eos": args.ignore_eos,
         "seed": args.seed,
         "models": [],
     }
@@ -310,7 +329,9 @@ def run(args) -> dict:
                     replies = []
                     for arm in ("serial", "batched", "batched", "serial"):
                         _fresh_checkpoints(engine)
-                        arms[arm].append(_run_arm(engine, arm, n, args.max_tokens, prompts))
+                        arms[arm].append(
+                            _run_arm(engine, arm, n, args.max_tokens, prompts, args.ignore_eos)
+                        )
                         replies.append(arms[arm][-1]["replies"])
                     match = match and all(r == replies[0] for r in replies)
                 row = {"sessions": n, "replies_match": match}

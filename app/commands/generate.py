@@ -23,6 +23,11 @@ def register(sub) -> None:
     p.add_argument("--repetition-penalty", type=float)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="go on past end-of-sequence tokens to --max-tokens (fixed lengths for timing)",
+    )
     p.add_argument("--logprobs", type=int, default=0, help="return the top-N logprobs per token")
     p.add_argument("--session", metavar="ID", help="continue (or create) this saved session")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end")
@@ -59,6 +64,7 @@ def run(args) -> int:
             seed=args.seed,
             stop=tuple(args.stop) if args.stop else None,
             logprobs=args.logprobs or None,
+            ignore_eos=args.ignore_eos or None,
         )
         if args.session:
             turn = _session_turn(engine, args, overrides)

@@ -32,6 +32,9 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     logprobs: int = 0  # top-N logprobs per token to return (0 = none)
+    # Go on past the tokenizer's end-of-sequence tokens to max_tokens (stop strings and
+    # stop_token_ids still end a reply): fixed reply lengths, as throughput benchmarks want them.
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:

@@ -156,7 +156,7 @@ class Row:
         self.recent: mx.array | None = None
         self.skipped = 0  # tokens picked without advancing key and window (see catch_up)
         # text
-        self.eos = tokenizer.eos_ids | set(params.stop_token_ids)
+        self.eos = (set() if params.ignore_eos else tokenizer.eos_ids) | set(params.stop_token_ids)
         self.detok = tokenizer.new_detokenizer()
         self.stops = StopMatcher(params.stop)
         markers = tokenizer.reasoning_markers or ("<think>", "</think>")
