@@ -78,3 +78,7 @@ def test_ignore_eos_gives_every_reply_max_tokens(tmp_path, tiny_llama_dir):
     assert runs[0]["replies"] == runs[1]["replies"] == free["replies"]
     assert runs[0]["tokens"] == runs[1]["tokens"] == 24
     assert len(ended["replies"][0]) == 2 and ended["tokens"] < 24
+    # what batching could gain at most: N for fixed lengths, all tokens / the longest reply else
+    assert runs[1]["decode_ceiling"] == 3.0
+    lengths = [len(r) for r in ended["replies"]]
+    assert ended["decode_ceiling"] == sum(lengths) / max(lengths) < 3.0

@@ -61,6 +61,8 @@ METRICS = {
     "speedup_without_prefill": "batched / serial tok_s_without_prefill: the arms with their prompt forwards "
     "(the same work in both) taken out",
     "engine_decode_speedup": "serial decode_ms_per_token / batched decode_ms_per_token",
+    "decode_ceiling": "completion tokens / the longest reply: the decode speedup a batch could reach "
+    "if a step of N rows cost one row's (replies that end early at EOS lower it; --ignore-eos: N)",
 }
 
 
@@ -224,8 +226,15 @@ def _run_arm(
         "rows_per_step": d["batched_rows"] / d["batched_steps"] if d["batched_steps"] else 1.0,
         "held_ticks": d["held_ticks"],
         "replies": [list(t.done.completion_token_ids) for t in timed],
+        "decode_ceiling": _decode_ceiling([t.done.usage.completion_tokens for t in timed]),
         "cached": [t.done.usage.cached_tokens for t in timed],
     }
+
+
+def _decode_ceiling(lengths: list[int]) -> float:
+    """The most any batching can gain on decode for replies of these lengths: all tokens over
+    the longest reply (the steps a batch needs even if a step of N rows cost one row's time)."""
+    return sum(lengths) / max(max(lengths), 1)
 
 
 def _union(spans: list[tuple[float, float]]) -> float:
@@ -365,6 +374,7 @@ def run(args) -> dict:
                         ("rows_per_step", 2),
                         ("held_ticks", 1),
                         ("tok_s_without_prefill", 1),
+                        ("decode_ceiling", 2),
                     ):
                         row[arm][key] = round(statistics.median(r[key] for r in runs), digits)
                 row["speedup"] = round(row["batched"]["tok_s"] / row["serial"]["tok_s"], 2)
