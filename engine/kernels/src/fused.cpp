@@ -197,7 +197,7 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact) {
   if (u.size() < size_t(M) * N) u.resize(size_t(M) * N);
   pg.out = g.data();
   pu.out = u.data();
-  if (M >= qmm_dense_min_rows()) {  // prefill-sized: the many-row path (qmm_run), then the activation
+  if (!keep) {  // prefill-sized: the many-row path (qmm_run), then the activation
     if (exact) {
       qmm_run(pg, true);
       qmm_run(pu, true);

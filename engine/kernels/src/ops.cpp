@@ -344,7 +344,7 @@ std::atomic<bool>& shared_job_switch() {
 }
 
 void run_panel_chunks(const QmmProblem* ps, int n, const std::function<void(int, int, int)>& fn) {
-  if (n > 1 && !shared_job_switch().load(std::memory_order_relaxed)) {
+  if (n > 1 && !shared_job_on()) {
     for (int i = 0; i < n; ++i) run_panel_chunks(ps + i, 1, [&](int, int n0, int n1) { fn(i, n0, n1); });
     return;
   }
