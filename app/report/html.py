@@ -339,7 +339,60 @@ def bench_speech(d: dict[str, Any]) -> str:
     return meta + dict_rows_table(clips) + f'<div class="charts">{"".join(charts)}</div>'
 
 
-BENCHES = {"engine": bench_engine, "resume": bench_resume, "speech": bench_speech}
+def _pass_cell(v: Any) -> str:
+    return badge(None if v is None else ("passed" if v else "failed"))
+
+
+def _rate(n: Any, d: Any, p: Any) -> str:
+    return UNKNOWN if p is None else f"{num(n)}/{num(d)} ({p:.1f}%)"
+
+
+def bench_agent(d: dict[str, Any]) -> str:
+    """``mlxterm bench agent``: the summary, aider's reference, one row per exercise."""
+    ref = d.get("reference") if isinstance(d.get("reference"), dict) else None
+    tokens = d.get("tokens") if isinstance(d.get("tokens"), dict) else {}
+    meta = kv_table([
+        ("profile", num(d.get("profile"))), ("model", num(d.get("model"))),
+        ("split", f"{num(d.get('split'))} · {num(d.get('count'))} of {num(d.get('exercises_total'))} exercises"),
+        ("split rule", num(d.get("split_rule"))),
+        ("passed first try", _rate(d.get("passed_first_try"), d.get("first_try_known"), d.get("pct_first_try"))),
+        ("passed after repair", _rate(d.get("passed_after_repair"), d.get("count"), d.get("pct_after_repair"))),
+        ("repair rounds", num(d.get("repair_rounds")) if d.get("repair_rounds") is not None else "the profile's"),
+        ("wall per exercise", f"median {num(d.get('wall_s_median'), ' s')} · p90 {num(d.get('wall_s_p90'), ' s')}"),
+        ("tokens", f"prompt {num(tokens.get('prompt'))} · cached {num(tokens.get('cached'))} · "
+                   f"completion {num(tokens.get('completion'))}"),
+        ("engine load", num(d.get("load_s"), " s", 2)), ("bench wall", num(d.get("wall_s"), " s")),
+        ("aider reference", f"{esc(ref.get('model'))}: {num(ref.get('pct_first_try'))}% first try / "
+                            f"{num(ref.get('pct_after_repair'))}% after one round ({esc(ref.get('source'))})"
+         if ref else '<span class="muted">none for this model</span>'),
+        ("run directories", num(d.get("bench_dir"))),
+    ])
+    rows = [r for r in d.get("results") or [] if isinstance(r, dict)]
+    head = ("<tr><th>exercise</th><th>first try</th><th>after repair</th><th>rounds</th><th>steps</th>"
+            "<th>prompt tokens</th><th>cached</th><th>completion</th><th>agent wall</th><th>wall</th>"
+            "<th>stop</th><th>error</th></tr>")
+    body = "".join(
+        f"<tr><td>{esc(r.get('slug'))}</td><td>{_pass_cell(r.get('passed_first_try'))}</td>"
+        f"<td>{_pass_cell(r.get('passed_after_repair'))}</td><td class='n'>{num(r.get('rounds'))}</td>"
+        f"<td class='n'>{num(r.get('steps'))}</td><td class='n'>{num(r.get('prompt_tokens'))}</td>"
+        f"<td class='n'>{num(r.get('cached_tokens'))}</td><td class='n'>{num(r.get('completion_tokens'))}</td>"
+        f"<td class='n'>{num(r.get('agent_wall_s'), ' s')}</td><td class='n'>{num(r.get('wall_s'), ' s')}</td>"
+        f"<td>{num(r.get('stop_reason'))}</td><td>{esc(r.get('error') or '')}</td></tr>" for r in rows)
+    rates = [("this run: first try", d.get("pct_first_try")), ("this run: after repair", d.get("pct_after_repair"))]
+    if ref:
+        rates += [("aider: first try", ref.get("pct_first_try")), ("aider: after one round", ref.get("pct_after_repair"))]
+    charts = [bar_chart("exercises passed", rates, " %"),
+              bar_chart("wall time per exercise", [(str(r.get("slug")), r.get("wall_s")) for r in rows], " s")]
+    failed = "".join(f"<details><summary>{esc(r.get('slug'))}: test output</summary>{text_block(r.get('score_output'))}"
+                     f'<p class="path">{esc(r.get("run_dir"))}</p></details>'
+                     for r in rows if not r.get("passed_after_repair"))
+    return (meta + f'<h4>exercises</h4><div class="scroll"><table class="grid">{head}{body}</table></div>'
+            f'<div class="charts">{"".join(charts)}</div>'
+            + (f"<h4>failed exercises</h4>{failed}" if failed else ""))
+
+
+BENCHES = {"engine": bench_engine, "resume": bench_resume, "speech": bench_speech,
+           "agent": bench_agent}
 
 
 # -- the page ------------------------------------------------------------------------------------
