@@ -1,0 +1,194 @@
+"""`mlxterm bench agent`: Exercism-layout exercises as agent tasks, scored by their tests."""
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agents.exercises import ExerciseError, exercise_task, find_exercises, load_exercise, split_of
+from agents.protocol import format_call
+from agents.scripted import ScriptedEngine
+
+FIXTURES = Path(__file__).parent / "fixtures" / "exercises"
+
+DOUBLE_OK = "def double(n):\n    return 2 * n\n"
+VOWELS_WRONG = "def count_vowels(text):\n    return sum(1 for c in text if c in 'aeiou')\n"  # misses upper case
+CHEAT_TEST = "import unittest\n\n\nclass T(unittest.TestCase):\n    def test_ok(self):\n        pass\n"
+
+
+def copy_exercise(tmp_path, slug="double-it"):
+    dst = tmp_path / slug
+    shutil.copytree(FIXTURES / slug, dst)
+    return dst
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: (d / "exercise.json").unlink(), "exercise.json: exercise.json not found"),
+    (lambda d: (d / "exercise.json").write_text("{nope"), "exercise.json:1: not valid JSON"),
+    (lambda d: (d / "exercise.json").write_text("[1]"), "expected a JSON object"),
+    (lambda d: (d / "exercise.json").write_text('{"solution": ["double_it.py"], "test": ["double_it_test.py"]}'),
+     "slug: required"),
+    (lambda d: (d / "exercise.json").write_text('{"slug": "x", "solution": [], "test": ["double_it_test.py"]}'),
+     "solution: required, a non-empty list"),
+    (lambda d: (d / "double_it_test.py").unlink(), "test: double_it_test.py is missing"),
+    (lambda d: (d / "exercise.json").write_text('{"slug": "x", "solution": ["../x.py"], "test": ["double_it_test.py"]}'),
+     "must be a path inside the exercise folder"),
+    (lambda d: (d / "INSTRUCTIONS.md").unlink(), "INSTRUCTIONS.md: INSTRUCTIONS.md not found"),
+])
+def test_load_errors_name_the_file(tmp_path, mutate, message):
+    d = copy_exercise(tmp_path)
+    mutate(d)
+    with pytest.raises(ExerciseError) as err:
+        load_exercise(d)
+    assert str(err.value).startswith(str(d)) and message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_folder_and_empty_directory(tmp_path):
+    with pytest.raises(ExerciseError, match="exercise folder not found"):
+        load_exercise(tmp_path / "nope")
+    with pytest.raises(ExerciseError, match="no exercise folders"):
+        find_exercises(tmp_path)
+
+
+def test_split_is_deterministic_and_documented_rule():
+    for slug in ("double-it", "shout", "vowel-count", "acronym", "two-fer"):
+        expected = "tune" if int(hashlib.sha1(slug.encode()).hexdigest(), 16) % 3 == 0 else "report"
+        assert split_of(slug) == expected == split_of(slug)
+    assert [split_of(s) for s in ("double-it", "shout", "vowel-count")] == ["report", "tune", "report"]
+    from app.benches.agent import select
+
+    exs = find_exercises(FIXTURES)
+    assert [e.slug for e in select(exs, "report", None, None)[0]] == ["double-it", "vowel-count"]
+    assert [e.slug for e in select(exs, "tune", None, None)[0]] == ["shout"]
+    assert [e.slug for e in select(exs, "all", None, 2)[0]] == ["double-it", "shout"]
+    assert select(exs, "report", "shout", None) == ([exs[1]], "only")
+    with pytest.raises(ExerciseError, match="--only: no exercise nope"):
+        select(exs, "report", "shout,nope", None)
+
+
+def test_task_from_a_fixture_exercise(tmp_path):
+    ex = load_exercise(FIXTURES / "shout")
+    assert ex.test_modules == ("shout_test",)  # the helper is copied, not run as a module
+    task = exercise_task(ex, tmp_path / "tpl", repair_rounds=2)
+    assert task.path == (FIXTURES / "shout" / "exercise.json").resolve() and task.name == "shout"
+    assert "shout.py" in task.prompt and "python3 -m unittest -q shout_test" in task.prompt
+    assert "upper case" in task.prompt and task.allow == ("bash",)
+    assert task.test_command == "python3 -m unittest -q shout_test" and task.repair_rounds == 2
+    tpl = task.workspace_template
+    assert sorted(p.name for p in tpl.iterdir()) == ["INSTRUCTIONS.md", "shout.py", "shout_test.py", "test_helpers.py"]
+    assert all(p.stat().st_mode & 0o600 == 0o600 for p in tpl.iterdir())
+    (check,) = task.checks
+    assert check.timeout_s == 60 and '"$MLXTERM_TASK_DIR"/shout_test.py' in check.run
+    assert check.run.endswith("python3 -m unittest -q shout_test")
+    assert exercise_task(ex, tmp_path / "tpl2").repair_rounds is None
+
+
+def test_check_restores_read_only_tests(tmp_path):
+    """The task's own check copies the (read-only) originals back over an edited test file."""
+    from agents.checks import agent_sandbox, run_check
+
+    exdir = copy_exercise(tmp_path / "src", "double-it")
+    for p in exdir.iterdir():
+        p.chmod(0o444)
+    ex = load_exercise(exdir)
+    task = exercise_task(ex, tmp_path / "tpl")
+    ws = tmp_path / "ws"
+    shutil.copytree(task.workspace_template, ws)
+    (ws / "double_it_test.py").write_text(CHEAT_TEST)
+    env = {"MLXTERM_TASK_DIR": str(ex.dir)}
+    rec = run_check(task.checks[0], ws, agent_sandbox(), env=env, readable=(str(ex.dir),))
+    assert not rec["passed"] and "test_small" in rec["output"]
+    assert (ws / "double_it_test.py").read_text() == (exdir / "double_it_test.py").read_text()
+    (ws / "double_it.py").write_text(DOUBLE_OK)
+    rec = run_check(task.checks[0], ws, agent_sandbox(), env=env, readable=(str(ex.dir),))
+    assert rec["passed"], rec["output"]
+    for p in exdir.iterdir():
+        p.chmod(0o644)
+
+
+def _bench_args(tmp_path, *extra):
+    from app.commands import bench
+
+    parser = argparse.ArgumentParser()
+    bench.register(parser.add_subparsers())
+    return parser.parse_args(["bench", "agent", "--exercises", str(FIXTURES), "--profile", "scripted",
+                              "--out", str(tmp_path / "bench.json"), *extra])
+
+
+def test_bench_end_to_end_scores_by_the_original_tests(tmp_path, monkeypatch, capsys):
+    from engine import runtime
+
+    # double-it: a correct solution. vowel-count: a wrong one, and the agent rewrites the test
+    # to pass anyway -- the bench must restore the test before scoring and fail it.
+    script = [
+        format_call("write_file", {"path": "double_it.py", "content": DOUBLE_OK}),
+        "double_it.py now doubles its argument.",
+        format_call("write_file", {"path": "vowel_count.py", "content": VOWELS_WRONG}),
+        format_call("write_file", {"path": "vowel_count_test.py", "content": CHEAT_TEST}),
+        "Done: the tests pass.",
+    ]
+    engine = ScriptedEngine(script)
+    loads = []
+    monkeypatch.setattr(runtime.Engine, "load", classmethod(lambda cls, profile=None: loads.append(profile) or engine))
+    args = _bench_args(tmp_path, "--repair-rounds", "0")
+    assert args.func(args) == 0
+    assert loads == ["scripted"]  # one engine for the whole bench
+    err = capsys.readouterr().err
+    assert "split report: 2 exercise(s) to run (2 of 3 in the split)" in err
+    assert "double-it: first try" in err and "vowel-count: first try" in err
+
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["bench"] == "agent" and data["split"] == "report" and data["exercises"] == ["double-it", "vowel-count"]
+    assert data["count"] == 2 and data["passed_after_repair"] == 1 and data["pct_after_repair"] == 50.0
+    assert data["profile"] == "scripted" and data["reference"] is None and data["repair_rounds"] == 0
+    by = {r["slug"]: r for r in data["results"]}
+    assert by["double-it"]["passed_after_repair"] is True and by["double-it"]["score_exit_code"] == 0
+    bad = by["vowel-count"]
+    assert bad["passed_after_repair"] is False and "test_mixed_case" in bad["score_output"]
+    # the agent's edit of the test file was undone before scoring
+    ws = Path(bad["run_dir"]) / "workspace"
+    assert (ws / "vowel_count_test.py").read_text() == (FIXTURES / "vowel-count" / "vowel_count_test.py").read_text()
+    assert (ws / "vowel_count.py").read_text() == VOWELS_WRONG
+    for r in data["results"]:
+        assert r["steps"] >= 2 and r["completion_tokens"] > 0 and r["prompt_tokens"] > 0
+        assert r["stop_reason"] == "answered" and r["error"] is None and r["wall_s"] >= r["agent_wall_s"]
+        assert r["split"] == "report"
+    if data["first_try_known"]:  # result.json reports first_try
+        assert by["double-it"]["passed_first_try"] is True and by["vowel-count"]["passed_first_try"] is False
+    assert data["tokens"]["completion"] == sum(r["completion_tokens"] for r in data["results"])
+    assert data["wall_s_median"] is not None and data["wall_s_p90"] == max(r["wall_s"] for r in data["results"])
+    assert "2 exercises (report split) on scripted" in data["summary"] and "after repair 1/2 (50.0%)" in data["summary"]
+
+    # the report renders this bench: summary and one row per exercise
+    from app.report import build_report
+
+    page = build_report([tmp_path / "bench.json"])
+    assert "bench agent" in page and "vowel-count" in page and "double-it" in page and "50.0%" in page
+
+
+def test_reference_numbers_and_percentile():
+    from app.benches.agent import percentile, reference_for
+
+    assert reference_for("qwen2.5-coder-1.5b-lookup")["pct_after_repair"] == 31.6
+    assert reference_for(None, "qwen2.5-coder-0.5b")["pct_first_try"] == 14.3
+    assert reference_for("smollm2-135m", "scripted") is None
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.9) == 9.0
+    assert percentile([], 0.9) is None
+
+
+def test_score_restores_the_tests_itself(tmp_path):
+    """The bench's own verdict does not trust the workspace's test files."""
+    from app.benches.agent import score
+
+    ex = load_exercise(FIXTURES / "double-it")
+    ws = tmp_path / "ws"
+    shutil.copytree(FIXTURES / "double-it", ws)
+    (ws / "double_it_test.py").write_text(CHEAT_TEST)
+    verdict = score(ex, ws)
+    assert not verdict["passed"] and verdict["exit_code"] == 1 and "test_negative" in verdict["output"]
+    (ws / "double_it.py").write_text(DOUBLE_OK)
+    (ws / "double_it_test.py").unlink()
+    assert score(ex, ws)["passed"]
