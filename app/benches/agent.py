@@ -204,8 +204,9 @@ def run(args) -> dict:
     engine = Engine.load(profile)
     load_s = time.monotonic() - t_start
     records: list[dict[str, Any]] = []
+    interrupted = False
+    store = SessionStore(tmp / "sessions.sqlite3")
     try:
-        store = SessionStore(tmp / "sessions.sqlite3")
         for i, ex in enumerate(chosen, 1):
             task = exercise_task(ex, tmp / "templates", repair_rounds=args.repair_rounds,
                                  steps=args.steps, wall_s=args.wall_s)
@@ -215,8 +216,11 @@ def run(args) -> dict:
             print(f"[{i}/{len(chosen)}] {ex.slug}: first try {_yes_no(rec['passed_first_try'])}, "
                   f"after repair {_yes_no(rec['passed_after_repair'])}, {rec['wall_s']:.1f} s"
                   + (f" ({rec['stop_reason']}: {rec['error']})" if rec["error"] else ""), file=sys.stderr)
-        store.close()
+    except KeyboardInterrupt:  # Ctrl-C: report the exercises that finished
+        interrupted = True
+        print(f"bench agent: interrupted after {len(records)} of {len(chosen)} exercise(s)", file=sys.stderr)
     finally:
+        store.close()
         model = getattr(engine, "model_name", None)
         prof = getattr(engine, "profile", None)
         profile_name = getattr(prof, "name", None) or profile
@@ -238,6 +242,7 @@ def run(args) -> dict:
         "split_rule": "tune: int(sha1(slug).hexdigest(), 16) % 3 == 0; report: the rest",
         "exercises_dir": str(Path(args.exercises).resolve()),
         "exercises": [e.slug for e in chosen],
+        "interrupted": interrupted,
         "exercises_total": len(exercises),
         "repair_rounds": args.repair_rounds,
         **summary,
