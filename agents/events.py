@@ -154,6 +154,14 @@ class Compacted:
 
 
 @dataclass(frozen=True)
+class Corrective:
+    """A final answer that did not do the work was sent back once (the message is in the session)."""
+
+    step: int
+    message: str
+
+
+@dataclass(frozen=True)
 class AgentDone:
     step: int  # steps taken in this run
     reason: StopReason
@@ -172,5 +180,5 @@ class AgentDone:
 
 AgentEvent = (
     StepStart | TextDelta | ToolCallForming | ToolCallParsed | ToolCallMalformed | StepDone
-    | ApprovalNeeded | ToolStarted | ToolFinished | Compacted | AgentDone
+    | ApprovalNeeded | ToolStarted | ToolFinished | Compacted | Corrective | AgentDone
 )

@@ -3,8 +3,11 @@
 ``HeadlessRun(task, ...).run()`` returns the result dict (also written to
 ``RUN_DIR/result.json``, atomically); ``transcript.jsonl`` is written as the run goes.
 ``cancel()`` (e.g. from a SIGINT handler) stops the agent; the run then reports "cancelled"
-and skips the checks. ``status``: passed (every check passed; with no checks, the agent gave a
-final answer), failed, error (the run itself broke), cancelled.
+and skips the checks. After the agent's final answer the checks run and failures go back for
+up to ``repair_rounds`` rounds (``agents.repair``). ``status``: passed (at least one check ran
+and every one passed), failed, unchecked (the task has no checks), error (the run itself broke),
+cancelled. ``first_try`` is the check result before any check output reached the model;
+``workspace_changed`` says whether any file in the workspace changed.
 """
 
 from __future__ import annotations
@@ -28,10 +31,18 @@ from agents.checks import agent_sandbox, run_check
 from agents.events import (
     AgentDone,
     AgentEvent,
+    Corrective,
     StepDone,
     ToolCallMalformed,
     ToolCallParsed,
     ToolFinished,
+)
+from agents.repair import (
+    RepairOutcome,
+    changed_paths,
+    check_status,
+    run_with_repair,
+    workspace_fingerprint,
 )
 from agents.session import AgentLimits, AgentOptions, AgentSession
 from agents.tasks import Check, TaskSpec
@@ -79,9 +90,10 @@ class HeadlessRun:
 
                 engine = Engine.load(self.profile)
             store = self._store or SessionStore()
-            done = self._run_agent(engine, store, transcript)
-            checks = [] if done.reason == "cancelled" else [self._check(c, transcript) for c in self.task.checks]
-            result = self._result(engine, done, checks, transcript, time.monotonic() - t0)
+            before = workspace_fingerprint(self.workspace)
+            outcome = self._run_agent(engine, store, transcript)
+            changed = changed_paths(before, workspace_fingerprint(self.workspace))
+            result = self._result(engine, outcome, changed, transcript, time.monotonic() - t0)
             store.set_meta(self.agent.session_id, {"run": {k: result[k] for k in ("status", "run_dir", "task")}})
         except MlxtermError as e:
             result = self._error_result(str(e), time.monotonic() - t0)
@@ -106,7 +118,7 @@ class HeadlessRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         checks = [self._check(c, None) for c in self.task.checks]
         result = {
-            "status": "passed" if all(c["passed"] for c in checks) else "failed",
+            "status": check_status(checks),
             "task": str(self.task.path), "name": self.task.name, "checks_only": True,
             "session_id": None, "run_dir": str(self.run_dir), "workspace": str(self.workspace),
             "profile": None, "stop_reason": "checks_only", "error": None, "final_text": None,
@@ -137,7 +149,7 @@ class HeadlessRun:
         if template is not None:
             shutil.copytree(template, self.workspace, dirs_exist_ok=True, symlinks=True)
 
-    def _run_agent(self, engine, store: SessionStore, transcript: Transcript) -> AgentDone:
+    def _run_agent(self, engine, store: SessionStore, transcript: Transcript) -> RepairOutcome:
         task = self.task
         options = AgentOptions(system_prompt=task.system, examples=task.examples, allow=self.allow,
                                interactive=False, temperature=task.temperature, seed=task.seed,
@@ -155,14 +167,18 @@ class HeadlessRun:
         if ignored:
             transcript.write("warning", 0, message=f"--allow has no effect on tools the profile denies: {', '.join(ignored)}")
         limits = AgentLimits(steps=task.steps, tokens=task.tokens, wall_s=task.wall_s)
-        done = None
-        for ev in self.agent.run(task.prompt, limits):
-            if self.on_event is not None:
+        rounds = engine.profile.agent.repair_rounds if task.repair_rounds is None else task.repair_rounds
+        outcome = None
+        for ev in run_with_repair(self.agent, task.full_prompt(), limits,
+                                  lambda: [self._check(c, transcript) for c in task.checks], rounds,
+                                  test_command=task.test_command, transcript=transcript,
+                                  cancelled=self._cancelled.is_set):
+            if isinstance(ev, RepairOutcome):
+                outcome = ev
+            elif self.on_event is not None:
                 self.on_event(ev)
-            if isinstance(ev, AgentDone):
-                done = ev
-        assert done is not None
-        return done
+        assert outcome is not None
+        return outcome
 
     def _check_env(self) -> dict[str, str]:
         """What a check script may need: where the task's files are, where to write evidence
@@ -179,16 +195,17 @@ class HeadlessRun:
                          writable=(str(self.run_dir.resolve()),), readable=(str(self.task.path.parent.resolve()),),
                          transcript=transcript)
 
-    def _result(self, engine, done: AgentDone, checks: list[dict[str, Any]], transcript: Transcript,
+    def _result(self, engine, outcome: RepairOutcome, changed: list[str], transcript: Transcript,
                 wall: float) -> dict[str, Any]:
-        if done.reason == "cancelled":
+        done, checks = outcome.done, outcome.checks
+        if done.reason == "cancelled" or self._cancelled.is_set():
             status = "cancelled"
         elif done.reason == "error":
             status = "error"
-        elif checks:
-            status = "passed" if all(c["passed"] for c in checks) else "failed"
+        elif not self.task.checks:
+            status = "unchecked" if done.reason == "answered" else "failed"
         else:
-            status = "passed" if done.reason == "answered" else "failed"
+            status = check_status(checks)
         calls = transcript.of_type("tool_result")
         parsed = sum(1 for r in calls if not r["data"].get("malformed"))
         return {
@@ -206,12 +223,17 @@ class HeadlessRun:
             "sandbox": self.agent.describe()["sandbox"],
             "checks_passed": sum(1 for c in checks if c["passed"]),
             "checks_failed": sum(1 for c in checks if not c["passed"]),
-            "steps": done.step,
+            "first_try": outcome.first_try,
+            "repair_rounds": outcome.rounds,
+            "workspace_changed": bool(changed),
+            "changed_files": changed[:200],
+            "corrective_turns": outcome.corrective_turns,
+            "steps": outcome.steps,
             "tool_calls": parsed,
             "malformed_calls": len(calls) - parsed,
-            "tokens": {"prompt": done.prompt_tokens, "cached": done.cached_tokens, "completion": done.completion_tokens},
-            "cached_ratio": round(done.cached_ratio, 4),
-            "agent_wall_s": done.wall_s,
+            "tokens": (tokens := outcome.tokens()),
+            "cached_ratio": round(tokens["cached"] / tokens["prompt"], 4) if tokens["prompt"] else 0.0,
+            "agent_wall_s": outcome.agent_wall_s,
             "wall_s": round(wall, 3),
         }
 
@@ -220,7 +242,8 @@ class HeadlessRun:
             "status": "error", "task": str(self.task.path), "name": self.task.name,
             "session_id": self.agent.session_id if self.agent else None, "run_dir": str(self.run_dir),
             "workspace": str(self.workspace), "profile": self.profile, "stop_reason": "error", "error": message,
-            "final_text": "", "checks": [], "checks_passed": 0, "checks_failed": 0, "steps": 0,
+            "final_text": "", "checks": [], "checks_passed": 0, "checks_failed": 0, "first_try": None,
+            "repair_rounds": [], "workspace_changed": None, "corrective_turns": 0, "steps": 0,
             "tool_calls": 0, "malformed_calls": 0, "tokens": {"prompt": 0, "cached": 0, "completion": 0},
             "cached_ratio": 0.0, "agent_wall_s": 0.0, "wall_s": round(wall, 3),
         }
@@ -239,6 +262,8 @@ def describe_event(ev: AgentEvent) -> str | None:
     if isinstance(ev, StepDone):
         return (f"[step {ev.step}] {ev.completion_tokens} tokens, {ev.cached_tokens}/{ev.prompt_tokens} prompt tokens "
                 f"cached, {ev.finish_reason}" + (f": {ev.text[:200]}" if ev.text else ""))
+    if isinstance(ev, Corrective):
+        return f"[step {ev.step}] sent back: {ev.message[:160]}"
     if isinstance(ev, AgentDone):
         return f"agent stopped: {ev.reason} after {ev.step} steps ({ev.wall_s:.1f} s)"
     return None

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agents.edits import EditForming, EditMalformed, EditParsed, EditText, TextEditParser
 from agents.protocol import CLOSE, OPEN, CallFormatError, ToolCall, parse_call
 
 _NAME = re.compile(r'"name"\s*:\s*"([^"\\]*)"')
@@ -47,13 +48,17 @@ class Malformed:
     id: str
     raw: str
     error: str
+    name: str | None = None  # known for text edits (their raw text is no JSON)
 
 
 ParseEvent = Text | Forming | Parsed | Malformed
 
 
 class ToolCallParser:
-    def __init__(self, tools: Mapping[str, Mapping[str, Any]], id_prefix: str = "call", bare: bool = True):
+    def __init__(self, tools: Mapping[str, Mapping[str, Any]], id_prefix: str = "call", bare: bool = True,
+                 text_edits: bool = False):
+        """``text_edits``: also read whole-file and search/replace edits out of the text outside
+        calls (``agents.edits``); they become write_file / edit_file calls."""
         self.tools = tools
         self.id_prefix = id_prefix
         self.bare = bare
@@ -68,6 +73,7 @@ class ToolCallParser:
         self.calls: list[ToolCall] = []
         self.malformed: list[Malformed] = []
         self.text_parts: list[str] = []
+        self._edits = TextEditParser(self._reserve) if text_edits else None
 
     @property
     def visible_text(self) -> str:
@@ -144,12 +150,38 @@ class ToolCallParser:
         elif self._buf:
             self._text(self._buf, out)
             self._buf = ""
+        if self._edits is not None:
+            self._edit_events(self._edits.finish(), out)
         return out
 
     def _text(self, text: str, out: list[ParseEvent]) -> None:
-        if text:
-            self.text_parts.append(text)
-            out.append(Text(text))
+        if not text:
+            return
+        if self._edits is not None:
+            self._edit_events(self._edits.feed(text), out)
+            return
+        self.text_parts.append(text)
+        out.append(Text(text))
+
+    def _edit_events(self, events, out: list[ParseEvent]) -> None:
+        for ev in events:
+            if isinstance(ev, EditText):
+                self.text_parts.append(ev.text)
+                out.append(Text(ev.text))
+            elif isinstance(ev, EditForming):
+                out.append(Forming(ev.index, ev.text, ev.name))
+            elif isinstance(ev, EditParsed):
+                self.calls.append(ev.call)
+                out.append(Parsed(ev.index, ev.call))
+            else:
+                assert isinstance(ev, EditMalformed)
+                bad = Malformed(ev.index, ev.id, ev.raw, ev.error, ev.name)
+                self.malformed.append(bad)
+                out.append(bad)
+
+    def _reserve(self) -> tuple[int, str]:
+        index = self.count
+        return index, self._next_id()
 
     def _next_id(self) -> str:
         cid = f"{self.id_prefix}_{self.count}"

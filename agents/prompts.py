@@ -1,4 +1,11 @@
-"""The default agent system prompt and the few-shot example turns that precede each task.
+"""The default agent system prompts and the few-shot example turns that precede each task.
+
+Two sets, by the profile's ``agent.edit_format``. "json" (the 135M default's toy tasks): files
+are written with ``write_file`` calls. "whole" / "diff" (real coding work): files are written as
+text (``agents.edits``) and the one example episode shows the work loop: read the file, write the
+whole file, run the tests, read the failure, fix it, run them again, answer in one short
+sentence. No example ends in a sentence that could stand in for the work: the final answer
+only comes after the tests pass.
 
 Small models (the 135M default) follow a demonstrated format far better than a described one,
 so a new agent session starts with short example exchanges in the real protocol: a call, the
@@ -12,6 +19,7 @@ the content comes after it), and contents are lowercase phrases copied verbatim 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,10 +33,48 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-def system_prompt(base: str | None, schemas: Sequence[Mapping[str, Any]], native_tools: bool) -> str:
-    """The system message text: the base prompt, plus the tools block unless the template
-    renders tools itself."""
-    text = (base or DEFAULT_SYSTEM_PROMPT).strip()
+WORK_SYSTEM_PROMPT = (
+    "You are a coding agent working in a project folder. Do the user's task by changing the files "
+    "yourself; never just describe a change or show code without writing it. "
+    "Use the tools to look at files and run commands, one call at a time."
+)
+
+WHOLE_FILE_RULES = (
+    "To write a file, put its path on a line of its own, then the complete file in one fenced code block:\n\n"
+    "path/to/file.py\n```python\n(the whole file, every line)\n```\n\n"
+    "The file is written when the block closes. Always write the whole file: no placeholders, "
+    "no \"rest unchanged\"."
+)
+
+DIFF_RULES = (
+    "To change part of an existing file, write its path on a line of its own, then a search/replace block:\n\n"
+    "path/to/file.py\n<<<<<<< SEARCH\n(exact lines from the file)\n=======\n(the new lines)\n>>>>>>> REPLACE\n\n"
+    "The SEARCH lines must match the file exactly, spaces included; keep them short but unique."
+)
+
+WORK_RULES = (
+    "After writing, run the tests if the task has any, read the failures and fix the code. "
+    "When the work is done and the tests pass, reply with one short sentence and no code."
+)
+
+
+def edit_rules(edit_format: str) -> str:
+    """What the system prompt says about writing files in a text edit format."""
+    parts = [WHOLE_FILE_RULES]
+    if edit_format == "diff":
+        parts.append(DIFF_RULES)
+    parts.append(WORK_RULES)
+    return "\n\n".join(parts)
+
+
+def system_prompt(base: str | None, schemas: Sequence[Mapping[str, Any]], native_tools: bool,
+                  edit_format: str = "json") -> str:
+    """The system message text: the base prompt, the edit rules for a text edit format, plus
+    the tools block unless the template renders tools itself."""
+    if edit_format == "json":
+        text = (base or DEFAULT_SYSTEM_PROMPT).strip()
+    else:
+        text = f"{(base or WORK_SYSTEM_PROMPT).strip()}\n\n{edit_rules(edit_format)}"
     if native_tools or not schemas:
         return text
     return f"{text}\n\n{tools_prompt_block(schemas)}"
@@ -71,16 +117,80 @@ EXAMPLES: list[list[dict[str, Any]]] = [
 ]
 
 
-def example_messages(tool_names: Sequence[str]) -> list[dict[str, Any]]:
+def _edit(path: str, content: str) -> dict[str, Any]:
+    """An assistant turn that writes a whole file as text (``agents.edits``)."""
+    return {"role": "assistant", "content": f"{path}\n```python\n{content}```",
+            "call": ("write_file", {"path": path, "content": content})}
+
+
+def _replace(path: str, old: str, new: str) -> dict[str, Any]:
+    """An assistant turn that edits a file with a search/replace block."""
+    return {"role": "assistant", "content": f"{path}\n<<<<<<< SEARCH\n{old}=======\n{new}>>>>>>> REPLACE",
+            "call": ("edit_file", {"path": path, "old_text": old, "new_text": new})}
+
+
+# The test output as the bash tool prints it; the traceback names the workspace, which the
+# example keeps relative (tests/test_agent_prompts.py compares with paths and times normalised).
+_PARITY_FAIL = (
+    "exit code 1 (0.1 s)\nstderr:\n.F\n"
+    "======================================================================\n"
+    "FAIL: test_odd (parity_test.ParityTest.test_odd)\n"
+    "----------------------------------------------------------------------\n"
+    "Traceback (most recent call last):\n"
+    "  File \"parity_test.py\", line 11, in test_odd\n"
+    "    self.assertFalse(is_even(7))\n"
+    "AssertionError: True is not false\n\n"
+    "----------------------------------------------------------------------\n"
+    "Ran 2 tests in 0.001s\n\nFAILED (failures=1)"
+)
+_PARITY_OK = ("exit code 0 (0.1 s)\nstderr:\n..\n"
+              "----------------------------------------------------------------------\n"
+              "Ran 2 tests in 0.000s\n\nOK")
+PARITY_FILES = {  # the example's workspace (tests/test_agent_prompts.py replays the episode in it)
+    "parity.py": "def is_even(n):\n    pass\n",
+    "parity_test.py": ("import unittest\n\nfrom parity import is_even\n\n\nclass ParityTest(unittest.TestCase):\n"
+                       "    def test_even(self):\n        self.assertTrue(is_even(4))\n\n"
+                       "    def test_odd(self):\n        self.assertFalse(is_even(7))\n"),
+}
+_BUGGY = "def is_even(n):\n    return n % 2 == 0 or n > 5\n"
+_FIXED = "def is_even(n):\n    return n % 2 == 0\n"
+
+
+def _work_episode(edit_format: str) -> list[dict[str, Any]]:
+    fix = (_replace("parity.py", "    return n % 2 == 0 or n > 5\n", "    return n % 2 == 0\n")
+           if edit_format == "diff" else _edit("parity.py", _FIXED))
+    fixed_note = ("Edited parity.py: 1 replacement, +1 -1 lines.\n" if edit_format == "diff"
+                  else "Updated parity.py (39 bytes): +1 -1 lines.")
+    return [
+        {"role": "user", "content": "Implement is_even(n) in parity.py so that the tests in parity_test.py pass.\n"
+                                    "Run the tests with: python3 -m unittest parity_test"},
+        _call("read_file", {"path": "parity.py"}),
+        {"role": "tool", "content": "parity.py lines 1-2 of 2:\ndef is_even(n):\n    pass\n"},
+        _edit("parity.py", _BUGGY),
+        {"role": "tool", "content": "Updated parity.py (50 bytes): +1 -1 lines."},
+        _call("bash", {"command": "python3 -m unittest parity_test"}),
+        {"role": "tool", "content": _PARITY_FAIL},
+        fix,
+        {"role": "tool", "content": fixed_note},
+        _call("bash", {"command": "python3 -m unittest parity_test"}),
+        {"role": "tool", "content": _PARITY_OK},
+        {"role": "assistant", "content": "is_even now passes both tests."},
+    ]
+
+
+def example_messages(tool_names: Sequence[str], edit_format: str = "json") -> list[dict[str, Any]]:
     """The example turns whose calls only use offered tools, as message dicts.
 
     Assistant calls carry ``call = (name, arguments)``; tool messages carry ``name`` and
-    ``tool_call_id`` (``example_<n>``) so they pair up like real calls.
+    ``tool_call_id`` (``example_<n>``) so they pair up like real calls. Text edits count as
+    offered with the edit format (they run as write_file / edit_file).
     """
     out: list[dict[str, Any]] = []
     n = 0
-    for example in EXAMPLES:
-        if any("call" in m and m["call"][0] not in tool_names for m in example):
+    examples = EXAMPLES if edit_format == "json" else [_work_episode(edit_format)]
+    offered = set(tool_names) | ({"write_file", "edit_file"} if edit_format != "json" else set())
+    for example in examples:
+        if any("call" in m and m["call"][0] not in offered for m in example):
             continue
         pending = None
         for m in example:
@@ -93,3 +203,27 @@ def example_messages(tool_names: Sequence[str]) -> list[dict[str, Any]]:
                 m["tool_call_id"], m["name"] = pending
             out.append(m)
     return out
+
+
+ASKS_FOR_CHANGES = re.compile(
+    r"\b(create|write|implement|fix|add|change|update|edit|modify|make|refactor|rename|build|delete|remove|"
+    r"replace|rewrite|complete|finish|save|generate)\b", re.IGNORECASE)
+_CODE_BLOCK = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+#.-]*)[^\n]*\n(.*?)^\s*\1", re.MULTILINE | re.DOTALL)
+_SHELL = ("sh", "bash", "shell", "console", "zsh", "text", "txt", "output")
+
+
+def shows_code(reply: str) -> bool:
+    """Whether a reply contains a fenced block of code (not a shell command or program output)."""
+    return any(m.group(2).lower() not in _SHELL and m.group(3).strip() for m in _CODE_BLOCK.finditer(reply + "\n"))
+
+
+def corrective_message(prompt: str, reply: str, changed: bool, edit_format: str) -> str | None:
+    """The user turn that sends a final answer back when it did not do the work: it shows code
+    without writing it, or the task asks for changes and nothing changed. None: the answer stands."""
+    how = ("put the file's path on a line of its own right before the fenced block with the whole file"
+           if edit_format != "json" else "call write_file with the path and the whole content")
+    if shows_code(reply):
+        return f"Nothing was written: your reply shows code, but no file changed. To write a file, {how}. Do it now."
+    if not changed and ASKS_FOR_CHANGES.search(prompt):
+        return f"Nothing was written: no file in the workspace changed yet. Do the task now; to write a file, {how}."
+    return None

@@ -1,8 +1,9 @@
 """``AgentSession``: the agent loop over a stored session.
 
-generate -> parse tool calls -> approval -> run tools -> append results -> generate ... until
-a reply without a tool call (the final answer), the step / token / wall-time limits, the
-context limit, or ``cancel()``. Every message goes into the SessionStore (kind "agent") with
+generate -> parse tool calls and text edits -> approval -> run tools -> append results ->
+generate ... until a reply without a call (the final answer), the step / token / wall-time
+limits, the context limit, or ``cancel()``. A final answer that shows code without writing it,
+or a task that asks for changes while nothing changed, gets one corrective turn first. Every message goes into the SessionStore (kind "agent") with
 its exact tokens, so each step's prompt extends the previous one and the engine reuses the
 KV cache for it (requests carry the session id). See docs/agents.md.
 
@@ -38,6 +39,7 @@ from agents.events import (
     ApprovalNeeded,
     ApprovalRequest,
     Compacted,
+    Corrective,
     StepDone,
     StepStart,
     TextDelta,
@@ -51,7 +53,7 @@ from agents.grammar import ToolCallGrammar
 from agents.ledger import TokenLedger, render_dict
 from agents.parser import Forming, Malformed, Parsed, ParseEvent, Text, ToolCallParser, call_name
 from agents.policy import ApprovalPolicy
-from agents.prompts import example_messages, system_prompt
+from agents.prompts import corrective_message, example_messages, system_prompt
 from agents.protocol import (
     CLOSE,
     OPEN,
@@ -98,6 +100,8 @@ class AgentOptions:
     seed: int | None = None  # step n samples with seed + n
     max_tokens_per_step: int | None = None
     network: bool = False  # bash (and task checks) may reach the network from the sandbox
+    edit_format: str | None = None  # whole | diff | json (profile agent.edit_format)
+    corrective_turns: int = 1  # per run: "nothing was written" nudges before a final answer counts
 
 
 @dataclass
@@ -158,13 +162,20 @@ class AgentSession:
         self.sandbox = agent_sandbox(network=self.options.network)
         base = default_registry(workspace, sandbox=self.sandbox)
         self.registry = ToolRegistry(base.workspace, [base.get(n) for n in names if base.get(n)])
+        edit_format = self.options.edit_format or agent_cfg.edit_format
+        writes = {"write_file", "edit_file"} & set(self.registry.names())
+        # text edits run as write_file / edit_file: without those tools there is nothing to write with
+        self.edit_format = edit_format if writes else "json"
         unconfined = () if self.sandbox.active else ("bash",)
         # Said once per process (the TUI shows it; logs and transcripts keep it).
         self.sandbox_notice = warn_once(self.sandbox.status) if "bash" in self.registry.names() else None
         if self.sandbox_notice:
             log.warning("%s", self.sandbox_notice)
-        self.schemas = self.registry.schemas()
-        self.tool_params = tool_map(self.schemas)
+        # in a text edit format, files are written as text: the JSON tools offered are the others
+        # (a JSON write_file call still parses; the grammar only offers what the prompt does)
+        text_only = ("write_file", "edit_file") if self.edit_format != "json" else ()
+        self.schemas = [s for s in self.registry.schemas() if s["function"]["name"] not in text_only]
+        self.tool_params = tool_map(self.registry.schemas())
         self.native_tools = template_renders_tools(engine.render)
         self.ledger = TokenLedger(engine, self.schemas if self.native_tools else None)
         self.constrained = (agent_cfg.constrained_tool_calls if self.options.constrained is None
@@ -201,11 +212,11 @@ class AgentSession:
         return cls(engine, store, session_id, options=options, transcript=transcript)
 
     def _bootstrap(self) -> None:
-        text = system_prompt(self.options.system_prompt, self.schemas, self.native_tools)
+        text = system_prompt(self.options.system_prompt, self.schemas, self.native_tools, self.edit_format)
         self._append([{"role": "system", "content": text}], generation_prompt=False, metas=[{}])
         if not self.options.examples:
             return
-        for m in example_messages(self.registry.names()):
+        for m in example_messages(self.registry.names(), self.edit_format):
             meta: dict[str, Any] = {"example": True}
             calls = None
             if "call" in m:
@@ -220,6 +231,7 @@ class AgentSession:
     def describe(self) -> dict[str, Any]:
         return {
             "protocol": "native" if self.native_tools else "text",
+            "edit_format": self.edit_format,
             "tools": self.registry.names(),
             "constrained": self.constrained,
             "approval": {n: self.policy.decide(n) for n in self.registry.names()},
@@ -300,6 +312,8 @@ class AgentSession:
         totals = _Totals()
         step, final_text, reason, error = 0, "", None, None
         max_steps = limits.steps or self.engine.profile.agent.max_steps
+        self.changed_files: list[str] = []  # written or edited in this run (tool results that succeeded)
+        self.corrective_turns = 0
         self.transcript.write("run", 0, session_id=self.session_id, profile=self.engine.profile.name,
                               workspace=str(self.workspace), prompt=prompt, limits=asdict(limits),
                               agent=self.describe(), tools=self.schemas)
@@ -330,6 +344,11 @@ class AgentSession:
                     reason, error = "error", done.error
                     break
                 pending = _pending(parser)
+                if not pending and done.finish_reason == "stop" and not self._cancel.is_set():
+                    nudge = self._correction(prompt, parser)
+                    if nudge is not None:
+                        yield nudge
+                        continue
                 if not pending:
                     final_text = parser.visible_text.strip()
                     if done.finish_reason == "cancelled":
@@ -348,6 +367,7 @@ class AgentSession:
         wall = time.monotonic() - t0
         summary = {"reason": reason, "steps": step, "prompt_tokens": totals.prompt,
                    "cached_tokens": totals.cached, "completion_tokens": totals.completion,
+                   "changed_files": self.changed_files, "corrective_turns": self.corrective_turns,
                    "wall_s": round(wall, 3), "error": error}
         self.transcript.write("done", step, **summary, final_text=final_text)
         try:
@@ -355,13 +375,30 @@ class AgentSession:
         except MlxtermError as e:
             log.warning("could not record the run in session %s: %s", self.session_id, e)
         yield AgentDone(step, reason, final_text, totals.prompt, totals.cached, totals.completion,
-                        round(wall, 3), error)
+                        round(wall, 3), error,
+                        {"changed_files": list(self.changed_files), "corrective_turns": self.corrective_turns})
+
+    def _correction(self, prompt: str, parser: ToolCallParser) -> Corrective | None:
+        """One corrective turn per run when a final answer shows code for a file without
+        writing it, or the task asks for changes and nothing changed (see prompts)."""
+        if self.corrective_turns >= self.options.corrective_turns:
+            return None
+        message = corrective_message(prompt, parser.visible_text, bool(self.changed_files), self.edit_format)
+        if message is None:
+            return None
+        self.corrective_turns += 1
+        step = self.store.messages(self.session_id, tokens=False)[-1].meta.get("step", 0)
+        self.transcript.write("corrective", step, message=message)
+        self._append([{"role": "user", "content": message}], generation_prompt=True,
+                     metas=[{"corrective": True, "step": step}], step=step)
+        return Corrective(step, message)
 
     # -- one step -----------------------------------------------------------------------------
     def _budget(self, step: int, tokens_left: int | None) -> Iterator[AgentEvent]:
         """max_tokens for this step, compacting old tool output when the context is short."""
         limit = self.engine.profile.context.max_context
-        want = self.options.max_tokens_per_step or self.engine.profile.sampling.max_tokens
+        profile = self.engine.profile
+        want = self.options.max_tokens_per_step or profile.agent.max_tokens_per_step or profile.sampling.max_tokens
         if tokens_left is not None:
             want = min(want, tokens_left)
         used = self.store.get(self.session_id).token_count
@@ -379,7 +416,8 @@ class AgentSession:
         constraint = ToolCallConstraint(self.masks, force_call=force, max_tokens=max_new) if self.masks else None
         mask_ms0 = self.masks.mask_ms if self.masks else 0.0
         seed = None if self.options.seed is None else self.options.seed + step
-        params = self.engine.sampling(max_tokens=max_new, temperature=self.options.temperature, seed=seed)
+        params = self.engine.sampling(max_tokens=max_new, temperature=self.options.temperature, seed=seed,
+                                      repetition_penalty=self.engine.profile.agent.repetition_penalty)
         request = GenerationRequest(prompt_ids, params, session_id=self.session_id,
                                     split_reasoning=self.engine.profile.chat.reasoning, constraint=constraint,
                                     priority=Priority.AGENT)
@@ -387,7 +425,7 @@ class AgentSession:
                               constrained=constraint is not None,
                               sampling={"temperature": params.temperature, "top_p": params.top_p, "seed": seed})
         yield StepStart(step, len(prompt_ids), max_new, constraint is not None)
-        parser = ToolCallParser(self.tool_params, id_prefix=f"call_{step}")
+        parser = ToolCallParser(self.tool_params, id_prefix=f"call_{step}", text_edits=self.edit_format != "json")
         with self._lock:
             self._handle = handle = self.engine.submit(request)
             if self._cancel.is_set():
@@ -455,6 +493,8 @@ class AgentSession:
             result, approval = yield from self._one_tool(step, p)
             data = result.data
             diff = data.get("diff") if p.name in ("write_file", "edit_file") else None
+            if diff is not None and result.ok and (diff or data.get("created") or data.get("diff_skipped")):
+                self.changed_files.append(data["path"])
             yield ToolFinished(step, p.id, p.name, result, approval, int(data.get("duration_ms", 0)),
                                data.get("exit_code") if p.name == "bash" else None, diff)
             self.transcript.write("tool_result", step, call_id=p.id, name=p.name, ok=result.ok,
@@ -471,6 +511,9 @@ class AgentSession:
         self._append(messages, generation_prompt=True, metas=metas, step=step)
 
     def _one_tool(self, step: int, p: _Pending) -> Iterator[AgentEvent]:
+        if p.call is None and p.name in ("write_file", "edit_file") and self.edit_format != "json":
+            content = f"Error: {p.error or 'the edit is malformed'}. Nothing was written."  # a text edit
+            return ToolResult(False, content, {"malformed": True, "raw": p.raw}, p.error), "malformed"
         if p.call is None:
             content = malformed_result(p.error or "the tool call is malformed", self.tool_params)
             return ToolResult(False, content, {"malformed": True, "raw": p.raw}, p.error), "malformed"
@@ -580,7 +623,7 @@ class AgentSession:
 
 def _pending(parser: ToolCallParser) -> list[_Pending]:
     items = [_Pending(c.id, c.name, call=c, raw=c.raw) for c in parser.calls]
-    items += [_Pending(b.id, call_name(b.raw) or "", error=b.error, raw=b.raw) for b in parser.malformed]
+    items += [_Pending(b.id, b.name or call_name(b.raw) or "", error=b.error, raw=b.raw) for b in parser.malformed]
     items.sort(key=lambda p: int(p.id.rsplit("_", 1)[1]))  # reply order
     return items
 

@@ -12,6 +12,8 @@
     limits: {steps: 4, tokens: 600, wall_s: 120}
     sampling: {temperature: 0.2, seed: 0, max_tokens: 256}   # max_tokens: per step
     network: false                   # optional; true lets bash and checks reach the network
+    test_command: python3 -m unittest hello_test   # optional; the prompt tells the agent to run it
+    repair_rounds: 3                 # optional; failing check output goes back this often (default: profile)
     checks:                          # shell commands run in the workspace (sandboxed) afterwards
       - name: content
         run: test "$(cat hello.txt)" = "hello world"
@@ -34,7 +36,7 @@ import yaml
 from tools import TOOL_NAMES
 
 TOP_KEYS = ("name", "prompt", "workspace_template", "profile", "system", "examples", "allow",
-            "limits", "sampling", "checks", "network")
+            "limits", "sampling", "checks", "network", "test_command", "repair_rounds")
 LIMIT_KEYS = ("steps", "tokens", "wall_s")
 SAMPLING_KEYS = ("temperature", "seed", "max_tokens")
 CHECK_KEYS = ("name", "run", "timeout_s")
@@ -70,6 +72,14 @@ class TaskSpec:
     max_tokens: int | None = None
     checks: tuple[Check, ...] = field(default_factory=tuple)
     network: bool = False
+    test_command: str | None = None
+    repair_rounds: int | None = None  # None: the profile's agent.repair_rounds
+
+    def full_prompt(self) -> str:
+        """The prompt the agent gets: the task's, plus how to run its tests when it names them."""
+        if not self.test_command or self.test_command in self.prompt:
+            return self.prompt
+        return f"{self.prompt.rstrip()}\n\nRun the tests with: {self.test_command}"
 
 
 def load_task(path: str | Path) -> TaskSpec:
@@ -138,6 +148,8 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
         max_tokens=_number(path, "sampling.max_tokens", sampling.get("max_tokens"), integer=True, minimum=1),
         checks=_checks(path, data.get("checks")),
         network=network,
+        test_command=_text(path, "test_command", data["test_command"]) if data.get("test_command") is not None else None,
+        repair_rounds=_number(path, "repair_rounds", data.get("repair_rounds"), integer=True, minimum=0),
     )
 
 

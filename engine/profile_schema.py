@@ -359,6 +359,14 @@ class AgentConfig:
     # answer "The file now contains ..." without calling write_file. Needs constrained_tool_calls.
     first_step_tool_call: bool = opt(False, Boolean())
     capable: bool = opt(False, Boolean())  # can do agent tasks (cards, /agent, `run` pick these)
+    # How the model writes files: "whole" (path line + the whole file in a fenced block), "diff"
+    # (search/replace blocks, whole files for new ones) or "json" (write_file/edit_file tool calls).
+    # Models write code better in fenced blocks than inside JSON strings (agents/edits.py).
+    edit_format: str = opt("json", Choice("whole", "diff", "json"))
+    # After the final answer a task's checks run; failing output goes back this many times.
+    repair_rounds: int = opt(3, Number(integer=True, ge=0, le=20))
+    max_tokens_per_step: int | None = opt(None, Number(integer=True, ge=32, nullable=True))  # None: sampling.max_tokens
+    repetition_penalty: float = opt(1.0, Number(gt=0))  # agent steps only: code repeats itself on purpose
 
 
 @dataclass(frozen=True)

@@ -129,10 +129,12 @@ def test_failed_and_error_and_cancelled_runs(tmp_path):
     assert json.loads((tmp_path / "r3" / "result.json").read_text())["status"] == "cancelled"
 
 
-def test_no_checks_means_passed_when_the_agent_answers(tmp_path):
+def test_no_checks_means_unchecked_when_the_agent_answers(tmp_path):
+    # "passed" needs a check that ran: an answer alone proves nothing
     task = load_task(write_task(tmp_path, 'prompt: "say hi"\n'))
     result = HeadlessRun(task, engine=ScriptedEngine(["hi"]), run_dir=tmp_path / "r").run()
-    assert result["status"] == "passed" and result["checks"] == []
+    assert result["status"] == "unchecked" and result["checks"] == [] and result["first_try"]["status"] == "unchecked"
+    assert result["workspace_changed"] is False
     task2 = load_task(write_task(tmp_path, 'prompt: "loop"\nlimits: {steps: 2}\n', "t2.yaml"))
     result = HeadlessRun(task2, engine=ScriptedEngine([format_call("list_dir", {})] * 5), run_dir=tmp_path / "r3").run()
     assert result["status"] == "failed" and result["stop_reason"] == "max_steps"

@@ -389,7 +389,8 @@ def test_first_step_tool_call_commits_step_one_of_each_task_to_a_call(tmp_path, 
     claim, answer = "The file a.txt now contains: hi", "Done."
     engine = ScriptedEngine([claim, answer, claim, answer] if forced else [claim, claim],
                             profile=scripted_profile(first_step_tool_call=forced))
-    options = AgentOptions(system_prompt="You are a test agent.", examples=False, tools=("write_file",))
+    options = AgentOptions(system_prompt="You are a test agent.", examples=False, tools=("write_file",),
+                           corrective_turns=0)  # the grammar alone, not the corrective turn
     agent, first, store = run(engine, tmp_path, "create a.txt containing exactly: hi", options)
     second = list(agent.run("create b.txt containing exactly: hi"))
     for events in (first, second):

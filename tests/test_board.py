@@ -150,7 +150,7 @@ def test_retry_feeds_the_failed_check_back(board, sessions):
 
 
 def test_retries_exhausted_fail_and_manual_retry(board, sessions):
-    engine = RoutedEngine({"a": [answer("no")] * 2 + ok_script("a")})
+    engine = RoutedEngine({"a": [answer("no")] * 4 + ok_script("a")})  # each attempt: "no", sent back, "no"
     c = board.add(card("a", checks=["test -f a.txt"], max_retries=1))
     d = dispatcher(board, sessions, engine)
     d.drain()

@@ -1,0 +1,165 @@
+"""Test-driven repair inside one attempt: run, check, send the failures back, run again.
+
+After the agent's final answer the task's checks run; while some fail and rounds are left, their
+output (trimmed to the failures and the summary) goes back into the same session as a user
+message and the agent continues from its cached context. The first check result (before any
+check output reached the model) is kept apart from the final one, so a run reports both its
+first try and its result after repair. ``mlxterm run`` and the board's attempts both use this.
+
+Status words: ``passed`` only when at least one check ran and every one passed; ``unchecked``
+when a task has no checks; ``failed`` otherwise (``error`` / ``cancelled`` come from the run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.events import AgentDone, AgentEvent
+from agents.session import AgentLimits, AgentSession
+from agents.transcript import Transcript
+
+REPAIR_OUTPUT_CHARS = 3000  # of check output per round: the head (first failure) and the tail (summary)
+REPAIRABLE = ("answered", "max_steps")  # runs that ended on their own; others stop the attempt
+FINGERPRINT_MAX_FILES = 5000
+_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", "node_modules", ".venv"}
+
+
+def check_status(checks: list[dict[str, Any]]) -> str:
+    """passed (at least one check, all passed), failed, or unchecked (no checks)."""
+    if not checks:
+        return "unchecked"
+    return "passed" if all(c["passed"] for c in checks) else "failed"
+
+
+def check_summary(checks: list[dict[str, Any]]) -> dict[str, Any]:
+    passed = sum(1 for c in checks if c["passed"])
+    return {"status": check_status(checks), "checks_passed": passed, "checks_failed": len(checks) - passed}
+
+
+def trim_output(text: str, workspace: Path | None = None, limit: int = REPAIR_OUTPUT_CHARS) -> str:
+    """Check output as the model should see it: workspace paths relative, the middle cut when
+    long (the head holds the first failure, the tail the summary)."""
+    if workspace is not None:
+        for root in {str(workspace), str(Path(workspace).resolve())}:
+            text = text.replace(root.rstrip("/") + "/", "")
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    cut = len(text) - head - tail
+    return f"{text[:head].rstrip()}\n[... {cut} characters cut ...]\n{text[-tail:].lstrip()}"
+
+
+def repair_message(checks: list[dict[str, Any]], test_command: str | None, workspace: Path | None,
+                   round_no: int, rounds: int) -> str:
+    """The user turn that hands failing checks back to the agent."""
+    failed = [c for c in checks if not c["passed"]]
+    parts = [f"The checks failed ({len(failed)} of {len(checks)}; repair round {round_no} of {rounds})."]
+    limit = max(800, REPAIR_OUTPUT_CHARS // max(1, len(failed)))
+    for c in failed:
+        what = test_command if test_command and len(failed) == 1 else c["name"]
+        code = "timed out" if c.get("exit_code") is None else f"exit code {c['exit_code']}"
+        parts.append(f"Output of `{what}` ({code}):\n```\n{trim_output(c.get('output', ''), workspace, limit)}\n```")
+    parts.append("Read the failures, fix the code and write the file again; run the tests before you answer.")
+    return "\n\n".join(parts)
+
+
+def workspace_fingerprint(root: Path) -> dict[str, str]:
+    """relative path -> content hash of the workspace's files (bounded; skips caches and VCS)."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if len(out) >= FINGERPRINT_MAX_FILES or path.is_symlink():
+                continue
+            try:
+                digest = hashlib.sha1(path.read_bytes()).hexdigest()
+            except OSError:
+                continue
+            out[str(path.relative_to(root))] = digest
+    return out
+
+
+def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """Files added, removed or changed between two fingerprints."""
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+
+
+@dataclass
+class RepairOutcome:
+    """All runs of one attempt: ``done`` is the last run's, the totals cover every run."""
+
+    done: AgentDone
+    checks: list[dict[str, Any]]
+    first_try: dict[str, Any] | None  # check_summary at the first final answer (None: checks never ran)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[AgentDone] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return sum(d.step for d in self.runs)
+
+    def tokens(self) -> dict[str, int]:
+        return {"prompt": sum(d.prompt_tokens for d in self.runs), "cached": sum(d.cached_tokens for d in self.runs),
+                "completion": sum(d.completion_tokens for d in self.runs)}
+
+    @property
+    def agent_wall_s(self) -> float:
+        return round(sum(d.wall_s for d in self.runs), 3)
+
+    @property
+    def corrective_turns(self) -> int:
+        return sum(d.extra.get("corrective_turns", 0) for d in self.runs)
+
+
+def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
+                    run_checks: Callable[[], list[dict[str, Any]]], rounds: int, *,
+                    test_command: str | None = None, transcript: Transcript | None = None,
+                    cancelled: Callable[[], bool] = lambda: False) -> Iterator[AgentEvent | RepairOutcome]:
+    """Run ``prompt``, then check and repair up to ``rounds`` times; yields the agent's events
+    and, last, the ``RepairOutcome``. ``limits.wall_s`` bounds the whole attempt; steps and
+    tokens apply to each run. Checks do not run after a cancelled or broken run."""
+    t0 = time.monotonic()
+    runs: list[AgentDone] = []
+    first_try = None
+    checks: list[dict[str, Any]] = []
+    round_log: list[dict[str, Any]] = []
+    message, round_no = prompt, 0
+    while True:
+        left = None if limits.wall_s is None else max(0.001, limits.wall_s - (time.monotonic() - t0))
+        done = None
+        for ev in agent.run(message, AgentLimits(steps=limits.steps, tokens=limits.tokens, wall_s=left)):
+            if isinstance(ev, AgentDone):
+                done = ev
+            yield ev
+        assert done is not None
+        runs.append(done)
+        if done.reason in ("cancelled", "error") or cancelled():
+            checks = []
+            break
+        checks = run_checks()
+        summary = check_summary(checks)
+        if first_try is None:
+            first_try = summary
+        else:
+            round_log.append({"round": round_no, **summary, "steps": done.step,
+                              "completion_tokens": done.completion_tokens, "stop_reason": done.reason})
+            if transcript is not None:
+                transcript.write("repair_result", done.step, round=round_no, **summary)
+        if summary["status"] != "failed" or round_no >= rounds or done.reason not in REPAIRABLE:
+            break
+        if limits.wall_s is not None and time.monotonic() - t0 >= limits.wall_s:
+            break
+        round_no += 1
+        message = repair_message(checks, test_command, agent.workspace, round_no, rounds)
+        if transcript is not None:
+            transcript.write("repair", done.step, round=round_no, message=message)
+    yield RepairOutcome(runs[-1], checks, first_try, round_log, runs)
