@@ -15,7 +15,6 @@ split.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import shlex
@@ -162,23 +161,11 @@ def restore_and_test_command(ex: Exercise) -> str:
     return " && ".join(lines) + " && " + ex.test_command
 
 
-def _task_fields() -> set[str]:
-    return {f.name for f in dataclasses.fields(TaskSpec)}
-
-
-@dataclass(frozen=True)
-class _ExerciseTaskSpec(TaskSpec):
-    """TaskSpec with the repair-loop fields, for a TaskSpec that does not have them yet."""
-
-    test_command: str | None = None
-    repair_rounds: int | None = None
-
-
 def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: int | None = None,
                   profile: str | None = None, steps: int | None = None, tokens: int | None = None,
                   wall_s: float | None = None) -> TaskSpec:
     """The agent task for one exercise (``repair_rounds`` None: the profile's)."""
-    fields = dict(
+    return TaskSpec(
         path=ex.dir / "exercise.json",
         name=ex.slug,
         prompt=exercise_prompt(ex),
@@ -190,5 +177,3 @@ def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: in
         test_command=ex.test_command,
         repair_rounds=repair_rounds,
     )
-    cls = TaskSpec if {"test_command", "repair_rounds"} <= _task_fields() else _ExerciseTaskSpec
-    return cls(**fields)
