@@ -384,7 +384,7 @@ def bench_agent(d: dict[str, Any]) -> str:
     charts = [bar_chart("exercises passed", rates, " %"),
               bar_chart("wall time per exercise", [(str(r.get("slug")), r.get("wall_s")) for r in rows], " s")]
     failed = "".join(f"<details><summary>{esc(r.get('slug'))}: test output</summary>{text_block(r.get('score_output'))}"
-                     f'<p class="path">{esc(r.get("run_dir"))}</p></details>'
+                     f'<p class="path">{esc(r.get("run_dir") or "")}</p></details>'
                      for r in rows if not r.get("passed_after_repair"))
     return (meta + f'<h4>exercises</h4><div class="scroll"><table class="grid">{head}{body}</table></div>'
             f'<div class="charts">{"".join(charts)}</div>'
