@@ -142,11 +142,19 @@ def prepare_template(ex: Exercise, workspace_root: str | Path) -> Path:
 
 
 def exercise_prompt(ex: Exercise) -> str:
+    """The instructions, the stub file(s) as they are now (what a user hands an agent, and what
+    aider's benchmark shows the model), and how to test."""
+    stubs = []
+    for name in ex.solution:
+        text = (ex.dir / name).read_text(encoding="utf-8", errors="replace")
+        lang = "python" if name.endswith(".py") else ""
+        stubs.append(f"{name} now contains:\n```{lang}\n{text.rstrip()}\n```")
     files = ", ".join(ex.solution)
     tests = ", ".join(ex.test)
     return (f"{ex.instructions.rstrip()}\n\n"
             f"---\n"
-            f"Edit {files} in the workspace to solve the exercise above; keep its names and signatures. "
+            + "\n\n".join(stubs) + "\n\n"
+            f"Write the whole solution to {files}, keeping its names and signatures. "
             f"The tests are in {tests}: do not change them. "
             f"Run the tests from the workspace with: {ex.test_command}\n"
             f"When they pass, reply with a short final answer.")

@@ -159,15 +159,16 @@ _FIXED = "def is_even(n):\n    return n % 2 == 0\n"
 def _work_episode(edit_format: str) -> list[dict[str, Any]]:
     fix = (_replace("parity.py", "    return n % 2 == 0 or n > 5\n", "    return n % 2 == 0\n")
            if edit_format == "diff" else _edit("parity.py", _FIXED))
-    fixed_note = ("Edited parity.py: 1 replacement, +1 -1 lines.\n" if edit_format == "diff"
-                  else "Updated parity.py (39 bytes): +1 -1 lines.")
+    fixed_note = ("Edited parity.py: 1 replacement, +1 -1 lines.\n--- a/parity.py\n+++ b/parity.py\n@@ -1,2 +1,2 @@\n"
+                  " def is_even(n):\n-    return n % 2 == 0 or n > 5\n+    return n % 2 == 0"
+                  if edit_format == "diff" else "Updated parity.py (38 bytes): +1 -1 lines.")
     return [
         {"role": "user", "content": "Implement is_even(n) in parity.py so that the tests in parity_test.py pass.\n"
                                     "Run the tests with: python3 -m unittest parity_test"},
         _call("read_file", {"path": "parity.py"}),
         {"role": "tool", "content": "parity.py lines 1-2 of 2:\ndef is_even(n):\n    pass\n"},
         _edit("parity.py", _BUGGY),
-        {"role": "tool", "content": "Updated parity.py (50 bytes): +1 -1 lines."},
+        {"role": "tool", "content": "Updated parity.py (47 bytes): +1 -1 lines."},
         _call("bash", {"command": "python3 -m unittest parity_test"}),
         {"role": "tool", "content": _PARITY_FAIL},
         fix,
