@@ -56,7 +56,7 @@ def new_run_id() -> str:
 class HeadlessRun:
     def __init__(self, task: TaskSpec, *, engine=None, profile: str | None = None, workspace: str | Path | None = None,
                  allow: tuple[str, ...] = (), run_dir: str | Path | None = None, store: SessionStore | None = None,
-                 on_event: Callable[[AgentEvent], None] | None = None):
+                 on_event: Callable[[AgentEvent], None] | None = None, candidates: int | None = None):
         self.task = task
         self.run_id = new_run_id()
         self.run_dir = Path(run_dir) if run_dir is not None else paths.data_dir() / "runs" / self.run_id
@@ -66,6 +66,7 @@ class HeadlessRun:
         self._engine = engine
         self._store = store
         self.on_event = on_event
+        self.candidates = candidates  # None: the profile's agent.candidates
         self.agent: AgentSession | None = None
         self._cancelled = threading.Event()
 
@@ -169,10 +170,14 @@ class HeadlessRun:
         limits = AgentLimits(steps=task.steps, tokens=task.tokens, wall_s=task.wall_s)
         rounds = engine.profile.agent.repair_rounds if task.repair_rounds is None else task.repair_rounds
         outcome = None
+        agent_cfg = engine.profile.agent
         for ev in run_with_repair(self.agent, task.full_prompt(), limits,
                                   lambda: [self._check(c, transcript) for c in task.checks], rounds,
                                   test_command=task.test_command, transcript=transcript,
-                                  cancelled=self._cancelled.is_set):
+                                  cancelled=self._cancelled.is_set,
+                                  run_checks_in=lambda ws: [self._check(c, None, ws) for c in task.checks],
+                                  candidates=agent_cfg.candidates if self.candidates is None else self.candidates,
+                                  candidate_temperature=agent_cfg.candidate_temperature, seed=task.seed or 0):
             if isinstance(ev, RepairOutcome):
                 outcome = ev
             elif self.on_event is not None:
@@ -180,18 +185,20 @@ class HeadlessRun:
         assert outcome is not None
         return outcome
 
-    def _check_env(self) -> dict[str, str]:
+    def _check_env(self, workspace: Path) -> dict[str, str]:
         """What a check script may need: where the task's files are, where to write evidence
         (quality.json, screenshots) and the Python running mlxterm (it has selenium when the
         browser extra is installed)."""
         return {"MLXTERM_TASK_DIR": str(self.task.path.parent.resolve()), "MLXTERM_RUN_DIR": str(self.run_dir.resolve()),
-                "MLXTERM_WORKSPACE": str(self.workspace.resolve()), "MLXTERM_PYTHON": sys.executable}
+                "MLXTERM_WORKSPACE": str(workspace.resolve()), "MLXTERM_PYTHON": sys.executable}
 
-    def _check(self, check: Check, transcript: Transcript | None) -> dict[str, Any]:
+    def _check(self, check: Check, transcript: Transcript | None, workspace: Path | None = None) -> dict[str, Any]:
         # checks run model-written code: the agent's sandbox, or the task's own for --checks-only;
-        # the run directory stays writable for their evidence (quality.json, screenshots)
+        # the run directory stays writable for their evidence (quality.json, screenshots);
+        # ``workspace``: another folder to check (a candidate's scratch copy)
         sandbox = self.agent.sandbox if self.agent is not None else agent_sandbox(network=self.task.network)
-        return run_check(check, self.workspace, sandbox, env=self._check_env(),
+        workspace = workspace or self.workspace
+        return run_check(check, workspace, sandbox, env=self._check_env(workspace),
                          writable=(str(self.run_dir.resolve()),), readable=(str(self.task.path.parent.resolve()),),
                          transcript=transcript)
 
@@ -225,6 +232,7 @@ class HeadlessRun:
             "checks_failed": sum(1 for c in checks if not c["passed"]),
             "first_try": outcome.first_try,
             "repair_rounds": outcome.rounds,
+            "candidate_rounds": outcome.candidates,
             "workspace_changed": bool(changed),
             "changed_files": changed[:200],
             "corrective_turns": outcome.corrective_turns,

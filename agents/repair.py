@@ -5,6 +5,8 @@ output (trimmed to the failures and the summary) goes back into the same session
 message and the agent continues from its cached context. The first check result (before any
 check output reached the model) is kept apart from the final one, so a run reports both its
 first try and its result after repair. ``mlxterm run`` and the board's attempts both use this.
+With ``candidates`` > 1 each round first drafts that many replies at once and keeps one that
+passes (``agents.candidates``) before it falls back to the ordinary round.
 
 Status words: ``passed`` only when at least one check ran and every one passed; ``unchecked``
 when a task has no checks; ``failed`` otherwise (``error`` / ``cancelled`` come from the run).
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.candidates import CandidateRound, candidate_round
 from agents.events import AgentDone, AgentEvent
 from agents.session import AgentLimits, AgentSession
 from agents.transcript import Transcript
@@ -102,6 +105,7 @@ class RepairOutcome:
     first_try: dict[str, Any] | None  # check_summary at the first final answer (None: checks never ran)
     rounds: list[dict[str, Any]] = field(default_factory=list)
     runs: list[AgentDone] = field(default_factory=list)
+    candidates: list[dict[str, Any]] = field(default_factory=list)  # candidate rounds that kept nothing
 
     @property
     def steps(self) -> int:
@@ -123,15 +127,20 @@ class RepairOutcome:
 def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
                     run_checks: Callable[[], list[dict[str, Any]]], rounds: int, *,
                     test_command: str | None = None, transcript: Transcript | None = None,
-                    cancelled: Callable[[], bool] = lambda: False) -> Iterator[AgentEvent | RepairOutcome]:
+                    cancelled: Callable[[], bool] = lambda: False,
+                    run_checks_in: Callable[[Path], list[dict[str, Any]]] | None = None,
+                    candidates: int = 1, candidate_temperature: float = 0.7,
+                    seed: int = 0) -> Iterator[AgentEvent | RepairOutcome]:
     """Run ``prompt``, then check and repair up to ``rounds`` times; yields the agent's events
     and, last, the ``RepairOutcome``. ``limits.wall_s`` bounds the whole attempt; steps and
-    tokens apply to each run. Checks do not run after a cancelled or broken run."""
+    tokens apply to each run. Checks do not run after a cancelled or broken run.
+    ``run_checks_in(workspace)`` runs the checks on another folder (needed for candidates)."""
     t0 = time.monotonic()
     runs: list[AgentDone] = []
     first_try = None
     checks: list[dict[str, Any]] = []
     round_log: list[dict[str, Any]] = []
+    candidate_log: list[dict[str, Any]] = []  # candidate rounds that kept nothing
     message, round_no = prompt, 0
     while True:
         left = None if limits.wall_s is None else max(0.001, limits.wall_s - (time.monotonic() - t0))
@@ -162,4 +171,23 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
         message = repair_message(checks, test_command, agent.workspace, round_no, rounds)
         if transcript is not None:
             transcript.write("repair", done.step, round=round_no, message=message)
-    yield RepairOutcome(runs[-1], checks, first_try, round_log, runs)
+        if candidates > 1 and run_checks_in is not None and agent.ends_with_answer():
+            picked = None
+            for ev in candidate_round(agent, message, candidates, run_checks_in, temperature=candidate_temperature,
+                                      seed=seed + 1000 * round_no):
+                if isinstance(ev, CandidateRound):
+                    picked = ev
+                else:
+                    yield ev
+            if transcript is not None:
+                transcript.write("candidates", done.step, round=round_no, **picked.record())
+            if picked.chosen is not None:
+                checks = run_checks()
+                round_log.append({"round": round_no, **check_summary(checks), "steps": 1,
+                                  "completion_tokens": picked.chosen.done.usage.completion_tokens,
+                                  "stop_reason": "candidate", "candidates": picked.record()})
+                break  # it passed on the scratch copy; the real workspace's result is the attempt's
+            candidate_log.append({"round": round_no, **picked.record()})
+    outcome = RepairOutcome(runs[-1], checks, first_try, round_log, runs)
+    outcome.candidates = candidate_log
+    yield outcome

@@ -184,6 +184,8 @@ class AgentSession:
         self.policy = ApprovalPolicy(self.options.approvals or agent_cfg.approval,
                                      allow=self.options.allow, interactive=self.options.interactive,
                                      unsandboxed=unconfined)
+        self.changed_files: list[str] = []  # written or edited in the current run
+        self.corrective_turns = 0
         self._cancel = threading.Event()
         self._stop_reason: str | None = None
         self._handle = None
@@ -393,12 +395,46 @@ class AgentSession:
                      metas=[{"corrective": True, "step": step}], step=step)
         return Corrective(step, message)
 
+    # -- drafts from outside the loop (agents.candidates) ---------------------------------------
+    def prompt_with(self, message: str) -> list[int]:
+        """The context as it would be after a user ``message`` (nothing is stored)."""
+        history = self.store.messages(self.session_id)
+        fed = [t for m in history for t in m.token_ids]
+        new = self.ledger.tokens_for([render_dict(m) for m in history], fed, [{"role": "user", "content": message}], True)
+        return fed + new[0]
+
+    def ends_with_answer(self) -> bool:
+        """Whether the context ends with an assistant turn (a new user message may follow)."""
+        last = self.store.messages(self.session_id, tokens=False)[-1:]
+        return bool(last) and last[0].role == "assistant"
+
+    def step_budget(self, prompt_tokens: int) -> int:
+        """max_tokens for one step after a prompt of this length (the loop's rule, without compaction)."""
+        return max(1, min(self._step_tokens(), self.engine.profile.context.max_context - prompt_tokens))
+
+    def _step_tokens(self) -> int:
+        profile = self.engine.profile
+        return self.options.max_tokens_per_step or profile.agent.max_tokens_per_step or profile.sampling.max_tokens
+
+    def adopt(self, message: str, done: Done, parser: ToolCallParser, handle) -> Iterator[AgentEvent]:
+        """Store ``message`` and a reply generated for it elsewhere (``prompt_with(message)`` was its
+        prompt, ``handle`` its request), then run the reply's calls: as if the loop had made it."""
+        msgs = self.store.messages(self.session_id, tokens=False)
+        step = max((m.meta.get("step", 0) for m in msgs), default=0) + 1
+        self._append([{"role": "user", "content": message}], generation_prompt=True, metas=[{"step": step}], step=step)
+        partial = PartialReply(self.store, self.session_id, handle, meta={"step": step, "candidate": True})
+        self._record_reply(step, done, parser, None, 0.0, partial)
+        for call in parser.calls:
+            yield ToolCallParsed(step, call)
+        pending = _pending(parser)
+        if pending:
+            yield from self._run_tools(step, pending)
+
     # -- one step -----------------------------------------------------------------------------
     def _budget(self, step: int, tokens_left: int | None) -> Iterator[AgentEvent]:
         """max_tokens for this step, compacting old tool output when the context is short."""
         limit = self.engine.profile.context.max_context
-        profile = self.engine.profile
-        want = self.options.max_tokens_per_step or profile.agent.max_tokens_per_step or profile.sampling.max_tokens
+        want = self._step_tokens()
         if tokens_left is not None:
             want = min(want, tokens_left)
         used = self.store.get(self.session_id).token_count

@@ -367,6 +367,10 @@ class AgentConfig:
     repair_rounds: int = opt(3, Number(integer=True, ge=0, le=20))
     max_tokens_per_step: int | None = opt(None, Number(integer=True, ge=32, nullable=True))  # None: sampling.max_tokens
     repetition_penalty: float = opt(1.0, Number(gt=0))  # agent steps only: code repeats itself on purpose
+    # Repair rounds first draft this many replies at once (batched) and keep one that passes the
+    # checks (agents/candidates.py); 1 = off.
+    candidates: int = opt(1, Number(integer=True, ge=1, le=16))
+    candidate_temperature: float = opt(0.7, Number(ge=0))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,125 @@
+"""Parallel candidates: N drafts of the next reply in one batched run, kept only if one passes.
+
+Between repair rounds (the checks failed), the repair message's context is sent to the engine N
+times at once with different seeds; the batched scheduler decodes the rows together after the
+shared prefix is restored from the session's checkpoint. Each draft's file edits are applied to
+a scratch copy of the workspace and the task's checks run there. The first draft that passes is
+adopted: the repair message and that reply go into the session (exact tokens), its edits run in
+the real workspace through the ordinary tools (cards, diffs, approvals). When none passes
+nothing is kept and the ordinary repair round follows. Drafts never reach the model, so the
+first-try result stays what it was.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.runtime import GenerationRequest, Priority
+from engine.serving.events import Done
+
+from agents.events import AgentEvent
+from agents.parser import ToolCallParser
+from agents.session import AgentSession
+from tools import ToolRegistry, default_registry
+
+WRITES = ("write_file", "edit_file")
+
+
+@dataclass
+class Draft:
+    index: int
+    seed: int
+    done: Done
+    parser: ToolCallParser
+    handle: Any
+    edits: int = 0
+    edit_errors: int = 0
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c["passed"] for c in self.checks)
+
+    def record(self) -> dict[str, Any]:
+        return {"index": self.index, "seed": self.seed, "completion_tokens": self.done.usage.completion_tokens,
+                "finish_reason": self.done.finish_reason, "edits": self.edits, "edit_errors": self.edit_errors,
+                "checks_passed": sum(1 for c in self.checks if c["passed"]), "passed": self.passed}
+
+
+@dataclass
+class CandidateRound:
+    drafts: list[Draft]
+    chosen: Draft | None
+    wall_s: float
+    decode_s: float
+
+    def record(self) -> dict[str, Any]:
+        return {"n": len(self.drafts), "chosen": None if self.chosen is None else self.chosen.index,
+                "wall_s": round(self.wall_s, 3), "decode_s": round(self.decode_s, 3),
+                "completion_tokens": sum(d.done.usage.completion_tokens for d in self.drafts),
+                "drafts": [d.record() for d in self.drafts]}
+
+
+def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed: int) -> tuple[list[Draft], float]:
+    """N replies to ``message`` (not stored) decoded together; (drafts, seconds)."""
+    engine = agent.engine
+    prompt_ids = agent.prompt_with(message)
+    budget = agent.step_budget(len(prompt_ids))
+    t0 = time.monotonic()
+    handles = []
+    for i in range(n):
+        params = engine.sampling(max_tokens=budget, temperature=temperature, seed=seed + i,
+                                 repetition_penalty=engine.profile.agent.repetition_penalty)
+        handles.append(engine.submit(GenerationRequest(list(prompt_ids), params, split_reasoning=False,
+                                                       priority=Priority.AGENT)))
+    drafts = []
+    for i, h in enumerate(handles):
+        done = h.result()
+        parser = ToolCallParser(agent.tool_params, id_prefix="draft", text_edits=agent.edit_format != "json")
+        parser.feed(done.text)
+        parser.finish()
+        drafts.append(Draft(i, seed + i, done, parser, h))
+    return drafts, time.monotonic() - t0
+
+
+def try_drafts(agent: AgentSession, drafts: list[Draft],
+               run_checks_in: Callable[[Path], list[dict[str, Any]]]) -> Draft | None:
+    """Apply each draft's edits to a scratch copy of the workspace and check it; the first that passes."""
+    for d in drafts:
+        writes = [c for c in d.parser.calls if c.name in WRITES]
+        if not writes or d.done.error:
+            continue
+        scratch = Path(tempfile.mkdtemp(prefix="mlxterm-draft-"))
+        try:
+            ws = scratch / "ws"
+            shutil.copytree(agent.workspace, ws, symlinks=True)
+            base = default_registry(ws, sandbox=agent.sandbox)
+            registry = ToolRegistry(base.workspace, [base.get(n) for n in WRITES])
+            for call in writes:
+                ok = registry.run(call.name, call.arguments).ok
+                d.edits += ok
+                d.edit_errors += not ok
+            if d.edits:
+                d.checks = run_checks_in(ws)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if d.passed:
+            return d
+    return None
+
+
+def candidate_round(agent: AgentSession, message: str, n: int, run_checks_in: Callable[[Path], list[dict[str, Any]]],
+                    *, temperature: float, seed: int) -> Iterator[AgentEvent | CandidateRound]:
+    """Draft, check, adopt the first passing draft (its events are yielded); last the round's record."""
+    t0 = time.monotonic()
+    drafts, decode_s = draft(agent, message, n, temperature=temperature, seed=seed)
+    chosen = try_drafts(agent, drafts, run_checks_in)
+    if chosen is not None:
+        yield from agent.adopt(message, chosen.done, chosen.parser, chosen.handle)
+    yield CandidateRound(drafts, chosen, time.monotonic() - t0, decode_s)

@@ -1,0 +1,103 @@
+"""Repair rounds and parallel candidates on a scripted model, through headless runs and real checks."""
+
+import json
+
+from agents.headless import HeadlessRun
+from agents.repair import check_status, repair_message, trim_output
+from agents.scripted import ScriptedEngine, scripted_profile
+from agents.tasks import load_task
+from agents.transcript import read_transcript
+
+TASK = """\
+prompt: "Make double(x) in solver.py return twice x."
+workspace_template: tmpl
+test_command: python3 -c "import solver; assert solver.double(2) == 4, solver.double(2)"
+checks:
+  - name: tests
+    run: python3 -c "import solver; assert solver.double(2) == 4, solver.double(2)"
+"""
+
+
+def edit(body):
+    return f"solver.py\n```python\ndef double(x):\n    return {body}\n```"
+
+
+def make_task(tmp_path, extra=""):
+    (tmp_path / "tmpl").mkdir()
+    (tmp_path / "tmpl" / "solver.py").write_text("def double(x):\n    pass\n")
+    (tmp_path / "task.yaml").write_text(TASK + extra)
+    return load_task(tmp_path / "task.yaml")
+
+
+def run(tmp_path, replies, extra="", candidates=None, **agent):
+    engine = ScriptedEngine(replies, profile=scripted_profile(edit_format="whole", **agent))
+    task = make_task(tmp_path, extra)
+    result = HeadlessRun(task, engine=engine, run_dir=tmp_path / "run", candidates=candidates).run()
+    return result, engine
+
+
+def test_failing_checks_go_back_to_the_same_session_until_they_pass(tmp_path):
+    result, engine = run(tmp_path, [edit("x + 5"), "Done.", edit("x + x + 1"), "Fixed.", edit("x * 2"), "Fixed now."])
+    assert result["status"] == "passed" and result["first_try"]["status"] == "failed"
+    assert [r["status"] for r in result["repair_rounds"]] == ["failed", "passed"]
+    assert (tmp_path / "run" / "workspace" / "solver.py").read_text().endswith("return x * 2\n")
+    # the failure output reached the model in the same session (the prompt extends the last one)
+    third = engine.requests[2]
+    assert third.session_id == engine.requests[0].session_id
+    text = engine.tokenizer.decode(third.prompt_ids)
+    assert "The checks failed" in text and "AssertionError: 7" in text and "repair round 1 of 3" in text
+    records = read_transcript(tmp_path / "run" / "transcript.jsonl")
+    assert [r["round"] for r in records if r["type"] == "repair"] == [1, 2]
+
+
+def test_rounds_are_bounded_and_first_try_is_kept(tmp_path):
+    replies = [edit("x + 5"), "Done.", edit("x + 6"), "Done.", edit("x + 7"), "Done."]
+    result, _ = run(tmp_path, replies, extra="repair_rounds: 2\n")
+    assert result["status"] == "failed" and result["first_try"] == {"status": "failed", "checks_passed": 0,
+                                                                   "checks_failed": 1}
+    assert len(result["repair_rounds"]) == 2 and result["steps"] == 6
+
+
+def test_no_repair_without_rounds_and_passing_first_try(tmp_path):
+    result, engine = run(tmp_path, [edit("x * 2"), "Done."])
+    assert result["status"] == "passed" and result["first_try"]["status"] == "passed"
+    assert result["repair_rounds"] == [] and len(engine.requests) == 2 and result["workspace_changed"] is True
+
+
+def test_candidates_keep_the_draft_that_passes(tmp_path):
+    # first try fails; then 3 drafts decoded together: only the second passes and is adopted
+    replies = [edit("x + 5"), "Done.", edit("x + 3"), edit("2 * x"), edit("x - 1")]
+    result, engine = run(tmp_path, replies, candidates=3)
+    assert result["status"] == "passed" and result["first_try"]["status"] == "failed"
+    (rnd,) = result["repair_rounds"]
+    assert rnd["stop_reason"] == "candidate" and rnd["candidates"]["chosen"] == 1
+    assert [d["passed"] for d in rnd["candidates"]["drafts"]] == [False, True, False]
+    drafts = engine.requests[2:]
+    assert len(drafts) == 3 and len({tuple(r.prompt_ids) for r in drafts}) == 1  # one shared prompt
+    assert len({r.params.seed for r in drafts}) == 3
+    ws = tmp_path / "run" / "workspace"
+    assert ws.joinpath("solver.py").read_text().endswith("return 2 * x\n")
+    assert sorted(p.name for p in ws.iterdir()) == ["solver.py"]  # scratch copies stay elsewhere
+    records = read_transcript(tmp_path / "run" / "transcript.jsonl")
+    assert any(r["type"] == "candidates" and r["chosen"] == 1 for r in records)
+
+
+def test_candidates_that_all_fail_fall_back_to_an_ordinary_round(tmp_path):
+    replies = [edit("x + 5"), "Done.", edit("x + 3"), edit("x + 4"), edit("x * 2"), "Fixed."]
+    result, engine = run(tmp_path, replies, candidates=2, repair_rounds=1)
+    assert result["status"] == "passed"
+    assert result["candidate_rounds"][0]["chosen"] is None and result["repair_rounds"][0]["stop_reason"] == "answered"
+
+
+def test_status_words_and_repair_message():
+    assert check_status([]) == "unchecked"
+    assert check_status([{"passed": True}]) == "passed"
+    assert check_status([{"passed": True}, {"passed": False}]) == "failed"
+    long = "Traceback first\n" + "x" * 9000 + "\nFAILED (failures=3)"
+    trimmed = trim_output(f"/ws/a/solver.py: {long}", "/ws/a", limit=1000)
+    assert trimmed.startswith("solver.py: Traceback first") and trimmed.endswith("FAILED (failures=3)")
+    assert "characters cut" in trimmed and len(trimmed) < 1100
+    msg = repair_message([{"name": "tests", "passed": False, "exit_code": 1, "output": "boom"}],
+                         "python3 -m unittest t", None, 1, 3)
+    assert "`python3 -m unittest t` (exit code 1)" in msg and "boom" in msg
+    assert json.dumps(msg)
