@@ -19,6 +19,7 @@ from textual.widget import Widget
 from agents.events import (
     AgentDone,
     Compacted,
+    Corrective,
     StepDone,
     TextDelta,
     ToolCallForming,
@@ -77,6 +78,8 @@ class AgentRunView:
         elif isinstance(ev, Compacted):
             await self.notice(compacted_text(len(ev.messages), ev.tokens_before, ev.tokens_after),
                               "compacted")
+        elif isinstance(ev, Corrective):
+            await self.notice(f"Sent back: {ev.message}", "corrective")
         elif isinstance(ev, AgentDone):
             await self.done(ev)
 
