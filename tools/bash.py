@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.base import Tool, ToolResult, Workspace
-from tools.sandbox import Sandbox, SandboxStatus
+from tools.sandbox import Sandbox, SandboxRefused, SandboxStatus
 from tools.textio import HeadTail, strip_ansi
 
 STREAM_CAP = 16 * 1024  # bytes kept per stream (head + tail)
@@ -58,7 +58,10 @@ def scrub_env(env: Mapping[str, str], home: str) -> dict[str, str]:
 
 def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> ToolResult:
     timeout = args["timeout_s"]
-    data = execute(args["command"], ws.root, timeout, cancel, ws.sandbox)
+    try:
+        data = execute(args["command"], ws.root, timeout, cancel, ws.sandbox)
+    except SandboxRefused as e:
+        return ToolResult.failure(f"bash refused: {e}", sandboxed=False, refused=True)
     content = _render(data, timeout)
     if data["timed_out"] or data["cancelled"]:
         return ToolResult(ok=False, content=content, data=data, error=content.splitlines()[0])
@@ -67,11 +70,13 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
 
 def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | None = None,
             sandbox: Sandbox | None = None, extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Run ``bash -c command`` in ``cwd`` (confined by ``sandbox`` when it is active); the
-    result fields the bash tool reports. Task acceptance checks use it too (with ``extra_env``
-    telling them where the task's files and the run's evidence directory are)."""
+    """Run ``bash -c command`` in ``cwd`` confined by ``sandbox``; the result fields the bash
+    tool reports. Task acceptance checks use it too (with ``extra_env`` telling them where the
+    task's files and the run's evidence directory are). ``sandbox=None`` runs it unconfined
+    (the caller's explicit choice); an inactive sandbox raises ``SandboxRefused`` unless it was
+    made with ``unconfined_ok``."""
     started = time.monotonic()
-    sandbox = sandbox if sandbox is not None else Sandbox(status=UNCONFINED)
+    sandbox = sandbox if sandbox is not None else Sandbox(status=UNCONFINED, unconfined_ok=True)
     env = {**scrub_env(os.environ, str(cwd)), **(extra_env or {})}
     with sandbox.launch(command, cwd, env) as argv:
         proc = subprocess.Popen(

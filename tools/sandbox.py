@@ -27,6 +27,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -43,6 +44,7 @@ SYSTEM_DIRS = ("/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
                "/nix", "/proc", "/dev", "/sys", "/boot", "/snap")
 PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
 PIDS_CGROUP_ROOTS = ("/sys/fs/cgroup/pids",)  # cgroup v1 pids hierarchy (root-only path)
+SANDBOX_ID = 65534  # nobody/nogroup: what a root mlxterm's sandboxed commands run as
 
 
 @dataclass(frozen=True)
@@ -71,15 +73,25 @@ class SandboxStatus:
     backend: str  # "bwrap" | "seatbelt" | "none"
     reason: str  # why "none", or a one-line description of what confines commands
     process_limit: str = "none"  # "rlimit" | "cgroup" | "none"
+    # bwrap only: the unprivileged uid/gid commands run as when mlxterm runs as root (None:
+    # mlxterm is not root, commands run as its own uid inside a user namespace)
+    run_as: tuple[int, int] | None = None
+    disable_userns: bool = False  # bwrap --disable-userns (bubblewrap >= 0.8, user-namespace mode)
 
     @property
     def available(self) -> bool:
         return self.backend != "none"
 
+    def identity(self) -> str:
+        """Which uid sandboxed commands run as, in words."""
+        if self.run_as is not None:
+            return f"uid {self.run_as[0]}, gid {self.run_as[1]} (dropped from root, no capabilities)"
+        return f"uid {os.getuid()} (this user, no capabilities)"
+
     def describe(self) -> str:
         if not self.available:
             return f"unavailable: {self.reason}"
-        return f"{self.backend} ({self.reason}; process limit: {self.process_limit})"
+        return f"{self.backend} ({self.reason}; runs as {self.identity()}; process limit: {self.process_limit})"
 
 
 _probe_lock = threading.Lock()
@@ -109,16 +121,39 @@ def _probe() -> SandboxStatus:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return SandboxStatus("none", "bubblewrap (bwrap) is not installed; install the Debian package bubblewrap")
+    root = os.geteuid() == 0
+    run_as = None
+    if root:
+        if shutil.which("setpriv") is None:
+            return SandboxStatus("none", "running as root needs setpriv (util-linux) to drop to an unprivileged uid")
+        run_as = _sandbox_ids()
     try:
-        proc = subprocess.run([bwrap, *_namespace_args(False), "--ro-bind", "/", "/", "true"],
+        helptext = subprocess.run([bwrap, "--help"], capture_output=True, timeout=20).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return SandboxStatus("none", f"bwrap could not start: {e}")
+    status = SandboxStatus("bwrap", "bubblewrap: read-only system, writable workspace, private /tmp, own network",
+                           "cgroup" if root and _pids_cgroup_root() else "rlimit", run_as,
+                           disable_userns=not root and "--disable-userns" in helptext)
+    # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch
+    try:
+        proc = subprocess.run([bwrap, *_namespace_args(False, status), "--ro-bind", "/", "/", *_drop_args(status), "true"],
                               capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return SandboxStatus("none", f"bwrap could not start: {e}")
     if proc.returncode != 0:
         err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         return SandboxStatus("none", "bwrap cannot create namespaces here: " + (err[-1] if err else f"exit {proc.returncode}"))
-    plimit = "cgroup" if os.geteuid() == 0 and _pids_cgroup_root() else ("none" if os.geteuid() == 0 else "rlimit")
-    return SandboxStatus("bwrap", "bubblewrap: read-only system, writable workspace, private /tmp, own network", plimit)
+    return status
+
+
+def _sandbox_ids() -> tuple[int, int]:
+    """The uid/gid a root mlxterm runs sandboxed commands as: ``MLXTERM_SANDBOX_UID``/``_GID``
+    or nobody/nogroup (65534)."""
+    uid = int(os.environ.get("MLXTERM_SANDBOX_UID") or SANDBOX_ID)
+    gid = int(os.environ.get("MLXTERM_SANDBOX_GID") or uid)
+    if uid == 0 or gid == 0:
+        raise ValueError("MLXTERM_SANDBOX_UID/GID must not be 0")
+    return uid, gid
 
 
 def warn_once(status: SandboxStatus) -> str | None:
@@ -133,15 +168,42 @@ def warn_once(status: SandboxStatus) -> str | None:
 
 # -- bubblewrap -----------------------------------------------------------------------------
 
-def _namespace_args(network: bool) -> list[str]:
+def _namespace_args(network: bool, status: SandboxStatus | None = None) -> list[str]:
+    """Namespaces and capabilities.
+
+    Not root: ``--unshare-all`` plus a user namespace in which the command is this user with no
+    capabilities (``--cap-drop ALL``), and no further user namespaces where bwrap can forbid them.
+    Root: a user namespace created by real root maps the command's uid to host root (it could
+    read root's 0600 files and leave setuid-root binaries), so no user namespace at all: bwrap
+    sets up as root, keeps only CAP_SETUID/SETGID/SETPCAP, and ``_drop_args`` switches to an
+    unprivileged uid before the command starts, clearing every capability and the bounding set.
+    bwrap always sets ``no_new_privs``: no setuid binary or file capability gives them back.
+    """
+    if status is not None and status.run_as is not None:
+        args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+                *([] if network else ["--unshare-net"]), "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+        return args
     # --unshare-all tries a user namespace; root needs it asked for explicitly.
-    args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"]
+    args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if status is not None and status.disable_userns:
+        args.append("--disable-userns")
     if network:
         args.append("--share-net")
     return args
 
 
-def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None) -> list[str]:
+def _drop_args(status: SandboxStatus | None) -> list[str]:
+    """The command prefix (after bwrap's ``--``) that leaves root for ``status.run_as``."""
+    if status is None or status.run_as is None:
+        return []
+    uid, gid = status.run_as
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
+def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None,
+               status: SandboxStatus | None = None) -> list[str]:
     """The bwrap options (without the command) for ``policy`` around ``workspace``.
 
     Mount order matters: hidden paths are covered by empty tmpfs first, then read-only
@@ -150,8 +212,8 @@ def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None) 
     paths that lie inside the workspace.
     """
     ws = os.path.realpath(workspace)
-    args = [*_namespace_args(policy.network), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--size", str(policy.limits.tmp_bytes), "--tmpfs", PRIVATE_TMP]
+    args = [*_namespace_args(policy.network, status), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--perms", "1777", "--size", str(policy.limits.tmp_bytes), "--tmpfs", PRIVATE_TMP]
     parent = [os.path.dirname(ws)] if policy.hide_siblings and os.path.dirname(ws) not in SYSTEM_DIRS else []
     hidden = _existing([*HIDDEN_PATHS, *([home] if home else []), *policy.hide, *parent])
     inside = [h for h in hidden if _within(h, ws)]
@@ -243,12 +305,20 @@ def _parents(path: str) -> list[str]:
 
 # -- running --------------------------------------------------------------------------------
 
+class SandboxRefused(Exception):
+    """No sandbox works here and the caller did not consent to running unconfined."""
+
+
 @dataclass
 class Sandbox:
-    """Runs commands under ``policy`` with the backend ``status`` found (None: probe now)."""
+    """Runs commands under ``policy`` with the backend ``status`` found (None: probe now).
+
+    ``unconfined_ok``: where no sandbox works, run commands unconfined (the caller has a human's
+    consent, e.g. every bash call is approved by hand) instead of refusing them."""
 
     policy: SandboxPolicy = field(default_factory=SandboxPolicy)
     status: SandboxStatus | None = None
+    unconfined_ok: bool = False
 
     def __post_init__(self) -> None:
         if self.status is None:
@@ -262,27 +332,107 @@ class Sandbox:
     @contextlib.contextmanager
     def launch(self, command: str, workspace: Path, env: dict[str, str]) -> Iterator[list[str]]:
         """The argv that starts ``bash -c command`` confined (plain ``bash -c`` where no sandbox
-        is available); cleans up after."""
+        is available and ``unconfined_ok``; else ``SandboxRefused``); cleans up after.
+
+        When root drops to ``status.run_as``, the workspace and the writable directories are
+        handed to that uid for the call and back to their owner after it (``_Handover``)."""
         bash = shutil.which("bash") or "/bin/bash"
+        assert self.status is not None
         if not self.active:
+            if not self.unconfined_ok:
+                raise SandboxRefused(f"no sandbox is available ({self.status.reason}) and running unconfined "
+                                     "was not allowed; run `mlxterm doctor`")
             yield [bash, "-c", command]
             return
         limits = self.policy.limits
         home = os.path.expanduser("~")  # this process's home (the command's HOME is the workspace)
+        handover = None
+        if self.status.backend == "bwrap" and self.status.run_as is not None:
+            handover = _Handover([str(workspace), *self.policy.writable], self.status.run_as,
+                                 skip=[*self.policy.hide, home])
         cgroup = _PidsCgroup.create(limits.processes) if self.status.process_limit == "cgroup" else None
         try:
+            if handover is not None:
+                handover.give()
             inner = limits_wrapper(limits, processes=self.status.backend == "bwrap")
             if self.status.backend == "seatbelt":
                 tmpdir = os.path.realpath(env.get("TMPDIR") or "/tmp")
                 profile = seatbelt_profile(self.policy, workspace, home, tmpdir)
                 argv = ["sandbox-exec", "-p", profile, bash, "-c", inner, bash, command]
             else:
-                argv = [shutil.which("bwrap") or "bwrap", *bwrap_args(self.policy, workspace, home),
-                        "--", bash, "-c", inner, bash, command]
+                argv = [shutil.which("bwrap") or "bwrap", *bwrap_args(self.policy, workspace, home, self.status),
+                        "--", *_drop_args(self.status), bash, "-c", inner, bash, command]
             yield cgroup.wrap(argv) if cgroup is not None else argv
         finally:
             if cgroup is not None:
                 cgroup.remove()
+            if handover is not None:
+                handover.take_back()
+
+
+class _Handover:
+    """Lends directory trees to the sandbox uid for one call and takes them back.
+
+    ``give`` chowns every entry (symlinks themselves, never their targets) to the sandbox uid;
+    ``take_back`` returns everything that uid owns to the tree's owner, with setuid/setgid bits
+    cleared, so nothing the command made can run with its owner's rights later. Runs only after
+    every process of the call is gone (bwrap's PID namespace ends them all), so nothing inside
+    races it. Paths in ``skip`` (mlxterm's data inside a workspace) and files with more than one
+    link (a hard link may reach outside the tree) are not lent.
+    """
+
+    def __init__(self, roots: Sequence[str], ids: tuple[int, int], skip: Sequence[str] = ()):
+        self.ids = ids
+        self.skip = {os.path.realpath(os.path.expanduser(p)) for p in skip if p}
+        self.roots: list[tuple[str, int, int]] = []
+        for root in dict.fromkeys(os.path.realpath(r) for r in roots):
+            try:
+                st = os.lstat(root)
+            except OSError:
+                continue
+            # a tree still lent out (an earlier call died in between) goes back to this process's user
+            owner = (os.geteuid(), os.getegid()) if st.st_uid == ids[0] else (st.st_uid, st.st_gid)
+            self.roots.append((root, *owner))
+
+    def _walk(self, root: str) -> Iterator[tuple[str, os.stat_result]]:
+        stack = [root]
+        while stack:
+            path = stack.pop()
+            if path in self.skip and path != root:
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            yield path, st
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            try:
+                with os.scandir(path) as it:
+                    stack.extend(e.path for e in it)
+            except OSError:
+                continue
+
+    def give(self) -> None:
+        uid, gid = self.ids
+        for root, _, _ in self.roots:
+            for path, st in self._walk(root):
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    continue
+                if (st.st_uid, st.st_gid) != (uid, gid):
+                    with contextlib.suppress(OSError):
+                        os.lchown(path, uid, gid)
+
+    def take_back(self) -> None:
+        for root, owner, group in self.roots:
+            for path, st in self._walk(root):
+                if st.st_uid != self.ids[0] and st.st_gid != self.ids[1]:
+                    continue
+                with contextlib.suppress(OSError):
+                    os.lchown(path, owner, group)
+                    if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                        keep = stat.S_ISGID if stat.S_ISDIR(st.st_mode) else 0  # a setgid dir only passes on its group
+                        os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID) | keep)
 
 
 def limits_wrapper(limits: Limits, processes: bool = True) -> str:
