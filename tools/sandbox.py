@@ -39,9 +39,9 @@ from pathlib import Path
 # Paths always hidden (when present): other users' homes, root's home, runtime sockets,
 # removable and mounted media. The caller adds the user's home and mlxterm's data dirs.
 HIDDEN_PATHS = ("/home", "/root", "/run", "/var/run", "/mnt", "/media", "/var/tmp")
-# Never hidden as "the directory beside the workspace": the system would stop working.
-SYSTEM_DIRS = ("/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt", "/var", "/srv",
-               "/nix", "/proc", "/dev", "/sys", "/boot", "/snap")
+# What a shell needs from the host, mounted read-only (links, as on merged-/usr systems, are
+# recreated as links). Nothing else of the host's filesystem is there unless a policy names it.
+SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
 PIDS_CGROUP_ROOTS = ("/sys/fs/cgroup/pids",)  # cgroup v1 pids hierarchy (root-only path)
 SANDBOX_ID = 65534  # nobody/nogroup: what a root mlxterm's sandboxed commands run as
@@ -53,7 +53,8 @@ class Limits:
     data_bytes: int = 4 << 30  # per process (see the module docstring for why not RLIMIT_AS)
     processes: int = 512
     file_bytes: int = 1 << 30  # largest file a command may write
-    tmp_bytes: int = 1 << 30  # size of the private /tmp (it lives in memory)
+    tmp_bytes: int = 512 << 20  # size of the private /tmp (it lives in memory)
+    shm_bytes: int = 512 << 20  # size of the private /dev/shm (memory too)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class SandboxPolicy:
     network: bool = False
     hide: tuple[str, ...] = ()  # more paths to hide (mlxterm's data, config and cache dirs)
     read_only: tuple[str, ...] = ()  # hidden paths to show again read-only (a venv under $HOME)
-    hide_siblings: bool = True  # hide the workspace's parent directory (files beside it)
+    hide_siblings: bool = True  # kept for callers; nothing beside or above the workspace is mounted any more
     writable: tuple[str, ...] = ()  # more directories it may write (a task run's evidence dir)
     limits: Limits = field(default_factory=Limits)
 
@@ -131,7 +132,7 @@ def _probe() -> SandboxStatus:
         helptext = subprocess.run([bwrap, "--help"], capture_output=True, timeout=20).stdout.decode("utf-8", "replace")
     except (OSError, subprocess.TimeoutExpired) as e:
         return SandboxStatus("none", f"bwrap could not start: {e}")
-    status = SandboxStatus("bwrap", "bubblewrap: read-only system, writable workspace, private /tmp, own network",
+    status = SandboxStatus("bwrap", "bubblewrap: system dirs read-only, writable workspace, nothing else of the host, private /tmp, own network",
                            "cgroup" if root and _pids_cgroup_root() else "rlimit", run_as,
                            disable_userns=not root and "--disable-userns" in helptext)
     # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch
@@ -206,35 +207,69 @@ def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None,
                status: SandboxStatus | None = None) -> list[str]:
     """The bwrap options (without the command) for ``policy`` around ``workspace``.
 
-    Mount order matters: hidden paths are covered by empty tmpfs first, then read-only
-    re-exposures, then the workspace bind (so a workspace under a hidden directory, such as
-    ``$MLXTERM_HOME/data/runs/ID/workspace`` or ``~/project``, is still there), then hidden
-    paths that lie inside the workspace.
+    The sandbox's root is an empty tmpfs with only what a shell needs mounted into it: the
+    system directories (``SYSTEM_RO``, read-only; merged-/usr links as links), ``/dev`` and
+    ``/proc`` of its own, a private ``/tmp`` and ``/dev/shm`` (sized tmpfs), the read-only
+    paths (the Python running mlxterm, a task's files), the workspace and the writable paths.
+    Everything else -- the directories above and beside the workspace, home directories,
+    ``/run`` and ``/var`` (host sockets), ``/sys`` -- is absent. The directories leading down to a
+    mount are made 0711 (passable, not listable), then the root and ``/dev`` are remounted
+    read-only. Binds go shallowest first, so a bind inside another one lands on top of it;
+    a hidden path (``policy.hide``, the caller's home, ``HIDDEN_PATHS``) that lies inside a
+    bind is covered by an empty tmpfs (or ``/dev/null``) after that bind, unless it is
+    itself one of the binds (a workspace inside mlxterm's data dir stays).
     """
     ws = os.path.realpath(workspace)
-    args = [*_namespace_args(policy.network, status), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--perms", "1777", "--size", str(policy.limits.tmp_bytes), "--tmpfs", PRIVATE_TMP]
-    parent = [os.path.dirname(ws)] if policy.hide_siblings and os.path.dirname(ws) not in SYSTEM_DIRS else []
-    hidden = _existing([*HIDDEN_PATHS, *([home] if home else []), *policy.hide, *parent])
-    inside = [h for h in hidden if _within(h, ws)]
-    for h in hidden:
-        if h in inside or _within(h, PRIVATE_TMP) or any(_within(h, o) and o != h for o in hidden):
-            continue  # covered by the private /tmp or a hiding parent, or hidden after the bind
-        args += _hide(h)
-    # With the network on, name resolution must keep working: /etc/resolv.conf is often a
-    # link into /run (systemd-resolved), which is hidden.
-    shown = [*policy.read_only, *(["/etc/resolv.conf"] if policy.network else [])]
-    for p in _existing(shown):
-        if not _within(p, ws):
+    limits = policy.limits
+    args = [*_namespace_args(policy.network, status)]
+    system = []
+    for p in SYSTEM_RO:
+        if os.path.islink(p):
+            args += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
             args += ["--ro-bind", p, p]
-    args += ["--bind", ws, ws]
+            system.append(p)
+    args += ["--dev", "/dev", "--proc", "/proc",
+             "--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", PRIVATE_TMP,
+             "--perms", "1777", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm"]
+    binds: dict[str, str] = {}  # path -> "--ro-bind" | "--bind"
+    # With the network on, name resolution must keep working: /etc/resolv.conf is often a
+    # link into /run (systemd-resolved), which is not mounted.
+    for p in _existing([*policy.read_only, *(["/etc/resolv.conf"] if policy.network else [])]):
+        if not _within(p, ws) and not any(_within(p, s) for s in system):
+            binds[p] = "--ro-bind"
+    binds[ws] = "--bind"
     for p in _existing(policy.writable):
-        args += ["--bind", p, p]
-    for h in inside:
-        if h != ws:
-            args += _hide(h)
-    args += ["--chdir", ws, "--setenv", "TMPDIR", "/tmp"]
+        binds[p] = "--bind"
+    mounted = [*system, *binds]
+    hidden = [h for h in _existing([*HIDDEN_PATHS, *([home] if home else []), *policy.hide])
+              if h not in binds and any(_within(h, m) for m in mounted)]
+    steps = sorted([(p, flag) for p, flag in binds.items()] + [(h, "hide") for h in hidden],
+                   key=lambda item: (_depth(item[0]), item[1] == "hide"))
+    made = {"/", PRIVATE_TMP, "/dev", "/proc"}
+    done: list[str] = list(system)
+    for path, flag in steps:
+        if flag == "hide":
+            args += _hide(path)
+            continue
+        for parent in _ancestors(path):
+            if parent not in made and not any(_within(parent, d) for d in done):
+                args += ["--perms", "0711", "--dir", parent]
+                made.add(parent)
+        args += [flag, path, path]
+        done.append(path)
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", ws, "--setenv", "TMPDIR", "/tmp"]
     return args
+
+
+def _depth(path: str) -> int:
+    return len([c for c in path.split("/") if c])
+
+
+def _ancestors(path: str) -> list[str]:
+    """The directories above ``path``, outermost first, without ``/``."""
+    parts = [c for c in path.split("/") if c][:-1]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def _hide(path: str) -> list[str]:
