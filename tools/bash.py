@@ -1,4 +1,4 @@
-"""bash: run a shell command in the workspace with a timeout, capped output and a clean env.
+"""bash: run a shell command in the workspace with a timeout, capped output and an allowlisted env.
 
 The command runs in its own process group so a timeout or cancellation can stop everything
 it started (SIGTERM, then SIGKILL after a grace period). Output is read incrementally into
@@ -29,27 +29,19 @@ PIPE_GRACE_S = 0.5  # after the shell exits, how long background children may ke
 _POLL_S = 0.05
 
 UNCONFINED = SandboxStatus("none", "no sandbox was asked for")
-_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
-_SECRET_PREFIXES = (
-    "AWS_", "GITHUB_", "GH_", "GITLAB_", "OPENAI_", "ANTHROPIC_", "HF_", "HUGGING", "AZURE_",
-    "GOOGLE_", "GCP_", "GCLOUD_", "CLOUDSDK_", "NPM_", "PYPI_", "TWINE_", "DOCKER_", "SLACK_",
-    "STRIPE_", "MISTRAL_", "GROQ_", "COHERE_", "REPLICATE_", "WANDB_", "DIGITALOCEAN_",
-)
-_SECRET_NAMES = {"DATABASE_URL", "REDIS_URL", "MONGODB_URI", "SSH_AGENT_PID", "GPG_AGENT_INFO", "NETRC"}
+# The only host variables a command sees (plus LC_*); everything else -- tokens, passwords,
+# proxy URLs with credentials, DSNs, agent sockets -- stays out. Callers add what a command
+# needs on purpose through ``extra_env`` (a check's MLXTERM_TASK_DIR...).
+ENV_ALLOW = ("PATH", "LANG", "TERM", "TZ")
+ENV_ALLOW_PREFIXES = ("LC_",)
 
 
 def scrub_env(env: Mapping[str, str], home: str) -> dict[str, str]:
-    """A copy of ``env`` without anything that looks like a credential, HOME set to ``home``."""
-    clean = {}
-    for name, value in env.items():
-        upper = name.upper()
-        if (
-            any(word in upper for word in _SECRET_WORDS)
-            or upper.startswith(_SECRET_PREFIXES)
-            or upper in _SECRET_NAMES
-        ):
-            continue
-        clean[name] = value
+    """The allowlisted part of ``env`` (``ENV_ALLOW``, ``LC_*``), HOME set to ``home``, and the
+    settings for a shell nobody can answer."""
+    clean = {name: value for name, value in env.items()
+             if name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES)}
+    clean.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     clean["HOME"] = home
     # Nothing can answer a pager or a prompt: stdin is /dev/null and output is captured.
     clean.update(PAGER="cat", GIT_PAGER="cat", GIT_TERMINAL_PROMPT="0", TERM="dumb", NO_COLOR="1")
