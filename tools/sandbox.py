@@ -258,7 +258,10 @@ def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None,
                 made.add(parent)
         args += [flag, path, path]
         done.append(path)
-    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", ws, "--setenv", "TMPDIR", "/tmp"]
+    # Root's bwrap has no CAP_DAC_OVERRIDE left when it would chdir: a 0700 workspace (lent to
+    # the sandbox uid) is entered by the command's shell after the uid switch instead.
+    root = status is not None and status.run_as is not None
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/" if root else ws, "--setenv", "TMPDIR", "/tmp"]
     return args
 
 
@@ -395,8 +398,10 @@ class Sandbox:
                 profile = seatbelt_profile(self.policy, workspace, home, tmpdir)
                 argv = ["sandbox-exec", "-p", profile, bash, "-c", inner, bash, command]
             else:
+                if self.status.run_as is not None:
+                    inner = 'cd -- "$2" || exit 126; ' + inner
                 argv = [shutil.which("bwrap") or "bwrap", *bwrap_args(self.policy, workspace, home, self.status),
-                        "--", *_drop_args(self.status), bash, "-c", inner, bash, command]
+                        "--", *_drop_args(self.status), bash, "-c", inner, bash, command, os.path.realpath(workspace)]
             yield cgroup.wrap(argv) if cgroup is not None else argv
         finally:
             if cgroup is not None:
@@ -476,10 +481,15 @@ def limits_wrapper(limits: Limits, processes: bool = True) -> str:
     Set inside the sandbox rather than in a ``preexec_fn``: with one, Python has to fork its
     whole (large) process instead of spawning, which costs more per call than the sandbox.
     ``ulimit -u`` inside the new user namespace counts the sandbox's processes only (outside
-    it would count every process of the user; Seatbelt has no such namespace, so not there).
-    Each limit is set on its own: a lower hard limit already in force simply stays.
+    it would count every process of the user; Seatbelt has no such namespace, so not there);
+    for root, whose commands run as ``run_as`` in the host's namespace, it counts every process
+    of that uid, which is why root also gets a pids cgroup where one can be made.
+    Each limit is set on its own: a lower hard limit already in force simply stays. ``ulimit``
+    sets the soft and the hard limit, and the command runs without capabilities, so it cannot
+    raise them again. No core files (``-c 0``).
     """
-    settings = [("-t", limits.cpu_s), ("-d", limits.data_bytes // 1024), ("-f", limits.file_bytes // 1024)]
+    settings = [("-t", limits.cpu_s), ("-d", limits.data_bytes // 1024), ("-f", limits.file_bytes // 1024),
+                ("-c", 0)]
     if processes:
         settings.append(("-u", limits.processes))
     return "".join(f"ulimit {flag} {value} 2>/dev/null; " for flag, value in settings) + 'exec "$0" -c "$1"'
