@@ -23,7 +23,9 @@ def ws(tmp_path):
 
 @pytest.fixture
 def reg(ws):
-    return default_registry(ws)
+    # the tool's own mechanics (timeouts, pipes, process groups seen from the host), unconfined
+    # on purpose; the sandboxed default is tested below and in test_tools_sandbox.py
+    return default_registry(ws, unconfined=True)
 
 
 def _dead(pid: int) -> bool:

@@ -246,6 +246,31 @@ def test_fallback_runs_unconfined_only_with_consent_and_says_so(layout):
         run("cat ../outside/secret.txt", ws, Sandbox(SandboxPolicy(), OFF))
 
 
+def test_default_registry_sandboxes_bash_and_refuses_without_a_sandbox(layout, monkeypatch):
+    ws, _ = layout
+    if STATUS.available:
+        result = default_registry(ws).run("bash", {"command": "cat ../outside/secret.txt"})
+        assert result.data["sandboxed"] and SECRET not in result.content
+    monkeypatch.setattr(sb, "_probed", OFF)  # no bubblewrap: the default fails closed
+    refused = default_registry(ws).run("bash", {"command": "cat ../outside/secret.txt"})
+    assert not refused.ok and "refused" in refused.error and SECRET not in refused.content
+    consented = default_registry(ws, unconfined=True).run("bash", {"command": "cat ../outside/secret.txt"})
+    assert consented.ok and SECRET in consented.content and not consented.data["sandboxed"]
+    with pytest.raises(ValueError):
+        default_registry(ws, sandbox=sandbox(), unconfined=True)
+    assert default_registry(ws, sandbox=agent_sandbox(status=OFF)).run("bash", {"command": "true"}).ok  # agents ask
+
+
+def test_run_check_without_a_sandbox_needs_explicit_consent(layout):
+    ws, _ = layout
+    check = Check("reads", "cat ../outside/secret.txt", 30)
+    refused = run_check(check, ws, agent_sandbox(status=OFF))
+    assert not refused["passed"] and "check refused" in refused["output"] and SECRET not in refused["output"]
+    assert refused["exit_code"] is None and refused["sandboxed"] is False
+    consented = run_check(check, ws, agent_sandbox(status=OFF), unconfined_ok=True)
+    assert consented["passed"] and SECRET in consented["output"] and consented["sandboxed"] is False
+
+
 def test_fallback_forces_ask_for_bash_whatever_the_profile_says():
     interactive = ApprovalPolicy({"bash": "allow", "read_file": "allow"}, unsandboxed=["bash"])
     assert interactive.decide("bash") == "ask" and interactive.decide("read_file") == "allow"
