@@ -45,9 +45,28 @@ def agent_sandbox(network: bool = False, status: SandboxStatus | None = None, *,
     # under /tmp, which the sandbox replaces); the packages only, not what sits beside them
     root = Path(__file__).resolve().parent.parent
     packages = [str(root / name) for name in ("agents", "app", "engine", "tools")]
+    packages += _installed_package_dirs(("agents", "app", "engine", "tools"))
     read_only = sorted({sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), *packages})
     return Sandbox(SandboxPolicy(network=network, hide=tuple(hide), read_only=tuple(read_only)), status,
                    unconfined_ok=unconfined_ok)
+
+
+def _installed_package_dirs(names: tuple[str, ...]) -> list[str]:
+    """Where this interpreter's import finders (an editable install's finder among them) place
+    ``names`` -- a sandboxed ``python -c "import agents"`` goes there, not to this checkout."""
+    found = []
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        for name in names:
+            try:
+                spec = find_spec(name, None)
+            except Exception:  # noqa: BLE001 (a third-party finder must not break the sandbox)
+                continue
+            if spec is not None and spec.submodule_search_locations:
+                found += [str(Path(p).resolve()) for p in spec.submodule_search_locations if os.path.isdir(p)]
+    return found
 
 
 def run_check(check: Check, workspace: Path, sandbox: Sandbox, env: Mapping[str, str] | None = None,

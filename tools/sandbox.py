@@ -387,7 +387,7 @@ class Sandbox:
         handover = None
         if self.status.backend == "bwrap" and self.status.run_as is not None:
             handover = _Handover([str(workspace), *self.policy.writable], self.status.run_as,
-                                 skip=[*self.policy.hide, home])
+                                 skip=[*self.policy.hide, home], entries=self.policy.read_only)
         cgroup = _PidsCgroup.create(limits.processes) if self.status.process_limit == "cgroup" else None
         try:
             if handover is not None:
@@ -419,20 +419,38 @@ class _Handover:
     every process of the call is gone (bwrap's PID namespace ends them all), so nothing inside
     races it. Paths in ``skip`` (mlxterm's data inside a workspace) and files with more than one
     link (a hard link may reach outside the tree) are not lent.
+
+    ``entries``: read-only paths whose own directory the sandbox uid could not pass (a 0700
+    task directory); only that directory is lent (it is mounted read-only, so owning it grants
+    passing and listing, nothing else), and only when others cannot pass it already.
     """
 
-    def __init__(self, roots: Sequence[str], ids: tuple[int, int], skip: Sequence[str] = ()):
+    def __init__(self, roots: Sequence[str], ids: tuple[int, int], skip: Sequence[str] = (),
+                 entries: Sequence[str] = ()):
         self.ids = ids
         self.skip = {os.path.realpath(os.path.expanduser(p)) for p in skip if p}
         self.roots: list[tuple[str, int, int]] = []
+        self.entries: list[tuple[str, int, int]] = []
         for root in dict.fromkeys(os.path.realpath(r) for r in roots):
+            owner = self._owner(root)
+            if owner is not None:
+                self.roots.append((root, *owner))
+        for entry in dict.fromkeys(os.path.realpath(r) for r in entries):
             try:
-                st = os.lstat(root)
+                st = os.lstat(entry)
             except OSError:
                 continue
-            # a tree still lent out (an earlier call died in between) goes back to this process's user
-            owner = (os.geteuid(), os.getegid()) if st.st_uid == ids[0] else (st.st_uid, st.st_gid)
-            self.roots.append((root, *owner))
+            if (stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH and st.st_uid != ids[0]
+                    and not any(_within(entry, r) for r, _, _ in self.roots)):
+                self.entries.append((entry, st.st_uid, st.st_gid))
+
+    def _owner(self, root: str) -> tuple[int, int] | None:
+        try:
+            st = os.lstat(root)
+        except OSError:
+            return None
+        # a tree still lent out (an earlier call died in between) goes back to this process's user
+        return (os.geteuid(), os.getegid()) if st.st_uid == self.ids[0] else (st.st_uid, st.st_gid)
 
     def _walk(self, root: str) -> Iterator[tuple[str, os.stat_result]]:
         stack = [root]
@@ -455,6 +473,9 @@ class _Handover:
 
     def give(self) -> None:
         uid, gid = self.ids
+        for entry, _, _ in self.entries:
+            with contextlib.suppress(OSError):
+                os.lchown(entry, uid, gid)
         for root, _, _ in self.roots:
             for path, st in self._walk(root):
                 if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
@@ -464,6 +485,9 @@ class _Handover:
                         os.lchown(path, uid, gid)
 
     def take_back(self) -> None:
+        for entry, owner, group in self.entries:
+            with contextlib.suppress(OSError):
+                os.lchown(entry, owner, group)
         for root, owner, group in self.roots:
             for path, st in self._walk(root):
                 if st.st_uid != self.ids[0] and st.st_gid != self.ids[1]:
