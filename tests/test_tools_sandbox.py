@@ -455,3 +455,14 @@ def test_agent_without_a_sandbox_asks_for_every_bash_call(tmp_path, monkeypatch)
     (tmp_path / "b").mkdir()
     again, asked2, _, _ = _agent_run(tmp_path / "b", "allow", "echo")
     assert again.sandbox_notice is None and len(asked2) == 1  # said once; still asks
+
+
+def test_doctor_says_which_uid_the_sandbox_uses():
+    from app.commands import doctor
+
+    fact = doctor.sandbox()
+    if STATUS.backend == "bwrap":
+        expected = STATUS.run_as[0] if os.geteuid() == 0 else os.getuid()
+        assert fact["uid"] == expected and f"uid {expected}" in fact["detail"] and fact["uid"] != 0
+    else:
+        assert fact["uid"] is None
