@@ -221,6 +221,19 @@ def test_a_root_fork_bomb_hits_the_process_limit(ws):
     assert "LIMIT" in out["stdout"] and out["timed_out"], out
 
 
+@needs_root
+@pytest.mark.skipif(sb._own_cgroup("memory") is None or STATUS.process_limit != "cgroup",
+                    reason="system lacks: a cgroup v1 memory hierarchy root may write")
+def test_a_root_call_has_a_total_memory_cap(ws):
+    from dataclasses import replace
+
+    box = agent_sandbox()
+    box = sb.Sandbox(replace(box.policy, limits=sb.Limits(memory_bytes=300 << 20)), box.status)
+    hogs = "for i in 1 2 3; do python3 -c 'b = bytearray(200 << 20); import time; time.sleep(2)' & done; wait"
+    out = execute(hogs, ws, 60, None, box)
+    assert "Killed" in out["stderr"], out  # 3 x 200 MiB, each under RLIMIT_DATA, over 300 MiB in all
+
+
 # -- normal work still works ------------------------------------------------------------------
 
 UNITTEST = """import unittest

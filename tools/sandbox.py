@@ -43,7 +43,7 @@ HIDDEN_PATHS = ("/home", "/root", "/run", "/var/run", "/mnt", "/media", "/var/tm
 # recreated as links). Nothing else of the host's filesystem is there unless a policy names it.
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
-PIDS_CGROUP_ROOTS = ("/sys/fs/cgroup/pids",)  # cgroup v1 pids hierarchy (root-only path)
+CGROUP_V1 = "/sys/fs/cgroup"  # cgroup v1 hierarchies (pids, memory), used for root
 SANDBOX_ID = 65534  # nobody/nogroup: what a root mlxterm's sandboxed commands run as
 
 
@@ -53,6 +53,7 @@ class Limits:
     data_bytes: int = 4 << 30  # per process (see the module docstring for why not RLIMIT_AS)
     processes: int = 512
     file_bytes: int = 1 << 30  # largest file a command may write
+    memory_bytes: int = 8 << 30  # all of a call's memory, tmpfs pages included (root: memory cgroup)
     tmp_bytes: int = 512 << 20  # size of the private /tmp (it lives in memory)
     shm_bytes: int = 512 << 20  # size of the private /dev/shm (memory too)
 
@@ -388,7 +389,7 @@ class Sandbox:
         if self.status.backend == "bwrap" and self.status.run_as is not None:
             handover = _Handover([str(workspace), *self.policy.writable], self.status.run_as,
                                  skip=[*self.policy.hide, home], entries=self.policy.read_only)
-        cgroup = _PidsCgroup.create(limits.processes) if self.status.process_limit == "cgroup" else None
+        cgroup = _Cgroups.create(limits) if self.status.process_limit == "cgroup" else None
         try:
             if handover is not None:
                 handover.give()
@@ -519,53 +520,88 @@ def limits_wrapper(limits: Limits, processes: bool = True) -> str:
     return "".join(f"ulimit {flag} {value} 2>/dev/null; " for flag, value in settings) + 'exec "$0" -c "$1"'
 
 
-def _pids_cgroup_root() -> str | None:
-    for root in PIDS_CGROUP_ROOTS:
-        if os.access(os.path.join(root, "cgroup.procs"), os.W_OK):
-            return root
+def _own_cgroup(controller: str) -> str | None:
+    """This process's own cgroup v1 directory for ``controller`` when root may make groups
+    in it (a group made there is nested, so a container's own limits still apply)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and controller in parts[1].split(","):
+            path = os.path.join(CGROUP_V1, controller, parts[2].lstrip("/"))
+            if os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
+                return path
     return None
 
 
-class _PidsCgroup:
-    """A fresh pids cgroup capping how many processes a root-run command may have."""
+def _pids_cgroup_root() -> str | None:
+    return _own_cgroup("pids")
 
-    def __init__(self, path: str):
-        self.path = path
+
+class _Cgroups:
+    """Fresh cgroups (v1) for one root-run command: ``pids`` caps its processes (RLIMIT_NPROC
+    counts every process of the shared sandbox uid), ``memory`` its memory in all (processes
+    and the pages of its tmpfs files together), where this process may make such groups."""
+
+    def __init__(self, paths: list[str]):
+        self.paths = paths
 
     @classmethod
-    def create(cls, max_pids: int) -> _PidsCgroup | None:
-        root = _pids_cgroup_root()
-        if root is None:
-            return None
-        path = os.path.join(root, f"mlxterm-{os.getpid()}-{secrets.token_hex(4)}")
-        try:
-            os.mkdir(path)
-            with open(os.path.join(path, "pids.max"), "w") as f:
-                f.write(str(max_pids))
-        except OSError:
-            return None
-        return cls(path)
+    def create(cls, limits: Limits) -> _Cgroups | None:
+        settings = {"pids": ("pids.max", limits.processes), "memory": ("memory.limit_in_bytes", limits.memory_bytes)}
+        paths = []
+        name = f"mlxterm-{os.getpid()}-{secrets.token_hex(4)}"
+        for controller, (knob, value) in settings.items():
+            parent = _own_cgroup(controller)
+            if parent is None:
+                continue
+            path = os.path.join(parent, name)
+            try:
+                os.mkdir(path)
+            except OSError:
+                continue
+            paths.append(path)
+            try:
+                with open(os.path.join(path, knob), "w") as f:
+                    f.write(str(value))
+            except OSError:
+                cls(paths).remove()
+                return None
+        if not any(p.startswith(os.path.join(CGROUP_V1, "pids") + "/") for p in paths):
+            cls(paths).remove()
+            return None  # the process cap is what root needs most; without it, no groups at all
+        return cls(paths)
 
     def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` started from a shell that first moves itself into the group ("0" is the
-        writer) and then execs it, so the limit holds from the first instruction. A shell
+        """``argv`` started from a shell that first moves itself into the groups ("0" is the
+        writer) and then execs it, so the limits hold from the first instruction. A shell
         rather than a ``preexec_fn``: with one, Python forks its whole (large) process and
         runs every library's atfork handlers instead of spawning."""
-        join = 'echo 0 > "$0" && exec "$@"'  # a failed write ends here: never run unlimited
-        return ["/bin/sh", "-c", join, os.path.join(self.path, "cgroup.procs"), *argv]
+        procs = [os.path.join(p, "cgroup.procs") for p in self.paths]
+        # $0 is the first group's file, $1.. the others; a failed write ends here: never unlimited
+        join = "".join(f'echo 0 > "${i}" && ' for i in range(len(procs))) + f'shift {len(procs) - 1} && exec "$@"'
+        return ["/bin/sh", "-c", join, *procs, *argv]
 
     def remove(self) -> None:
-        """Kill anything left in the group, then remove it (empty once all are reaped)."""
-        for attempt in range(120):  # about 2 s at most
-            try:
-                with open(os.path.join(self.path, "cgroup.procs")) as f:
-                    pids = [int(x) for x in f.read().split()]
-                for pid in pids:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, 9)
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:  # still emptying: the last processes are being reaped
-                time.sleep(min(0.02, 0.0005 * 2 ** attempt))
+        """Kill anything left in the groups, then remove them (empty once all are reaped)."""
+        for path in self.paths:
+            _remove_cgroup(path)
+
+
+def _remove_cgroup(path: str) -> None:
+    for attempt in range(120):  # about 2 s at most
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(x) for x in f.read().split()]
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, 9)
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # still emptying: the last processes are being reaped
+            time.sleep(min(0.02, 0.0005 * 2 ** attempt))
