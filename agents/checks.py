@@ -1,13 +1,15 @@
 """The sandbox agents work in, and task acceptance checks run inside it.
 
 ``agent_sandbox`` builds the ``tools.sandbox.Sandbox`` for an agent's ``bash`` calls and a
-task's checks: mlxterm's own data, config and cache directories (the session database,
-checkpoints, profiles) and ``$MLXTERM_HOME`` are hidden besides the user's home; the Python
-running mlxterm stays readable so a check can run ``python -m pytest`` or Selenium from the
-same environment. Checks run model-written code, so they get the same confinement as
-``bash``: the workspace writable, a private ``/tmp``, ``/dev`` (with ``/dev/shm``) and
-``/proc`` of their own, read-only ``/usr``, and loopback inside their own network namespace
-(a check may start a server and point a headless browser at it).
+task's checks: only the system directories, the Python running mlxterm (and where its import
+finders put mlxterm's packages, so a check can run ``python -m pytest`` or Selenium from the
+same environment) and the workspace are mounted; mlxterm's own data, config and cache
+directories and ``$MLXTERM_HOME`` are hidden where they would lie inside one of those. Checks
+run model-written code, so they get the same confinement as ``bash``: the workspace writable,
+a private ``/tmp`` and ``/dev/shm``, ``/dev`` and ``/proc`` of their own, no capabilities and
+(as root) an unprivileged uid, and loopback inside their own network namespace (a check may
+start a server and point a headless browser at it). Without a sandbox, ``run_check`` refuses a
+check unless its caller passes ``unconfined_ok=True``.
 """
 
 from __future__ import annotations

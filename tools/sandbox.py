@@ -1,19 +1,35 @@
 """The sandbox around agent shell commands (``bash``) and task acceptance checks.
 
-On Linux a command runs under bubblewrap (``bwrap``): the whole filesystem read-only, the
-workspace read-write, a private ``/tmp``; home directories, ``/run`` (sockets), the directory
-holding the workspace (files beside it) and the caller's sensitive paths (``$MLXTERM_HOME``, the session database...) hidden behind empty
-tmpfs mounts; its own PID, IPC, UTS, user and network namespaces (so loopback works for the
-command's own servers but reaches nothing on the host; ``network=True`` keeps the host
-network). ``--die-with-parent`` and the PID namespace end every process when the command ends
-or is killed. Resource limits make a fork bomb, a memory hog or a runaway file a tool error:
-CPU seconds, data segment size, file size, and process count (``ulimit -u`` inside the user
-namespace, where it counts only the sandbox's processes; root is exempt from that limit, so
-for root a fresh ``pids`` cgroup with ``pids.max`` is used where one can be made).
+On Linux a command runs under bubblewrap (``bwrap``) in a root of its own: ``/usr``, ``/etc``,
+``/bin``, ``/sbin``, ``/lib*`` read-only, the paths its policy names (the Python running
+mlxterm, a task's files) read-only, the workspace and the policy's writable directories
+read-write, a private ``/tmp`` and ``/dev/shm`` (sized tmpfs), ``/dev`` and ``/proc`` of its own.
+Nothing else of the host is there: not the directories above or beside the workspace, not
+home directories, ``/run``, ``/var`` or ``/sys`` (host sockets, the cgroup tree); the caller's
+sensitive paths (``$MLXTERM_HOME``...) are hidden where they lie inside a mounted path. Its own
+PID, IPC, UTS and network namespaces (loopback works for the command's own servers but
+reaches nothing on the host; ``network=True`` keeps the host network). ``--die-with-parent``
+and the PID namespace end every process when the command ends or is killed.
+
+No capabilities and no root inside: not root, the command runs as this user in a user
+namespace with ``--cap-drop ALL`` and ``--disable-userns`` (bubblewrap >= 0.8). Root (CI, many
+containers) gets no user namespace -- created by real root it maps the command to host root --
+but bwrap keeps only what switching needs and ``setpriv`` drops to an unprivileged uid
+(65534, ``MLXTERM_SANDBOX_UID``/``_GID``) before the command starts, with an empty bounding
+set. bwrap sets ``no_new_privs`` either way. The workspace and writable directories are lent
+to that uid for the call and handed back to their owner after it, setuid/setgid bits cleared
+(``_Handover``).
+
+Resource limits make a fork bomb, a memory hog or a runaway file a tool error: CPU seconds,
+data segment size, file size, process count and no core files (``ulimit`` in the sandbox,
+after the uid switch, so they cannot be raised again); for root also a fresh ``pids`` and
+``memory`` cgroup per call where cgroup v1 allows (RLIMIT_NPROC there counts every process of
+the shared sandbox uid).
 
 On macOS the same rules are written as a Seatbelt (``sandbox-exec``) profile; see
-``seatbelt_profile``. Where neither works, ``probe()`` says why; callers then run unconfined
-and force ``bash`` approvals to "ask" (see ``agents.policy``).
+``seatbelt_profile``. Where neither works, ``probe()`` says why; a ``Sandbox`` then refuses
+commands unless made with ``unconfined_ok`` (a person approves each call, see
+``agents.policy``).
 
 The data segment limit (RLIMIT_DATA) stands in for an address-space limit: RLIMIT_AS also
 counts reserved but unused address space, which V8 (headless chromium, node) reserves by the
