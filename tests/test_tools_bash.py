@@ -23,7 +23,9 @@ def ws(tmp_path):
 
 @pytest.fixture
 def reg(ws):
-    return default_registry(ws)
+    # the tool's own mechanics (timeouts, pipes, process groups seen from the host), unconfined
+    # on purpose; the sandboxed default is tested below and in test_tools_sandbox.py
+    return default_registry(ws, unconfined=True)
 
 
 def _dead(pid: int) -> bool:
@@ -152,21 +154,30 @@ def test_secrets_are_scrubbed_from_the_environment(ws, reg, monkeypatch):
     monkeypatch.setenv("GITHUB_ACTOR", "gh-value-4")
     monkeypatch.setenv("db_password", "pw-value-5")
     monkeypatch.setenv("HF_HOME", "hf-value-6")
-    monkeypatch.setenv("PLAIN_SETTING", "visible-7")
+    monkeypatch.setenv("PLAIN_SETTING", "hidden-7")
+    monkeypatch.setenv("HTTPS_PROXY", "http://user:pw-value-8@proxy:3128")
+    monkeypatch.setenv("DB_DSN", "postgres://u:dsn-value-9@db/x")
+    monkeypatch.setenv("SENTRY_DSN", "https://sentry-value-10@o.ingest")
+    monkeypatch.setenv("SMTP_PASS", "pass-value-11")
+    monkeypatch.setenv("LC_TIME", "C.UTF-8")
+    monkeypatch.setenv("TZ", "UTC")
     result = reg.run("bash", {"command": "echo \"[$FOO_TOKEN]\"; env"})
     out = result.data["stdout"]
     assert out.startswith("[]\n")
-    for value in ("tok-value-1", "key-value-2", "aws-value-3", "gh-value-4", "pw-value-5", "hf-value-6"):
+    for value in ("tok-value-1", "key-value-2", "aws-value-3", "gh-value-4", "pw-value-5", "hf-value-6",
+                  "hidden-7", "pw-value-8", "dsn-value-9", "sentry-value-10", "pass-value-11"):
         assert value not in out
-    assert "PLAIN_SETTING=visible-7" in out
-    assert f"HOME={ws}" in out and "PATH=" in out
+    assert f"HOME={ws}" in out and "PATH=" in out and "LC_TIME=C.UTF-8" in out and "TZ=UTC" in out
 
 
 def test_scrub_env_function():
-    env = {"PATH": "/bin", "SSH_AUTH_SOCK": "/s", "OPENAI_BASE": "x", "Anthropic_x": "y", "LANG": "C"}
+    env = {"PATH": "/bin", "SSH_AUTH_SOCK": "/s", "OPENAI_BASE": "x", "Anthropic_x": "y", "LANG": "C",
+           "LC_ALL": "C", "VIRTUAL_ENV": "/v", "PYTHONPATH": "/p", "LD_PRELOAD": "/x.so", "USER": "root"}
     clean = scrub_env(env, "/w")
-    assert {k: clean[k] for k in ("PATH", "LANG", "HOME")} == {"PATH": "/bin", "LANG": "C", "HOME": "/w"}
-    assert not {"SSH_AUTH_SOCK", "OPENAI_BASE", "Anthropic_x"} & set(clean)
+    assert {k: clean[k] for k in ("PATH", "LANG", "LC_ALL", "HOME")} == {"PATH": "/bin", "LANG": "C", "LC_ALL": "C",
+                                                                         "HOME": "/w"}
+    assert set(clean) == {"PATH", "LANG", "LC_ALL", "HOME", "PAGER", "GIT_PAGER", "GIT_TERMINAL_PROMPT", "TERM",
+                          "NO_COLOR"}
 
 
 def test_ansi_escapes_are_stripped(reg):

@@ -238,10 +238,37 @@ def test_headless_chromium_runs_inside_the_check_sandbox(layout):
 
 # -- the fallback -----------------------------------------------------------------------------
 
-def test_fallback_runs_unconfined_and_says_so(layout):
+def test_fallback_runs_unconfined_only_with_consent_and_says_so(layout):
     ws, _ = layout
-    result = run("cat ../outside/secret.txt", ws, Sandbox(SandboxPolicy(), OFF))
+    result = run("cat ../outside/secret.txt", ws, Sandbox(SandboxPolicy(), OFF, unconfined_ok=True))
     assert SECRET in result["stdout"] and not result["sandboxed"] and result["sandbox"] == "none"
+    with pytest.raises(sb.SandboxRefused, match="test: no sandbox"):
+        run("cat ../outside/secret.txt", ws, Sandbox(SandboxPolicy(), OFF))
+
+
+def test_default_registry_sandboxes_bash_and_refuses_without_a_sandbox(layout, monkeypatch):
+    ws, _ = layout
+    if STATUS.available:
+        result = default_registry(ws).run("bash", {"command": "cat ../outside/secret.txt"})
+        assert result.data["sandboxed"] and SECRET not in result.content
+    monkeypatch.setattr(sb, "_probed", OFF)  # no bubblewrap: the default fails closed
+    refused = default_registry(ws).run("bash", {"command": "cat ../outside/secret.txt"})
+    assert not refused.ok and "refused" in refused.error and SECRET not in refused.content
+    consented = default_registry(ws, unconfined=True).run("bash", {"command": "cat ../outside/secret.txt"})
+    assert consented.ok and SECRET in consented.content and not consented.data["sandboxed"]
+    with pytest.raises(ValueError):
+        default_registry(ws, sandbox=sandbox(), unconfined=True)
+    assert default_registry(ws, sandbox=agent_sandbox(status=OFF)).run("bash", {"command": "true"}).ok  # agents ask
+
+
+def test_run_check_without_a_sandbox_needs_explicit_consent(layout):
+    ws, _ = layout
+    check = Check("reads", "cat ../outside/secret.txt", 30)
+    refused = run_check(check, ws, agent_sandbox(status=OFF))
+    assert not refused["passed"] and "check refused" in refused["output"] and SECRET not in refused["output"]
+    assert refused["exit_code"] is None and refused["sandboxed"] is False
+    consented = run_check(check, ws, agent_sandbox(status=OFF), unconfined_ok=True)
+    assert consented["passed"] and SECRET in consented["output"] and consented["sandboxed"] is False
 
 
 def test_fallback_forces_ask_for_bash_whatever_the_profile_says():
@@ -279,7 +306,7 @@ def test_mlxterm_sandbox_off_and_missing_bwrap_are_reported(monkeypatch):
 
 # -- generated arguments and profiles --------------------------------------------------------
 
-def test_bwrap_arguments_hide_before_binding_the_workspace(tmp_path, monkeypatch):
+def test_bwrap_arguments_mount_only_what_a_shell_needs_and_hide_inside_binds(tmp_path, monkeypatch):
     monkeypatch.setattr(sb, "PRIVATE_TMP", "/private-tmp")  # tmp_path lies under the real one
     home = tmp_path / "home"
     ws = home / "proj" / "ws"
@@ -290,25 +317,33 @@ def test_bwrap_arguments_hide_before_binding_the_workspace(tmp_path, monkeypatch
     args = bwrap_args(SandboxPolicy(hide=(str(data),), read_only=(str(venv),)), ws, str(home))
     joined = " ".join(args)
     assert "--unshare-all" in args and "--die-with-parent" in args and "--share-net" not in args
-    assert f"--tmpfs {home} " in joined and "--tmpfs /tmp" in joined
-    assert f"--tmpfs {home / 'proj'} " not in joined  # covered by hiding home already
-    order = [args.index(x) for x in (str(home), str(venv), "--bind", str(data))]
+    assert "--cap-drop ALL" in joined and "--ro-bind / /" not in joined
+    assert "--tmpfs /private-tmp" in joined and "--tmpfs /dev/shm" in joined
+    # home, the project dir beside the workspace: never mounted, so never hidden either
+    assert f"--tmpfs {home} " not in joined and f" {home / 'proj'} {home / 'proj'} " not in joined
+    assert f"--perms 0711 --dir {home / 'proj'}" in joined  # passable, not listable
+    order = [args.index(x) for x in (str(venv), str(ws), str(data))]  # shallowest first
     assert order == sorted(order), args
     assert args[args.index("--bind") + 1] == str(ws) and args[args.index("--chdir") + 1] == str(ws)
+    assert args[args.index(str(data)) - 1] == "--tmpfs"
+    assert args.index("--remount-ro") > args.index(str(data))
     networked = bwrap_args(SandboxPolicy(network=True), ws, str(home))
     resolv = os.path.realpath("/etc/resolv.conf")
     assert "--share-net" in networked
-    if os.path.exists(resolv):  # name resolution keeps working where resolv.conf links into /run
+    if os.path.exists(resolv) and not resolv.startswith("/etc/"):  # a link into /run: bound itself
         assert networked[networked.index(resolv) - 1] == "--ro-bind"
 
 
-def test_bwrap_arguments_hide_the_directory_beside_the_workspace_but_never_a_system_dir(tmp_path, monkeypatch):
-    ws = tmp_path / "a" / "ws"
-    ws.mkdir(parents=True)
-    assert f"--tmpfs {tmp_path / 'a'}" not in " ".join(bwrap_args(SandboxPolicy(), ws))  # /tmp is private
-    monkeypatch.setattr(sb, "PRIVATE_TMP", "/private-tmp")
-    assert f"--tmpfs {tmp_path / 'a'}" in " ".join(bwrap_args(SandboxPolicy(), ws))
-    assert "--tmpfs /usr " not in " ".join(bwrap_args(SandboxPolicy(), Path("/usr/lib")))
+def test_bwrap_arguments_for_root_drop_to_an_unprivileged_uid(tmp_path):
+    status = SandboxStatus("bwrap", "x", "rlimit", run_as=(65534, 65534))
+    args = bwrap_args(SandboxPolicy(), tmp_path, None, status)
+    assert "--unshare-user" not in args and "--unshare-all" not in args and "--unshare-net" in args
+    assert args[args.index("--cap-drop") + 1] == "ALL"
+    assert {args[i + 1] for i, a in enumerate(args) if a == "--cap-add"} == {"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"}
+    drop = sb._drop_args(status)
+    assert drop[1:] == ["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all",
+                        "--bounding-set=-all", "--"]
+    assert sb._drop_args(SandboxStatus("bwrap", "x")) == []
 
 
 def test_seatbelt_profile_text():
@@ -420,3 +455,14 @@ def test_agent_without_a_sandbox_asks_for_every_bash_call(tmp_path, monkeypatch)
     (tmp_path / "b").mkdir()
     again, asked2, _, _ = _agent_run(tmp_path / "b", "allow", "echo")
     assert again.sandbox_notice is None and len(asked2) == 1  # said once; still asks
+
+
+def test_doctor_says_which_uid_the_sandbox_uses():
+    from app.commands import doctor
+
+    fact = doctor.sandbox()
+    if STATUS.backend == "bwrap":
+        expected = STATUS.run_as[0] if os.geteuid() == 0 else os.getuid()
+        assert fact["uid"] == expected and f"uid {expected}" in fact["detail"] and fact["uid"] != 0
+    else:
+        assert fact["uid"] is None

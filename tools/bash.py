@@ -1,4 +1,4 @@
-"""bash: run a shell command in the workspace with a timeout, capped output and a clean env.
+"""bash: run a shell command in the workspace with a timeout, capped output and an allowlisted env.
 
 The command runs in its own process group so a timeout or cancellation can stop everything
 it started (SIGTERM, then SIGKILL after a grace period). Output is read incrementally into
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.base import Tool, ToolResult, Workspace
-from tools.sandbox import Sandbox, SandboxStatus
+from tools.sandbox import Sandbox, SandboxRefused, SandboxStatus
 from tools.textio import HeadTail, strip_ansi
 
 STREAM_CAP = 16 * 1024  # bytes kept per stream (head + tail)
@@ -29,27 +29,19 @@ PIPE_GRACE_S = 0.5  # after the shell exits, how long background children may ke
 _POLL_S = 0.05
 
 UNCONFINED = SandboxStatus("none", "no sandbox was asked for")
-_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "PRIVATE")
-_SECRET_PREFIXES = (
-    "AWS_", "GITHUB_", "GH_", "GITLAB_", "OPENAI_", "ANTHROPIC_", "HF_", "HUGGING", "AZURE_",
-    "GOOGLE_", "GCP_", "GCLOUD_", "CLOUDSDK_", "NPM_", "PYPI_", "TWINE_", "DOCKER_", "SLACK_",
-    "STRIPE_", "MISTRAL_", "GROQ_", "COHERE_", "REPLICATE_", "WANDB_", "DIGITALOCEAN_",
-)
-_SECRET_NAMES = {"DATABASE_URL", "REDIS_URL", "MONGODB_URI", "SSH_AGENT_PID", "GPG_AGENT_INFO", "NETRC"}
+# The only host variables a command sees (plus LC_*); everything else -- tokens, passwords,
+# proxy URLs with credentials, DSNs, agent sockets -- stays out. Callers add what a command
+# needs on purpose through ``extra_env`` (a check's MLXTERM_TASK_DIR...).
+ENV_ALLOW = ("PATH", "LANG", "TERM", "TZ")
+ENV_ALLOW_PREFIXES = ("LC_",)
 
 
 def scrub_env(env: Mapping[str, str], home: str) -> dict[str, str]:
-    """A copy of ``env`` without anything that looks like a credential, HOME set to ``home``."""
-    clean = {}
-    for name, value in env.items():
-        upper = name.upper()
-        if (
-            any(word in upper for word in _SECRET_WORDS)
-            or upper.startswith(_SECRET_PREFIXES)
-            or upper in _SECRET_NAMES
-        ):
-            continue
-        clean[name] = value
+    """The allowlisted part of ``env`` (``ENV_ALLOW``, ``LC_*``), HOME set to ``home``, and the
+    settings for a shell nobody can answer."""
+    clean = {name: value for name, value in env.items()
+             if name in ENV_ALLOW or name.startswith(ENV_ALLOW_PREFIXES)}
+    clean.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     clean["HOME"] = home
     # Nothing can answer a pager or a prompt: stdin is /dev/null and output is captured.
     clean.update(PAGER="cat", GIT_PAGER="cat", GIT_TERMINAL_PROMPT="0", TERM="dumb", NO_COLOR="1")
@@ -58,7 +50,10 @@ def scrub_env(env: Mapping[str, str], home: str) -> dict[str, str]:
 
 def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> ToolResult:
     timeout = args["timeout_s"]
-    data = execute(args["command"], ws.root, timeout, cancel, ws.sandbox)
+    try:
+        data = execute(args["command"], ws.root, timeout, cancel, ws.sandbox)
+    except SandboxRefused as e:
+        return ToolResult.failure(f"bash refused: {e}", sandboxed=False, refused=True)
     content = _render(data, timeout)
     if data["timed_out"] or data["cancelled"]:
         return ToolResult(ok=False, content=content, data=data, error=content.splitlines()[0])
@@ -67,11 +62,13 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
 
 def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | None = None,
             sandbox: Sandbox | None = None, extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Run ``bash -c command`` in ``cwd`` (confined by ``sandbox`` when it is active); the
-    result fields the bash tool reports. Task acceptance checks use it too (with ``extra_env``
-    telling them where the task's files and the run's evidence directory are)."""
+    """Run ``bash -c command`` in ``cwd`` confined by ``sandbox``; the result fields the bash
+    tool reports. Task acceptance checks use it too (with ``extra_env`` telling them where the
+    task's files and the run's evidence directory are). ``sandbox=None`` runs it unconfined
+    (the caller's explicit choice); an inactive sandbox raises ``SandboxRefused`` unless it was
+    made with ``unconfined_ok``."""
     started = time.monotonic()
-    sandbox = sandbox if sandbox is not None else Sandbox(status=UNCONFINED)
+    sandbox = sandbox if sandbox is not None else Sandbox(status=UNCONFINED, unconfined_ok=True)
     env = {**scrub_env(os.environ, str(cwd)), **(extra_env or {})}
     with sandbox.launch(command, cwd, env) as argv:
         proc = subprocess.Popen(

@@ -1,19 +1,35 @@
 """The sandbox around agent shell commands (``bash``) and task acceptance checks.
 
-On Linux a command runs under bubblewrap (``bwrap``): the whole filesystem read-only, the
-workspace read-write, a private ``/tmp``; home directories, ``/run`` (sockets), the directory
-holding the workspace (files beside it) and the caller's sensitive paths (``$MLXTERM_HOME``, the session database...) hidden behind empty
-tmpfs mounts; its own PID, IPC, UTS, user and network namespaces (so loopback works for the
-command's own servers but reaches nothing on the host; ``network=True`` keeps the host
-network). ``--die-with-parent`` and the PID namespace end every process when the command ends
-or is killed. Resource limits make a fork bomb, a memory hog or a runaway file a tool error:
-CPU seconds, data segment size, file size, and process count (``ulimit -u`` inside the user
-namespace, where it counts only the sandbox's processes; root is exempt from that limit, so
-for root a fresh ``pids`` cgroup with ``pids.max`` is used where one can be made).
+On Linux a command runs under bubblewrap (``bwrap``) in a root of its own: ``/usr``, ``/etc``,
+``/bin``, ``/sbin``, ``/lib*`` read-only, the paths its policy names (the Python running
+mlxterm, a task's files) read-only, the workspace and the policy's writable directories
+read-write, a private ``/tmp`` and ``/dev/shm`` (sized tmpfs), ``/dev`` and ``/proc`` of its own.
+Nothing else of the host is there: not the directories above or beside the workspace, not
+home directories, ``/run``, ``/var`` or ``/sys`` (host sockets, the cgroup tree); the caller's
+sensitive paths (``$MLXTERM_HOME``...) are hidden where they lie inside a mounted path. Its own
+PID, IPC, UTS and network namespaces (loopback works for the command's own servers but
+reaches nothing on the host; ``network=True`` keeps the host network). ``--die-with-parent``
+and the PID namespace end every process when the command ends or is killed.
+
+No capabilities and no root inside: not root, the command runs as this user in a user
+namespace with ``--cap-drop ALL`` and ``--disable-userns`` (bubblewrap >= 0.8). Root (CI, many
+containers) gets no user namespace -- created by real root it maps the command to host root --
+but bwrap keeps only what switching needs and ``setpriv`` drops to an unprivileged uid
+(65534, ``MLXTERM_SANDBOX_UID``/``_GID``) before the command starts, with an empty bounding
+set. bwrap sets ``no_new_privs`` either way. The workspace and writable directories are lent
+to that uid for the call and handed back to their owner after it, setuid/setgid bits cleared
+(``_Handover``).
+
+Resource limits make a fork bomb, a memory hog or a runaway file a tool error: CPU seconds,
+data segment size, file size, process count and no core files (``ulimit`` in the sandbox,
+after the uid switch, so they cannot be raised again); for root also a fresh ``pids`` and
+``memory`` cgroup per call where cgroup v1 allows (RLIMIT_NPROC there counts every process of
+the shared sandbox uid).
 
 On macOS the same rules are written as a Seatbelt (``sandbox-exec``) profile; see
-``seatbelt_profile``. Where neither works, ``probe()`` says why; callers then run unconfined
-and force ``bash`` approvals to "ask" (see ``agents.policy``).
+``seatbelt_profile``. Where neither works, ``probe()`` says why; a ``Sandbox`` then refuses
+commands unless made with ``unconfined_ok`` (a person approves each call, see
+``agents.policy``).
 
 The data segment limit (RLIMIT_DATA) stands in for an address-space limit: RLIMIT_AS also
 counts reserved but unused address space, which V8 (headless chromium, node) reserves by the
@@ -27,6 +43,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -38,11 +55,12 @@ from pathlib import Path
 # Paths always hidden (when present): other users' homes, root's home, runtime sockets,
 # removable and mounted media. The caller adds the user's home and mlxterm's data dirs.
 HIDDEN_PATHS = ("/home", "/root", "/run", "/var/run", "/mnt", "/media", "/var/tmp")
-# Never hidden as "the directory beside the workspace": the system would stop working.
-SYSTEM_DIRS = ("/", "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/opt", "/var", "/srv",
-               "/nix", "/proc", "/dev", "/sys", "/boot", "/snap")
+# What a shell needs from the host, mounted read-only (links, as on merged-/usr systems, are
+# recreated as links). Nothing else of the host's filesystem is there unless a policy names it.
+SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
-PIDS_CGROUP_ROOTS = ("/sys/fs/cgroup/pids",)  # cgroup v1 pids hierarchy (root-only path)
+CGROUP_V1 = "/sys/fs/cgroup"  # cgroup v1 hierarchies (pids, memory), used for root
+SANDBOX_ID = 65534  # nobody/nogroup: what a root mlxterm's sandboxed commands run as
 
 
 @dataclass(frozen=True)
@@ -51,7 +69,9 @@ class Limits:
     data_bytes: int = 4 << 30  # per process (see the module docstring for why not RLIMIT_AS)
     processes: int = 512
     file_bytes: int = 1 << 30  # largest file a command may write
-    tmp_bytes: int = 1 << 30  # size of the private /tmp (it lives in memory)
+    memory_bytes: int = 8 << 30  # all of a call's memory, tmpfs pages included (root: memory cgroup)
+    tmp_bytes: int = 512 << 20  # size of the private /tmp (it lives in memory)
+    shm_bytes: int = 512 << 20  # size of the private /dev/shm (memory too)
 
 
 @dataclass(frozen=True)
@@ -61,7 +81,7 @@ class SandboxPolicy:
     network: bool = False
     hide: tuple[str, ...] = ()  # more paths to hide (mlxterm's data, config and cache dirs)
     read_only: tuple[str, ...] = ()  # hidden paths to show again read-only (a venv under $HOME)
-    hide_siblings: bool = True  # hide the workspace's parent directory (files beside it)
+    hide_siblings: bool = True  # kept for callers; nothing beside or above the workspace is mounted any more
     writable: tuple[str, ...] = ()  # more directories it may write (a task run's evidence dir)
     limits: Limits = field(default_factory=Limits)
 
@@ -71,15 +91,25 @@ class SandboxStatus:
     backend: str  # "bwrap" | "seatbelt" | "none"
     reason: str  # why "none", or a one-line description of what confines commands
     process_limit: str = "none"  # "rlimit" | "cgroup" | "none"
+    # bwrap only: the unprivileged uid/gid commands run as when mlxterm runs as root (None:
+    # mlxterm is not root, commands run as its own uid inside a user namespace)
+    run_as: tuple[int, int] | None = None
+    disable_userns: bool = False  # bwrap --disable-userns (bubblewrap >= 0.8, user-namespace mode)
 
     @property
     def available(self) -> bool:
         return self.backend != "none"
 
+    def identity(self) -> str:
+        """Which uid sandboxed commands run as, in words."""
+        if self.run_as is not None:
+            return f"uid {self.run_as[0]}, gid {self.run_as[1]} (dropped from root, no capabilities)"
+        return f"uid {os.getuid()} (this user, no capabilities)"
+
     def describe(self) -> str:
         if not self.available:
             return f"unavailable: {self.reason}"
-        return f"{self.backend} ({self.reason}; process limit: {self.process_limit})"
+        return f"{self.backend} ({self.reason}; runs as {self.identity()}; process limit: {self.process_limit})"
 
 
 _probe_lock = threading.Lock()
@@ -109,16 +139,39 @@ def _probe() -> SandboxStatus:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return SandboxStatus("none", "bubblewrap (bwrap) is not installed; install the Debian package bubblewrap")
+    root = os.geteuid() == 0
+    run_as = None
+    if root:
+        if shutil.which("setpriv") is None:
+            return SandboxStatus("none", "running as root needs setpriv (util-linux) to drop to an unprivileged uid")
+        run_as = _sandbox_ids()
     try:
-        proc = subprocess.run([bwrap, *_namespace_args(False), "--ro-bind", "/", "/", "true"],
+        helptext = subprocess.run([bwrap, "--help"], capture_output=True, timeout=20).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return SandboxStatus("none", f"bwrap could not start: {e}")
+    status = SandboxStatus("bwrap", "bubblewrap: system dirs read-only, writable workspace, nothing else of the host, private /tmp, own network",
+                           "cgroup" if root and _pids_cgroup_root() else "rlimit", run_as,
+                           disable_userns=not root and "--disable-userns" in helptext)
+    # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch
+    try:
+        proc = subprocess.run([bwrap, *_namespace_args(False, status), "--ro-bind", "/", "/", *_drop_args(status), "true"],
                               capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return SandboxStatus("none", f"bwrap could not start: {e}")
     if proc.returncode != 0:
         err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         return SandboxStatus("none", "bwrap cannot create namespaces here: " + (err[-1] if err else f"exit {proc.returncode}"))
-    plimit = "cgroup" if os.geteuid() == 0 and _pids_cgroup_root() else ("none" if os.geteuid() == 0 else "rlimit")
-    return SandboxStatus("bwrap", "bubblewrap: read-only system, writable workspace, private /tmp, own network", plimit)
+    return status
+
+
+def _sandbox_ids() -> tuple[int, int]:
+    """The uid/gid a root mlxterm runs sandboxed commands as: ``MLXTERM_SANDBOX_UID``/``_GID``
+    or nobody/nogroup (65534)."""
+    uid = int(os.environ.get("MLXTERM_SANDBOX_UID") or SANDBOX_ID)
+    gid = int(os.environ.get("MLXTERM_SANDBOX_GID") or uid)
+    if uid == 0 or gid == 0:
+        raise ValueError("MLXTERM_SANDBOX_UID/GID must not be 0")
+    return uid, gid
 
 
 def warn_once(status: SandboxStatus) -> str | None:
@@ -133,46 +186,110 @@ def warn_once(status: SandboxStatus) -> str | None:
 
 # -- bubblewrap -----------------------------------------------------------------------------
 
-def _namespace_args(network: bool) -> list[str]:
+def _namespace_args(network: bool, status: SandboxStatus | None = None) -> list[str]:
+    """Namespaces and capabilities.
+
+    Not root: ``--unshare-all`` plus a user namespace in which the command is this user with no
+    capabilities (``--cap-drop ALL``), and no further user namespaces where bwrap can forbid them.
+    Root: a user namespace created by real root maps the command's uid to host root (it could
+    read root's 0600 files and leave setuid-root binaries), so no user namespace at all: bwrap
+    sets up as root, keeps only CAP_SETUID/SETGID/SETPCAP, and ``_drop_args`` switches to an
+    unprivileged uid before the command starts, clearing every capability and the bounding set.
+    bwrap always sets ``no_new_privs``: no setuid binary or file capability gives them back.
+    """
+    if status is not None and status.run_as is not None:
+        args = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+                *([] if network else ["--unshare-net"]), "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+        return args
     # --unshare-all tries a user namespace; root needs it asked for explicitly.
-    args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session"]
+    args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if status is not None and status.disable_userns:
+        args.append("--disable-userns")
     if network:
         args.append("--share-net")
     return args
 
 
-def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None) -> list[str]:
+def _drop_args(status: SandboxStatus | None) -> list[str]:
+    """The command prefix (after bwrap's ``--``) that leaves root for ``status.run_as``."""
+    if status is None or status.run_as is None:
+        return []
+    uid, gid = status.run_as
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
+def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None,
+               status: SandboxStatus | None = None) -> list[str]:
     """The bwrap options (without the command) for ``policy`` around ``workspace``.
 
-    Mount order matters: hidden paths are covered by empty tmpfs first, then read-only
-    re-exposures, then the workspace bind (so a workspace under a hidden directory, such as
-    ``$MLXTERM_HOME/data/runs/ID/workspace`` or ``~/project``, is still there), then hidden
-    paths that lie inside the workspace.
+    The sandbox's root is an empty tmpfs with only what a shell needs mounted into it: the
+    system directories (``SYSTEM_RO``, read-only; merged-/usr links as links), ``/dev`` and
+    ``/proc`` of its own, a private ``/tmp`` and ``/dev/shm`` (sized tmpfs), the read-only
+    paths (the Python running mlxterm, a task's files), the workspace and the writable paths.
+    Everything else -- the directories above and beside the workspace, home directories,
+    ``/run`` and ``/var`` (host sockets), ``/sys`` -- is absent. The directories leading down to a
+    mount are made 0711 (passable, not listable), then the root and ``/dev`` are remounted
+    read-only. Binds go shallowest first, so a bind inside another one lands on top of it;
+    a hidden path (``policy.hide``, the caller's home, ``HIDDEN_PATHS``) that lies inside a
+    bind is covered by an empty tmpfs (or ``/dev/null``) after that bind, unless it is
+    itself one of the binds (a workspace inside mlxterm's data dir stays).
     """
     ws = os.path.realpath(workspace)
-    args = [*_namespace_args(policy.network), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--size", str(policy.limits.tmp_bytes), "--tmpfs", PRIVATE_TMP]
-    parent = [os.path.dirname(ws)] if policy.hide_siblings and os.path.dirname(ws) not in SYSTEM_DIRS else []
-    hidden = _existing([*HIDDEN_PATHS, *([home] if home else []), *policy.hide, *parent])
-    inside = [h for h in hidden if _within(h, ws)]
-    for h in hidden:
-        if h in inside or _within(h, PRIVATE_TMP) or any(_within(h, o) and o != h for o in hidden):
-            continue  # covered by the private /tmp or a hiding parent, or hidden after the bind
-        args += _hide(h)
-    # With the network on, name resolution must keep working: /etc/resolv.conf is often a
-    # link into /run (systemd-resolved), which is hidden.
-    shown = [*policy.read_only, *(["/etc/resolv.conf"] if policy.network else [])]
-    for p in _existing(shown):
-        if not _within(p, ws):
+    limits = policy.limits
+    args = [*_namespace_args(policy.network, status)]
+    system = []
+    for p in SYSTEM_RO:
+        if os.path.islink(p):
+            args += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
             args += ["--ro-bind", p, p]
-    args += ["--bind", ws, ws]
+            system.append(p)
+    args += ["--dev", "/dev", "--proc", "/proc",
+             "--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", PRIVATE_TMP,
+             "--perms", "1777", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm"]
+    binds: dict[str, str] = {}  # path -> "--ro-bind" | "--bind"
+    # With the network on, name resolution must keep working: /etc/resolv.conf is often a
+    # link into /run (systemd-resolved), which is not mounted.
+    for p in _existing([*policy.read_only, *(["/etc/resolv.conf"] if policy.network else [])]):
+        if not _within(p, ws) and not any(_within(p, s) for s in system):
+            binds[p] = "--ro-bind"
+    binds[ws] = "--bind"
     for p in _existing(policy.writable):
-        args += ["--bind", p, p]
-    for h in inside:
-        if h != ws:
-            args += _hide(h)
-    args += ["--chdir", ws, "--setenv", "TMPDIR", "/tmp"]
+        binds[p] = "--bind"
+    mounted = [*system, *binds]
+    hidden = [h for h in _existing([*HIDDEN_PATHS, *([home] if home else []), *policy.hide])
+              if h not in binds and any(_within(h, m) for m in mounted)]
+    steps = sorted([(p, flag) for p, flag in binds.items()] + [(h, "hide") for h in hidden],
+                   key=lambda item: (_depth(item[0]), item[1] == "hide"))
+    made = {"/", PRIVATE_TMP, "/dev", "/proc"}
+    done: list[str] = list(system)
+    for path, flag in steps:
+        if flag == "hide":
+            args += _hide(path)
+            continue
+        for parent in _ancestors(path):
+            if parent not in made and not any(_within(parent, d) for d in done):
+                args += ["--perms", "0711", "--dir", parent]
+                made.add(parent)
+        args += [flag, path, path]
+        done.append(path)
+    # Root's bwrap has no CAP_DAC_OVERRIDE left when it would chdir: a 0700 workspace (lent to
+    # the sandbox uid) is entered by the command's shell after the uid switch instead.
+    root = status is not None and status.run_as is not None
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/" if root else ws, "--setenv", "TMPDIR", "/tmp"]
     return args
+
+
+def _depth(path: str) -> int:
+    return len([c for c in path.split("/") if c])
+
+
+def _ancestors(path: str) -> list[str]:
+    """The directories above ``path``, outermost first, without ``/``."""
+    parts = [c for c in path.split("/") if c][:-1]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def _hide(path: str) -> list[str]:
@@ -243,12 +360,20 @@ def _parents(path: str) -> list[str]:
 
 # -- running --------------------------------------------------------------------------------
 
+class SandboxRefused(Exception):
+    """No sandbox works here and the caller did not consent to running unconfined."""
+
+
 @dataclass
 class Sandbox:
-    """Runs commands under ``policy`` with the backend ``status`` found (None: probe now)."""
+    """Runs commands under ``policy`` with the backend ``status`` found (None: probe now).
+
+    ``unconfined_ok``: where no sandbox works, run commands unconfined (the caller has a human's
+    consent, e.g. every bash call is approved by hand) instead of refusing them."""
 
     policy: SandboxPolicy = field(default_factory=SandboxPolicy)
     status: SandboxStatus | None = None
+    unconfined_ok: bool = False
 
     def __post_init__(self) -> None:
         if self.status is None:
@@ -262,27 +387,133 @@ class Sandbox:
     @contextlib.contextmanager
     def launch(self, command: str, workspace: Path, env: dict[str, str]) -> Iterator[list[str]]:
         """The argv that starts ``bash -c command`` confined (plain ``bash -c`` where no sandbox
-        is available); cleans up after."""
+        is available and ``unconfined_ok``; else ``SandboxRefused``); cleans up after.
+
+        When root drops to ``status.run_as``, the workspace and the writable directories are
+        handed to that uid for the call and back to their owner after it (``_Handover``)."""
         bash = shutil.which("bash") or "/bin/bash"
+        assert self.status is not None
         if not self.active:
+            if not self.unconfined_ok:
+                raise SandboxRefused(f"no sandbox is available ({self.status.reason}) and running unconfined "
+                                     "was not allowed; run `mlxterm doctor`")
             yield [bash, "-c", command]
             return
         limits = self.policy.limits
         home = os.path.expanduser("~")  # this process's home (the command's HOME is the workspace)
-        cgroup = _PidsCgroup.create(limits.processes) if self.status.process_limit == "cgroup" else None
+        handover = None
+        if self.status.backend == "bwrap" and self.status.run_as is not None:
+            handover = _Handover([str(workspace), *self.policy.writable], self.status.run_as,
+                                 skip=[*self.policy.hide, home], entries=self.policy.read_only)
+        cgroup = _Cgroups.create(limits) if self.status.process_limit == "cgroup" else None
         try:
+            if handover is not None:
+                handover.give()
             inner = limits_wrapper(limits, processes=self.status.backend == "bwrap")
             if self.status.backend == "seatbelt":
                 tmpdir = os.path.realpath(env.get("TMPDIR") or "/tmp")
                 profile = seatbelt_profile(self.policy, workspace, home, tmpdir)
                 argv = ["sandbox-exec", "-p", profile, bash, "-c", inner, bash, command]
             else:
-                argv = [shutil.which("bwrap") or "bwrap", *bwrap_args(self.policy, workspace, home),
-                        "--", bash, "-c", inner, bash, command]
+                if self.status.run_as is not None:
+                    inner = 'cd -- "$2" || exit 126; ' + inner
+                argv = [shutil.which("bwrap") or "bwrap", *bwrap_args(self.policy, workspace, home, self.status),
+                        "--", *_drop_args(self.status), bash, "-c", inner, bash, command, os.path.realpath(workspace)]
             yield cgroup.wrap(argv) if cgroup is not None else argv
         finally:
             if cgroup is not None:
                 cgroup.remove()
+            if handover is not None:
+                handover.take_back()
+
+
+class _Handover:
+    """Lends directory trees to the sandbox uid for one call and takes them back.
+
+    ``give`` chowns every entry (symlinks themselves, never their targets) to the sandbox uid;
+    ``take_back`` returns everything that uid owns to the tree's owner, with setuid/setgid bits
+    cleared, so nothing the command made can run with its owner's rights later. Runs only after
+    every process of the call is gone (bwrap's PID namespace ends them all), so nothing inside
+    races it. Paths in ``skip`` (mlxterm's data inside a workspace) and files with more than one
+    link (a hard link may reach outside the tree) are not lent.
+
+    ``entries``: read-only paths whose own directory the sandbox uid could not pass (a 0700
+    task directory); only that directory is lent (it is mounted read-only, so owning it grants
+    passing and listing, nothing else), and only when others cannot pass it already.
+    """
+
+    def __init__(self, roots: Sequence[str], ids: tuple[int, int], skip: Sequence[str] = (),
+                 entries: Sequence[str] = ()):
+        self.ids = ids
+        self.skip = {os.path.realpath(os.path.expanduser(p)) for p in skip if p}
+        self.roots: list[tuple[str, int, int]] = []
+        self.entries: list[tuple[str, int, int]] = []
+        for root in dict.fromkeys(os.path.realpath(r) for r in roots):
+            owner = self._owner(root)
+            if owner is not None:
+                self.roots.append((root, *owner))
+        for entry in dict.fromkeys(os.path.realpath(r) for r in entries):
+            try:
+                st = os.lstat(entry)
+            except OSError:
+                continue
+            if (stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH and st.st_uid != ids[0]
+                    and not any(_within(entry, r) for r, _, _ in self.roots)):
+                self.entries.append((entry, st.st_uid, st.st_gid))
+
+    def _owner(self, root: str) -> tuple[int, int] | None:
+        try:
+            st = os.lstat(root)
+        except OSError:
+            return None
+        # a tree still lent out (an earlier call died in between) goes back to this process's user
+        return (os.geteuid(), os.getegid()) if st.st_uid == self.ids[0] else (st.st_uid, st.st_gid)
+
+    def _walk(self, root: str) -> Iterator[tuple[str, os.stat_result]]:
+        stack = [root]
+        while stack:
+            path = stack.pop()
+            if path in self.skip and path != root:
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            yield path, st
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            try:
+                with os.scandir(path) as it:
+                    stack.extend(e.path for e in it)
+            except OSError:
+                continue
+
+    def give(self) -> None:
+        uid, gid = self.ids
+        for entry, _, _ in self.entries:
+            with contextlib.suppress(OSError):
+                os.lchown(entry, uid, gid)
+        for root, _, _ in self.roots:
+            for path, st in self._walk(root):
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    continue
+                if (st.st_uid, st.st_gid) != (uid, gid):
+                    with contextlib.suppress(OSError):
+                        os.lchown(path, uid, gid)
+
+    def take_back(self) -> None:
+        for entry, owner, group in self.entries:
+            with contextlib.suppress(OSError):
+                os.lchown(entry, owner, group)
+        for root, owner, group in self.roots:
+            for path, st in self._walk(root):
+                if st.st_uid != self.ids[0] and st.st_gid != self.ids[1]:
+                    continue
+                with contextlib.suppress(OSError):
+                    os.lchown(path, owner, group)
+                    if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                        keep = stat.S_ISGID if stat.S_ISDIR(st.st_mode) else 0  # a setgid dir only passes on its group
+                        os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID) | keep)
 
 
 def limits_wrapper(limits: Limits, processes: bool = True) -> str:
@@ -291,62 +522,102 @@ def limits_wrapper(limits: Limits, processes: bool = True) -> str:
     Set inside the sandbox rather than in a ``preexec_fn``: with one, Python has to fork its
     whole (large) process instead of spawning, which costs more per call than the sandbox.
     ``ulimit -u`` inside the new user namespace counts the sandbox's processes only (outside
-    it would count every process of the user; Seatbelt has no such namespace, so not there).
-    Each limit is set on its own: a lower hard limit already in force simply stays.
+    it would count every process of the user; Seatbelt has no such namespace, so not there);
+    for root, whose commands run as ``run_as`` in the host's namespace, it counts every process
+    of that uid, which is why root also gets a pids cgroup where one can be made.
+    Each limit is set on its own: a lower hard limit already in force simply stays. ``ulimit``
+    sets the soft and the hard limit, and the command runs without capabilities, so it cannot
+    raise them again. No core files (``-c 0``).
     """
-    settings = [("-t", limits.cpu_s), ("-d", limits.data_bytes // 1024), ("-f", limits.file_bytes // 1024)]
+    settings = [("-t", limits.cpu_s), ("-d", limits.data_bytes // 1024), ("-f", limits.file_bytes // 1024),
+                ("-c", 0)]
     if processes:
         settings.append(("-u", limits.processes))
     return "".join(f"ulimit {flag} {value} 2>/dev/null; " for flag, value in settings) + 'exec "$0" -c "$1"'
 
 
-def _pids_cgroup_root() -> str | None:
-    for root in PIDS_CGROUP_ROOTS:
-        if os.access(os.path.join(root, "cgroup.procs"), os.W_OK):
-            return root
+def _own_cgroup(controller: str) -> str | None:
+    """This process's own cgroup v1 directory for ``controller`` when root may make groups
+    in it (a group made there is nested, so a container's own limits still apply)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and controller in parts[1].split(","):
+            path = os.path.join(CGROUP_V1, controller, parts[2].lstrip("/"))
+            if os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
+                return path
     return None
 
 
-class _PidsCgroup:
-    """A fresh pids cgroup capping how many processes a root-run command may have."""
+def _pids_cgroup_root() -> str | None:
+    return _own_cgroup("pids")
 
-    def __init__(self, path: str):
-        self.path = path
+
+class _Cgroups:
+    """Fresh cgroups (v1) for one root-run command: ``pids`` caps its processes (RLIMIT_NPROC
+    counts every process of the shared sandbox uid), ``memory`` its memory in all (processes
+    and the pages of its tmpfs files together), where this process may make such groups."""
+
+    def __init__(self, paths: list[str]):
+        self.paths = paths
 
     @classmethod
-    def create(cls, max_pids: int) -> _PidsCgroup | None:
-        root = _pids_cgroup_root()
-        if root is None:
-            return None
-        path = os.path.join(root, f"mlxterm-{os.getpid()}-{secrets.token_hex(4)}")
-        try:
-            os.mkdir(path)
-            with open(os.path.join(path, "pids.max"), "w") as f:
-                f.write(str(max_pids))
-        except OSError:
-            return None
-        return cls(path)
+    def create(cls, limits: Limits) -> _Cgroups | None:
+        settings = {"pids": ("pids.max", limits.processes), "memory": ("memory.limit_in_bytes", limits.memory_bytes)}
+        paths = []
+        name = f"mlxterm-{os.getpid()}-{secrets.token_hex(4)}"
+        for controller, (knob, value) in settings.items():
+            parent = _own_cgroup(controller)
+            if parent is None:
+                continue
+            path = os.path.join(parent, name)
+            try:
+                os.mkdir(path)
+            except OSError:
+                continue
+            paths.append(path)
+            try:
+                with open(os.path.join(path, knob), "w") as f:
+                    f.write(str(value))
+            except OSError:
+                cls(paths).remove()
+                return None
+        if not any(p.startswith(os.path.join(CGROUP_V1, "pids") + "/") for p in paths):
+            cls(paths).remove()
+            return None  # the process cap is what root needs most; without it, no groups at all
+        return cls(paths)
 
     def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` started from a shell that first moves itself into the group ("0" is the
-        writer) and then execs it, so the limit holds from the first instruction. A shell
+        """``argv`` started from a shell that first moves itself into the groups ("0" is the
+        writer) and then execs it, so the limits hold from the first instruction. A shell
         rather than a ``preexec_fn``: with one, Python forks its whole (large) process and
         runs every library's atfork handlers instead of spawning."""
-        join = 'echo 0 > "$0" && exec "$@"'  # a failed write ends here: never run unlimited
-        return ["/bin/sh", "-c", join, os.path.join(self.path, "cgroup.procs"), *argv]
+        procs = [os.path.join(p, "cgroup.procs") for p in self.paths]
+        # $0 is the first group's file, $1.. the others; a failed write ends here: never unlimited
+        join = "".join(f'echo 0 > "${i}" && ' for i in range(len(procs))) + f'shift {len(procs) - 1} && exec "$@"'
+        return ["/bin/sh", "-c", join, *procs, *argv]
 
     def remove(self) -> None:
-        """Kill anything left in the group, then remove it (empty once all are reaped)."""
-        for attempt in range(120):  # about 2 s at most
-            try:
-                with open(os.path.join(self.path, "cgroup.procs")) as f:
-                    pids = [int(x) for x in f.read().split()]
-                for pid in pids:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, 9)
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:  # still emptying: the last processes are being reaped
-                time.sleep(min(0.02, 0.0005 * 2 ** attempt))
+        """Kill anything left in the groups, then remove them (empty once all are reaped)."""
+        for path in self.paths:
+            _remove_cgroup(path)
+
+
+def _remove_cgroup(path: str) -> None:
+    for attempt in range(120):  # about 2 s at most
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(x) for x in f.read().split()]
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, 9)
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # still emptying: the last processes are being reaped
+            time.sleep(min(0.02, 0.0005 * 2 ** attempt))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
 from typing import Any
 
@@ -43,9 +44,13 @@ def sandbox() -> dict[str, Any]:
     status = probe()
     detail = status.describe()
     if not status.available:
-        detail += "; bash runs unconfined and every call asks for approval"
+        detail += ("; bash runs unconfined and every call asks for approval; checks are refused unless "
+                   "a person allows it (mlxterm run --allow bash)")
+    uid = None
+    if status.backend == "bwrap":
+        uid = status.run_as[0] if status.run_as is not None else os.getuid()
     return {"ok": status.available, "backend": status.backend, "process_limit": status.process_limit,
-            "detail": detail}
+            "uid": uid, "runs_as": status.identity() if status.available else None, "detail": detail}
 
 
 def openblas() -> dict[str, Any]:

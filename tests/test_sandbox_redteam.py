@@ -1,0 +1,275 @@
+"""Red team: escapes that worked through ``agents.checks.agent_sandbox()`` as root, each run as
+a real command through the real sandbox and asserted to fail; and the normal work an agent or
+a check does, asserted to still succeed.
+
+CI runs this as root, where bubblewrap used to keep nearly every capability inside. The layout
+lies outside ``/tmp`` (under ``/var/lib`` for root), so "two levels above the workspace" is a
+real host directory and not just the private ``/tmp``. Every escape test first makes sure the
+thing it reaches for exists on the host (the control), so a test cannot pass because the
+target was missing. Tests that only mean something for root skip elsewhere with a reason that
+states that fact (CI strict mode accepts it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from agents.checks import agent_sandbox, run_check
+from agents.tasks import Check
+from tools import default_registry
+from tools import sandbox as sb
+from tools.bash import execute
+
+STATUS = sb.probe()
+ROOT = os.geteuid() == 0
+needs_bwrap = pytest.mark.skipif(
+    STATUS.backend != "bwrap",
+    reason=("namespaces unavailable: " if shutil.which("bwrap") else "bubblewrap missing: ") + STATUS.reason,
+)
+needs_root = pytest.mark.skipif(not ROOT, reason="system lacks: root (this escape needs a root mlxterm)")
+pytestmark = needs_bwrap
+
+SECRET = "app data secret 7d1c"
+COUSIN = "cousin file 4b2e"
+
+
+@pytest.fixture
+def base(tmp_path):
+    """A host directory outside /tmp (root: under /var/lib) holding the whole layout."""
+    if ROOT:
+        path = Path(tempfile.mkdtemp(prefix="mlxterm-redteam-", dir="/var/lib"))
+        path.chmod(0o755)  # like most project directories: the cousin is readable on the host
+        yield path
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        yield tmp_path
+
+
+@pytest.fixture
+def ws(base):
+    """base/cousin.txt, base/a/ws (the workspace): the cousin is two levels above."""
+    (base / "cousin.txt").write_text(COUSIN)
+    root = base / "a" / "ws"
+    root.mkdir(parents=True)
+    return root
+
+
+@pytest.fixture
+def app_data(monkeypatch):
+    """mlxterm's data with a secret in it; for root under /root, where it usually lives."""
+    from engine import paths
+
+    home = Path(tempfile.mkdtemp(prefix=".mlxterm-redteam-", dir="/root")) if ROOT else None
+    if home is not None:
+        monkeypatch.setenv("MLXTERM_HOME", str(home))
+    data = paths.data_dir()
+    data.mkdir(parents=True, exist_ok=True)
+    (data / "secret").write_text(SECRET)
+    yield data
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def bash(command: str, ws: Path, timeout: float = 60, **env: str) -> dict:
+    """``command`` as the agent's bash tool and a check run it: through agent_sandbox()."""
+    data = execute(command, ws, timeout, None, agent_sandbox(), extra_env=env or None)
+    assert data["sandboxed"] and data["sandbox"] == "bwrap"
+    return data
+
+
+# -- escapes ----------------------------------------------------------------------------------
+
+def test_no_capabilities_no_root_and_no_new_privileges_inside(ws):
+    out = bash("id -u; id -G; grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status", ws)
+    lines = out["stdout"].split("\n")
+    uid, groups, status = lines[0], lines[1], dict(line.split(":\t") for line in lines[2:] if line)
+    assert uid != "0" and "0" not in groups.split(), out
+    if ROOT:
+        assert (int(uid), int(groups)) == STATUS.run_as
+    assert {k: int(v, 16) for k, v in status.items() if k.startswith("Cap")} == dict.fromkeys(
+        ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0), status
+    assert status["NoNewPrivs"] == "1"
+
+
+def test_unmounting_tmp_and_root_does_not_reveal_app_data(ws, app_data):
+    assert (app_data / "secret").read_text() == SECRET  # the control: it is there on the host
+    out = bash(f"umount -l /tmp; umount -l /root; cat {app_data}/secret; "
+               f"unshare -Urm sh -c 'umount -l /tmp; umount -l /root; cat {app_data}/secret'", ws)
+    assert SECRET not in out["stdout"], out
+
+
+def test_remounting_the_root_read_write_does_not_reach_the_host(ws, base):
+    target = base / "escaped.txt"
+    usr_target = Path("/usr") / f"mlxterm-redteam-{os.getpid()}"
+    out = bash(f"umount -l /tmp; mount -o remount,rw,bind /; mount -o remount,rw /usr; "
+               f"echo x > {target}; echo x > {usr_target}; echo x > /etc/mlxterm-redteam", ws)
+    try:
+        assert not target.exists() and not usr_target.exists() and not Path("/etc/mlxterm-redteam").exists(), out
+    finally:
+        for p in (target, usr_target, Path("/etc/mlxterm-redteam")):
+            p.unlink(missing_ok=True)
+
+
+def test_host_processes_stay_invisible_even_after_unmounting_proc(ws):
+    marker = f"redteam-host-proc-{os.getpid()}"
+    host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
+    try:
+        out = bash("umount -l /proc; ps -eo args; ls /proc", ws)
+        assert marker not in out["stdout"], out
+    finally:
+        host.kill()
+        host.wait()
+
+
+def test_the_pids_cgroup_cannot_be_remounted_or_raised(ws):
+    out = bash("ls /sys/fs/cgroup && echo SYS_VISIBLE; mount -o remount,rw /sys/fs/cgroup/pids && echo REMOUNTED; "
+               "mkdir -p /tmp/cg && mount -t cgroup -o pids none /tmp/cg && echo MOUNTED; "
+               "test -e /tmp/cg/cgroup.procs && echo max > /tmp/cg/pids.max && echo RAISED; mount -t cgroup2 none /tmp/cg && echo MOUNTED2", ws)
+    for word in ("SYS_VISIBLE", "REMOUNTED", "MOUNTED", "RAISED"):
+        assert word not in out["stdout"], out
+
+
+def test_no_setuid_binary_is_left_in_the_workspace(ws):
+    out = bash("cp /bin/true ./rt && chmod 4755 rt && chmod g+s rt && mkdir d && chmod 2777 d "
+               "&& ls -ln rt", ws)
+    assert out["exit_code"] == 0, out  # it may make the file inside...
+    st = os.lstat(ws / "rt")
+    assert not st.st_mode & (stat.S_ISUID | stat.S_ISGID), oct(st.st_mode)  # ...but no setuid/gid is left
+    assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid())  # and it is the host user's again
+    assert (os.lstat(ws / "d").st_uid, os.lstat(ws).st_uid) == (os.geteuid(), os.geteuid())
+
+
+def test_two_levels_above_the_workspace_is_absent(ws, base):
+    assert (ws / ".." / ".." / "cousin.txt").read_text() == COUSIN  # the control
+    out = bash("cat ../../cousin.txt; cat ../cousin.txt; ls -a .. ../..; "
+               f"cat {base}/cousin.txt; find / -name cousin.txt 2>/dev/null", ws)
+    assert COUSIN not in out["stdout"] and "cousin.txt" not in out["stdout"], out
+    assert "No such file or directory" in out["stderr"]
+
+
+def test_a_host_unix_socket_outside_run_is_unreachable(ws, base):
+    path = str(base / "host.sock")
+    abstract = f"\0mlxterm-redteam-{os.getpid()}"
+    servers = []
+    for address in (path, abstract):
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(address)
+        server.listen(4)
+        servers.append(server)
+    probe = ("import socket, sys\nfor a in sys.argv[1:]:\n    s = socket.socket(socket.AF_UNIX)\n    try:\n"
+             "        s.connect(a.replace('@', chr(0), 1)); print('CONNECTED', repr(a))\n"
+             "    except OSError as e:\n        print('refused', e)\n")
+    (ws / "probe.py").write_text(probe)
+    try:
+        control = subprocess.run([sys.executable, str(ws / "probe.py"), path, "@" + abstract[1:]],
+                                 capture_output=True, text=True, timeout=30)
+        assert control.stdout.count("CONNECTED") == 2, control  # the control: reachable on the host
+        out = bash(f"python3 probe.py {path} @{abstract[1:]}; ls -la /run /var/run", ws)
+        assert "CONNECTED" not in out["stdout"], out
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_host_secrets_in_the_environment_do_not_reach_commands(ws, monkeypatch):
+    leaks = {"HTTPS_PROXY": "http://user:proxy-pw-1@proxy:3128", "https_proxy": "http://u:proxy-pw-2@p:1",
+             "DB_DSN": "postgres://u:dsn-pw-3@db/x", "SENTRY_DSN": "https://sentry-key-4@o.ingest.sentry.io/1",
+             "SMTP_PASS": "smtp-pw-5", "MYSQL_PWD": "mysql-pw-6", "CI_JOB_JWT": "jwt-7", "PYTHONPATH": "/pp-8"}
+    for name, value in leaks.items():
+        monkeypatch.setenv(name, value)
+    out = bash("env", ws, MLXTERM_TASK_DIR="/task-dir-ok")
+    for value in leaks.values():
+        assert value not in out["stdout"], value
+    assert "MLXTERM_TASK_DIR=/task-dir-ok" in out["stdout"] and f"HOME={ws}" in out["stdout"]
+    record = run_check(Check("env", "env", 30), ws, agent_sandbox(), env={"MLXTERM_RUN_DIR": "/run-dir-ok"})
+    assert record["passed"] and "MLXTERM_RUN_DIR=/run-dir-ok" in record["output"]
+    assert not any(value in record["output"] for value in leaks.values())
+
+
+def test_memory_is_capped_per_process_and_in_tmp_and_shm(ws):
+    out = bash("ulimit -d unlimited && echo RAISED; "
+               "python3 -c 'b = bytearray(5 << 30); print(\"ALLOCATED\")'; "
+               "head -c 600M /dev/zero > /dev/shm/fill; head -c 600M /dev/zero > /tmp/fill; "
+               "du -m /dev/shm/fill /tmp/fill; echo x > /dev/fill && echo DEV_WRITABLE; echo x > /fill && echo ROOT_WRITABLE",
+               ws, timeout=120)
+    assert "RAISED" not in out["stdout"] and "ALLOCATED" not in out["stdout"], out
+    assert "MemoryError" in out["stderr"]
+    assert out["stderr"].count("No space left on device") == 2
+    sizes = [int(line.split()[0]) for line in out["stdout"].splitlines() if line.endswith("fill")]
+    assert sizes and max(sizes) <= 512
+    assert "DEV_WRITABLE" not in out["stdout"] and "ROOT_WRITABLE" not in out["stdout"]
+
+
+@needs_root
+def test_a_root_fork_bomb_hits_the_process_limit(ws):
+    bomb = ("python3 -c \"import os, time\nwhile True:\n    try:\n        os.fork()\n"
+            "    except OSError as e:\n        print('LIMIT', e, flush=True); time.sleep(600)\" redteam-bomb")
+    box = agent_sandbox()
+    from dataclasses import replace
+
+    box = sb.Sandbox(replace(box.policy, limits=sb.Limits(processes=48)), box.status)
+    out = execute(bomb, ws, 6, None, box)
+    assert "LIMIT" in out["stdout"] and out["timed_out"], out
+
+
+@needs_root
+@pytest.mark.skipif(sb._own_cgroup("memory") is None or STATUS.process_limit != "cgroup",
+                    reason="system lacks: a cgroup v1 memory hierarchy root may write")
+def test_a_root_call_has_a_total_memory_cap(ws):
+    from dataclasses import replace
+
+    box = agent_sandbox()
+    box = sb.Sandbox(replace(box.policy, limits=sb.Limits(memory_bytes=300 << 20)), box.status)
+    hogs = "for i in 1 2 3; do python3 -c 'b = bytearray(200 << 20); import time; time.sleep(2)' & done; wait"
+    out = execute(hogs, ws, 60, None, box)
+    assert "Killed" in out["stderr"], out  # 3 x 200 MiB, each under RLIMIT_DATA, over 300 MiB in all
+
+
+# -- normal work still works ------------------------------------------------------------------
+
+UNITTEST = """import unittest
+
+class T(unittest.TestCase):
+    def test_sum(self):
+        self.assertEqual(sum([1, 2, 3]), 6)
+"""
+
+
+def test_normal_work_succeeds_and_stays_the_host_users(ws):
+    (ws / "test_tiny.py").write_text(UNITTEST)  # a file the host (the agent's write_file) made
+    cmd = ("python3 -c 'print(6*7)' && mkdir -p src && printf 'x = 1\\n' > src/m.py && echo tmp > /tmp/t "
+           "&& cat /tmp/t && \"$MLXTERM_PYTHON\" -m pip --version && git init -q . && git add -A "
+           "&& git -c user.name=t -c user.email=t@t commit -qm init && git log --oneline | wc -l "
+           "&& python3 -m unittest -q test_tiny 2>&1 | tail -1 && echo edited >> test_tiny.py && echo DONE")
+    out = bash(cmd, ws, timeout=120, MLXTERM_PYTHON=sys.executable)
+    assert out["exit_code"] == 0, out
+    assert out["stdout"].startswith("42\ntmp\npip ") and "\n1\nOK\nDONE\n" in out["stdout"], out
+    # what it made belongs to the host user, and the host's git accepts the repository
+    for path in (ws / "src" / "m.py", ws / ".git" / "HEAD", ws / "test_tiny.py"):
+        assert os.lstat(path).st_uid == os.geteuid(), path
+    host_git = subprocess.run(["git", "-C", str(ws), "status", "--porcelain"], capture_output=True, text=True)
+    assert host_git.returncode == 0 and "test_tiny.py" in host_git.stdout, host_git.stderr
+
+
+def test_a_check_and_the_default_registry_run_normal_work(ws):
+    (ws / "test_tiny.py").write_text(UNITTEST)
+    record = run_check(Check("unit", "python3 -m unittest -q test_tiny", 60), ws, agent_sandbox())
+    assert record["passed"] and record["sandboxed"], record["output"]
+    result = default_registry(ws).run("bash", {"command": "echo hi > f && cat f && cat ../../cousin.txt"})
+    assert result.data["sandboxed"] and "hi" in result.content and COUSIN not in result.content
+
+
+def test_a_server_and_a_client_inside_one_call_still_talk(ws):
+    out = bash("python3 -m http.server 8791 --bind 127.0.0.1 >/dev/null 2>&1 & "
+               "for i in $(seq 50); do python3 -c \"import urllib.request as u; "
+               "print(u.urlopen('http://127.0.0.1:8791/').status)\" 2>/dev/null && exit 0; sleep 0.2; done; exit 1", ws)
+    assert out["exit_code"] == 0 and "200" in out["stdout"], out
