@@ -184,4 +184,5 @@ def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: in
         checks=(Check("tests", restore_and_test_command(ex), CHECK_TIMEOUT_S),),
         test_command=ex.test_command,
         repair_rounds=repair_rounds,
+        protected=tuple(ex.test),
     )

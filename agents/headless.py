@@ -63,6 +63,7 @@ class HeadlessRun:
         self.workspace = Path(workspace) if workspace is not None else self.run_dir / "workspace"
         self.profile = profile or task.profile
         self.allow = tuple(dict.fromkeys((*task.allow, *allow)))
+        self.cli_allow = tuple(allow)  # the person's own --allow: the only consent to run unconfined
         self._engine = engine
         self._store = store
         self.on_event = on_event
@@ -153,6 +154,7 @@ class HeadlessRun:
     def _run_agent(self, engine, store: SessionStore, transcript: Transcript) -> RepairOutcome:
         task = self.task
         options = AgentOptions(system_prompt=task.system, examples=task.examples, allow=self.allow,
+                               unconfined_allow=self.cli_allow, protected=task.protected,
                                interactive=False, temperature=task.temperature, seed=task.seed,
                                max_tokens_per_step=task.max_tokens, network=task.network)
         self.agent = AgentSession.create(engine, store, self.workspace, title=f"run: {task.name}", options=options,
@@ -161,8 +163,8 @@ class HeadlessRun:
         if self._cancelled.is_set():
             self.agent.cancel()
         if self.agent.sandbox_notice or not self.agent.sandbox.active:
-            what = ("bash and the checks run unsandboxed" if "bash" in self.allow
-                    else "the checks run unsandboxed and bash is denied")
+            what = ("bash and the checks run unsandboxed (--allow bash)" if "bash" in self.cli_allow
+                    else "the checks are refused and bash is denied (no sandbox; --allow bash runs both unconfined)")
             transcript.write("warning", 0, message=f"{what}: {self.agent.sandbox.status.describe()}")
         ignored = self.agent.policy.ignored_allows()
         if ignored:
@@ -199,6 +201,7 @@ class HeadlessRun:
         sandbox = self.agent.sandbox if self.agent is not None else agent_sandbox(network=self.task.network)
         workspace = workspace or self.workspace
         return run_check(check, workspace, sandbox, env=self._check_env(workspace),
+                         unconfined_ok="bash" in self.cli_allow,
                          writable=(str(self.run_dir.resolve()),), readable=(str(self.task.path.parent.resolve()),),
                          transcript=transcript)
 

@@ -4,7 +4,8 @@ Interactive runs turn "ask" into an ``ApprovalNeeded`` event; headless runs have
 so "ask" means deny unless the tool was named with ``--allow`` (or the task's ``allow``).
 "always" answers are remembered for the session. A profile's "deny" is never overridden.
 Where the sandbox is unavailable, ``bash`` is "ask" whatever the profile says (headless: denied
-unless this run allows it explicitly with ``--allow bash``).
+unless this run allows it explicitly with ``--allow bash``; a task file's ``allow`` is no consent
+to run unconfined).
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ Verdict = Literal["allow", "ask", "deny"]
 
 class ApprovalPolicy:
     def __init__(self, approvals: Mapping[str, str], *, allow: Iterable[str] = (), interactive: bool = True,
-                 unsandboxed: Iterable[str] = ()):
+                 unsandboxed: Iterable[str] = (), unconfined_allow: Iterable[str] | None = None):
+        """``unconfined_allow``: tools the person running this allowed explicitly (None: ``allow``);
+        only these may run unsandboxed without asking."""
         self.approvals = dict(approvals)
         self.allow = set(allow)
+        self.unconfined_allow = self.allow if unconfined_allow is None else set(unconfined_allow)
         self.interactive = interactive
         self.unsandboxed = set(unsandboxed)  # tools that would run unconfined (no sandbox here)
         self._always: set[str] = set()
@@ -31,7 +35,7 @@ class ApprovalPolicy:
         if tool in self.unsandboxed:
             # Never unconfined by a standing setting: the profile's "allow" and "always"
             # answers become "ask"; only this run's explicit allow (headless --allow) counts.
-            if tool in self.allow:
+            if tool in self.unconfined_allow:
                 return "allow"
             return "ask" if self.interactive else "deny"
         if setting == "allow" or tool in self.allow or tool in self._always:

@@ -14,6 +14,7 @@ Use it from a plain loop (``for ev in session.run(prompt)``) or from asyncio
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import logging
 import threading
 import time
@@ -94,6 +95,7 @@ class AgentOptions:
     tools: tuple[str, ...] | None = None
     approvals: Mapping[str, str] | None = None
     allow: tuple[str, ...] = ()  # tools allowed without asking (headless --allow)
+    unconfined_allow: tuple[str, ...] | None = None  # explicit consent to run unsandboxed (None: allow)
     interactive: bool = True  # False: "ask" means deny (nobody to ask)
     constrained: bool | None = None
     temperature: float | None = None
@@ -102,6 +104,7 @@ class AgentOptions:
     network: bool = False  # bash (and task checks) may reach the network from the sandbox
     edit_format: str | None = None  # whole | diff | json (profile agent.edit_format)
     corrective_turns: int = 1  # per run: "nothing was written" nudges before a final answer counts
+    protected: tuple[str, ...] = ()  # workspace paths (globs) write_file / edit_file may not change
 
 
 @dataclass
@@ -183,7 +186,7 @@ class AgentSession:
         self.masks = shared_masks(engine, self.schemas) if self.constrained else None
         self.policy = ApprovalPolicy(self.options.approvals or agent_cfg.approval,
                                      allow=self.options.allow, interactive=self.options.interactive,
-                                     unsandboxed=unconfined)
+                                     unsandboxed=unconfined, unconfined_allow=self.options.unconfined_allow)
         self.changed_files: list[str] = []  # written or edited in the current run
         self.corrective_turns = 0
         self._cancel = threading.Event()
@@ -554,6 +557,9 @@ class AgentSession:
             content = malformed_result(p.error or "the tool call is malformed", self.tool_params)
             return ToolResult(False, content, {"malformed": True, "raw": p.raw}, p.error), "malformed"
         call = p.call
+        refusal = self._protected(call)
+        if refusal:
+            return ToolResult.failure(refusal, denied=True), "deny"
         if self._cancel.is_set():
             return ToolResult.failure(f"{call.name} was not run: the run was cancelled", cancelled=True), "cancelled"
         verdict = self.policy.decide(call.name)
@@ -576,6 +582,19 @@ class AgentSession:
             return ToolResult.failure(message, denied=True), "deny"
         yield ToolStarted(step, call)
         return self.registry.run(call.name, call.arguments, self._cancel), approval
+
+    def _protected(self, call: ToolCall) -> str | None:
+        """Why a write to a protected path (a task's tests) is refused, or None."""
+        if call.name not in ("write_file", "edit_file") or not self.options.protected:
+            return None
+        try:
+            rel = self.registry.workspace.display(self.registry.workspace.resolve(call.arguments.get("path", "")))
+        except Exception:  # noqa: BLE001 (an invalid path: the tool itself says why)
+            return None
+        if any(fnmatch.fnmatch(rel, pattern) for pattern in self.options.protected):
+            return (f"{rel} is protected by the task (it holds the tests): it cannot be changed. "
+                    "Change the solution instead.")
+        return None
 
     # -- messages -----------------------------------------------------------------------------
     def _append(self, messages: list[dict[str, Any]], *, generation_prompt: bool, metas: list[dict[str, Any]],

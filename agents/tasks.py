@@ -14,6 +14,7 @@
     network: false                   # optional; true lets bash and checks reach the network
     test_command: python3 -m unittest hello_test   # optional; the prompt tells the agent to run it
     repair_rounds: 3                 # optional; failing check output goes back this often (default: profile)
+    protected: [hello_test.py]       # optional; paths (globs) the agent's file edits may not change
     checks:                          # shell commands run in the workspace (sandboxed) afterwards
       - name: content
         run: test "$(cat hello.txt)" = "hello world"
@@ -36,7 +37,7 @@ import yaml
 from tools import TOOL_NAMES
 
 TOP_KEYS = ("name", "prompt", "workspace_template", "profile", "system", "examples", "allow",
-            "limits", "sampling", "checks", "network", "test_command", "repair_rounds")
+            "limits", "sampling", "checks", "network", "test_command", "repair_rounds", "protected")
 LIMIT_KEYS = ("steps", "tokens", "wall_s")
 SAMPLING_KEYS = ("temperature", "seed", "max_tokens")
 CHECK_KEYS = ("name", "run", "timeout_s")
@@ -74,6 +75,7 @@ class TaskSpec:
     network: bool = False
     test_command: str | None = None
     repair_rounds: int | None = None  # None: the profile's agent.repair_rounds
+    protected: tuple[str, ...] = ()
 
     def full_prompt(self) -> str:
         """The prompt the agent gets: the task's, plus how to run its tests when it names them."""
@@ -150,6 +152,7 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
         network=network,
         test_command=_text(path, "test_command", data["test_command"]) if data.get("test_command") is not None else None,
         repair_rounds=_number(path, "repair_rounds", data.get("repair_rounds"), integer=True, minimum=0),
+        protected=_strings(path, "protected", data.get("protected")),
     )
 
 
@@ -171,6 +174,14 @@ def _checks(path: Path, raw: Any) -> tuple[Check, ...]:
         timeout = _number(path, f"{key}.timeout_s", item.get("timeout_s"), minimum=0.001)
         out.append(Check(name, run, DEFAULT_CHECK_TIMEOUT_S if timeout is None else timeout))
     return tuple(out)
+
+
+def _strings(path: Path, key: str, raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(x, str) and x.strip() for x in raw):
+        raise TaskError(f"{path}: {key}: expected a list of paths")
+    return tuple(raw)
 
 
 def _section(path: Path, key: str, raw: Any, keys: tuple[str, ...]) -> dict[str, Any]:

@@ -169,3 +169,13 @@ def test_only_one_corrective_turn_per_run_and_none_after_real_work(tmp_path):
     assert not [e for e in events if isinstance(e, Corrective)]
     _, _, events = agent_run(tmp_path, ["It returns x."], prompt="what does solve return?")  # a question
     assert not [e for e in events if isinstance(e, Corrective)]
+
+
+def test_protected_paths_cannot_be_written(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "solver_test.py").write_text("original\n")
+    ws, _, events = agent_run(tmp_path, ["solver_test.py\n```python\nrigged\n```\n", WHOLE, "ok"],
+                              protected=("*_test.py",))
+    results = [e.result for e in events if isinstance(e, ToolFinished)]
+    assert not results[0].ok and "protected by the task" in results[0].content and results[1].ok
+    assert (ws / "solver_test.py").read_text() == "original\n"

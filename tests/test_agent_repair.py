@@ -77,7 +77,7 @@ def test_candidates_keep_the_draft_that_passes(tmp_path):
     assert len({r.params.seed for r in drafts}) == 3
     ws = tmp_path / "run" / "workspace"
     assert ws.joinpath("solver.py").read_text().endswith("return 2 * x\n")
-    assert sorted(p.name for p in ws.iterdir()) == ["solver.py"]  # scratch copies stay elsewhere
+    assert sorted(p.name for p in ws.iterdir() if p.name != "__pycache__") == ["solver.py"]  # scratch stays elsewhere
     records = read_transcript(tmp_path / "run" / "transcript.jsonl")
     assert any(r["type"] == "candidates" and r["chosen"] == 1 for r in records)
 

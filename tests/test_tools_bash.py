@@ -177,7 +177,7 @@ def test_scrub_env_function():
     assert {k: clean[k] for k in ("PATH", "LANG", "LC_ALL", "HOME")} == {"PATH": "/bin", "LANG": "C", "LC_ALL": "C",
                                                                          "HOME": "/w"}
     assert set(clean) == {"PATH", "LANG", "LC_ALL", "HOME", "PAGER", "GIT_PAGER", "GIT_TERMINAL_PROMPT", "TERM",
-                          "NO_COLOR"}
+                          "NO_COLOR", "PYTHONDONTWRITEBYTECODE"}
 
 
 def test_ansi_escapes_are_stripped(reg):

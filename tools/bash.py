@@ -45,6 +45,9 @@ def scrub_env(env: Mapping[str, str], home: str) -> dict[str, str]:
     clean["HOME"] = home
     # Nothing can answer a pager or a prompt: stdin is /dev/null and output is captured.
     clean.update(PAGER="cat", GIT_PAGER="cat", GIT_TERMINAL_PROMPT="0", TERM="dumb", NO_COLOR="1")
+    # No .pyc files in the workspace: an agent rewrites a module within the same second at the
+    # same size (x + 5 -> 2 * x), and Python would trust the old bytecode (mtime + size match).
+    clean["PYTHONDONTWRITEBYTECODE"] = "1"
     return clean
 
 
