@@ -50,6 +50,8 @@ def add_arguments(p) -> None:
                    help="rounds of test output given back after a failed first try (default: the profile's)")
     p.add_argument("--steps", type=int, help="agent step limit per exercise (default: the profile's)")
     p.add_argument("--wall-s", type=float, help="agent wall-time limit per exercise in seconds")
+    p.add_argument("--candidates", type=int, default=None,
+                   help="drafts decoded together per repair round, one that passes kept (default: the profile's)")
 
 
 def select(exercises: list, split: str, only: str | None, limit: int | None) -> tuple[list, str]:
@@ -114,13 +116,13 @@ def _first_try(result: dict[str, Any]) -> tuple[bool | None, str | None]:
     return (None if status not in ("passed", "failed") else status == "passed"), status
 
 
-def run_exercise(ex, task, engine, store, run_dir: Path) -> dict[str, Any]:
+def run_exercise(ex, task, engine, store, run_dir: Path, candidates: int | None = None) -> dict[str, Any]:
     from agents.headless import HeadlessRun
 
     t0 = time.monotonic()
     error = None
     try:
-        result = HeadlessRun(task, engine=engine, run_dir=run_dir, store=store).run()
+        result = HeadlessRun(task, engine=engine, run_dir=run_dir, store=store, candidates=candidates).run()
     except Exception as e:  # one broken exercise must not end the bench
         result = {"status": "error", "stop_reason": "error", "error": f"{type(e).__name__}: {e}"}
     workspace = Path(result.get("workspace") or run_dir / "workspace")
@@ -154,6 +156,7 @@ def run_exercise(ex, task, engine, store, run_dir: Path) -> dict[str, Any]:
         "score_sandboxed": verdict.get("sandboxed"),
         "score_output": (verdict.get("output") or "")[-1500:],
         "repair_rounds": rounds if isinstance(rounds, list) else None,
+        "candidate_rounds": result.get("candidate_rounds"),
     }
 
 
@@ -210,7 +213,7 @@ def run(args) -> dict:
         for i, ex in enumerate(chosen, 1):
             task = exercise_task(ex, tmp / "templates", repair_rounds=args.repair_rounds,
                                  steps=args.steps, wall_s=args.wall_s)
-            rec = run_exercise(ex, task, engine, store, tmp / "runs" / ex.slug)
+            rec = run_exercise(ex, task, engine, store, tmp / "runs" / ex.slug, args.candidates)
             rec["split"] = split_of(ex.slug)
             records.append(rec)
             print(f"[{i}/{len(chosen)}] {ex.slug}: first try {_yes_no(rec['passed_first_try'])}, "
@@ -245,6 +248,7 @@ def run(args) -> dict:
         "interrupted": interrupted,
         "exercises_total": len(exercises),
         "repair_rounds": args.repair_rounds,
+        "candidates": args.candidates,
         **summary,
         "reference": reference,
         "load_s": round(load_s, 3),

@@ -2,7 +2,8 @@
 
 Writes ``transcript.jsonl`` and ``result.json`` to the run directory (default
 ``<data_dir>/runs/<id>``); the run is also a stored agent session that can be continued.
-Exit status: 0 passed, 1 failed or error, 130 cancelled (Ctrl-C), 2 bad input.
+Exit status: 0 passed (or unchecked: the task has no checks), 1 failed or error, 130 cancelled
+(Ctrl-C), 2 bad input.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-EXIT = {"passed": 0, "failed": 1, "error": 1, "cancelled": 130}
+EXIT = {"passed": 0, "unchecked": 0, "failed": 1, "error": 1, "cancelled": 130}
 
 
 def register(sub) -> None:
@@ -91,5 +92,11 @@ def _print_result(result: dict, as_json: bool) -> None:
         line += (f"{result['steps']} steps, {result['tokens']['completion']} tokens, {result['wall_s']:.1f} s "
                  f"(cached {result['cached_ratio']:.0%} of prompt tokens)")
     print(f"{line}; run dir {result['run_dir']}")
+    first, rounds = result.get("first_try"), result.get("repair_rounds") or []
+    if first and rounds:
+        trail = " -> ".join([first["status"], *(r["status"] for r in rounds)])
+        print(f"first try {first['status']}; {len(rounds)} repair round{'s' if len(rounds) != 1 else ''}: {trail}")
+    if result.get("workspace_changed") is False:
+        print("note: no file in the workspace changed")
     if result.get("error"):
         print(f"mlxterm: {result['error']}", file=sys.stderr)
