@@ -17,7 +17,8 @@ from agents.protocol import ToolCall
 from tools import ToolResult
 
 Decision = Literal["once", "always", "deny"]
-StopReason = Literal["answered", "max_steps", "max_tokens", "wall_time", "cancelled", "context", "error"]
+# "repeated": the model kept making the same calls with nothing changed in between (a loop)
+StopReason = Literal["answered", "max_steps", "max_tokens", "wall_time", "cancelled", "context", "error", "repeated"]
 
 
 class ApprovalRequest:

@@ -28,7 +28,7 @@ from agents.session import AgentLimits, AgentSession
 from agents.transcript import Transcript
 
 REPAIR_OUTPUT_CHARS = 3000  # of check output per round: the head (first failure) and the tail (summary)
-REPAIRABLE = ("answered", "max_steps")  # runs that ended on their own; others stop the attempt
+REPAIRABLE = ("answered", "max_steps", "repeated")  # runs that ended on their own; others stop the attempt
 FINGERPRINT_MAX_FILES = 5000
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", "node_modules", ".venv"}
 

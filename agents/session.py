@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import json
 import logging
 import threading
 import time
@@ -69,8 +70,9 @@ from tools.sandbox import warn_once
 
 log = logging.getLogger(__name__)
 MIN_STEP_TOKENS = 32  # below this a step cannot say anything useful: stop with "context"
+REPEATS_TO_STOP = 2  # steps in a row made only of repeated calls before the run stops ("repeated")
 _DATA_KEYS = ("path", "exit_code", "timed_out", "cancelled", "created", "bytes_written", "replacements",
-              "lines_added", "lines_removed", "content_truncated", "denied", "malformed", "sandboxed")
+              "lines_added", "lines_removed", "content_truncated", "denied", "malformed", "sandboxed", "repeated")
 
 
 class AgentError(MlxtermError):
@@ -189,6 +191,7 @@ class AgentSession:
                                      unsandboxed=unconfined, unconfined_allow=self.options.unconfined_allow)
         self.changed_files: list[str] = []  # written or edited in the current run
         self.corrective_turns = 0
+        self._seen_calls: dict[tuple[str, str], int] = {}
         self._cancel = threading.Event()
         self._stop_reason: str | None = None
         self._handle = None
@@ -319,6 +322,8 @@ class AgentSession:
         max_steps = limits.steps or self.engine.profile.agent.max_steps
         self.changed_files: list[str] = []  # written or edited in this run (tool results that succeeded)
         self.corrective_turns = 0
+        self._seen_calls: dict[tuple[str, str], int] = {}  # calls since the last file change -> step
+        repeats = 0
         self.transcript.write("run", 0, session_id=self.session_id, profile=self.engine.profile.name,
                               workspace=str(self.workspace), prompt=prompt, limits=asdict(limits),
                               agent=self.describe(), tools=self.schemas)
@@ -363,7 +368,10 @@ class AgentSession:
                     else:
                         reason = "answered"
                     break
-                yield from self._run_tools(step, pending)
+                all_repeated = yield from self._run_tools(step, pending)
+                repeats = repeats + 1 if all_repeated else 0
+                if repeats >= REPEATS_TO_STOP:
+                    reason = "repeated"
         except MlxtermError as e:
             reason, error = "error", str(e)
         except Exception as e:  # a bug must end the run with a record, not a silent stop
@@ -527,13 +535,26 @@ class AgentSession:
 
     # -- tools --------------------------------------------------------------------------------
     def _run_tools(self, step: int, pending: list[_Pending]) -> Iterator[AgentEvent]:
+        """Run the step's calls; returns whether every one repeated an earlier call (a loop)."""
         messages, metas = [], []
+        repeated = 0
         for p in pending:
-            result, approval = yield from self._one_tool(step, p)
+            earlier = self._repeat_of(p)
+            if earlier is not None:
+                repeated += 1
+                result, approval = ToolResult.failure(
+                    f"Not run: this {p.name} call is the same as in step {earlier} and nothing changed since, so "
+                    "its result would be the same. Do something else: fix the code, run the tests, or give "
+                    "your final answer.", repeated=True), "repeated"
+            else:
+                result, approval = yield from self._one_tool(step, p)
             data = result.data
             diff = data.get("diff") if p.name in ("write_file", "edit_file") else None
             if diff is not None and result.ok and (diff or data.get("created") or data.get("diff_skipped")):
                 self.changed_files.append(data["path"])
+                self._seen_calls.clear()  # after a change, the same test run means something new
+            if p.call is not None and earlier is None:
+                self._seen_calls.setdefault(_call_key(p.call), step)
             yield ToolFinished(step, p.id, p.name, result, approval, int(data.get("duration_ms", 0)),
                                data.get("exit_code") if p.name == "bash" else None, diff)
             self.transcript.write("tool_result", step, call_id=p.id, name=p.name, ok=result.ok,
@@ -548,6 +569,11 @@ class AgentSession:
                 meta["duration_ms"] = data["duration_ms"]
             metas.append(meta)
         self._append(messages, generation_prompt=True, metas=metas, step=step)
+        return repeated == len(pending)
+
+    def _repeat_of(self, p: _Pending) -> int | None:
+        """The step of an earlier identical call with no file change since, or None."""
+        return None if p.call is None else self._seen_calls.get(_call_key(p.call))
 
     def _one_tool(self, step: int, p: _Pending) -> Iterator[AgentEvent]:
         if p.call is None and p.name in ("write_file", "edit_file") and self.edit_format != "json":
@@ -674,6 +700,10 @@ class AgentSession:
         msg = self.store.add_message(self.session_id, m.role, content, tool_calls=m.tool_calls,
                                      tool_call_id=m.tool_call_id, name=m.name, token_ids=ids, meta=meta)
         self.transcript.message(msg, step)
+
+
+def _call_key(call: ToolCall) -> tuple[str, str]:
+    return call.name, json.dumps(call.arguments, sort_keys=True, ensure_ascii=False)
 
 
 def _pending(parser: ToolCallParser) -> list[_Pending]:

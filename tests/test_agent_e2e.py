@@ -201,3 +201,22 @@ def test_cli_run_writes_result_and_a_continuable_session(tmp_path):
                             capture_output=True, text=True, timeout=120)
     session = next(s for s in json.loads(listed.stdout) if s["id"] == result["session_id"])
     assert session["kind"] == "agent"
+
+
+@pytest.mark.e2e
+def test_qwen_solves_an_exercise_through_the_agent(qwen, tmp_path):
+    """An exercise in Exercism's layout (our own fixture) through the agent on Qwen 0.5B: the file
+    is written as text (whole-file format), and the bench's scoring (tests restored) passes."""
+    from dataclasses import replace
+
+    from agents.exercises import exercise_task, load_exercise
+    from app.benches.agent import score
+
+    ex = load_exercise(Path(__file__).parent / "fixtures" / "exercises" / "vowel-count")
+    task = replace(exercise_task(ex, tmp_path / "templates", repair_rounds=2), temperature=0.0, seed=0)
+    result = HeadlessRun(task, engine=qwen, run_dir=tmp_path / "run").run()
+    workspace = tmp_path / "run" / "workspace"
+    assert score(ex, workspace)["passed"], (result, (workspace / "vowel_count.py").read_text())
+    assert result["status"] == "passed" and result["workspace_changed"] is True
+    writes = [r for r in _calls(tmp_path / "run") if r["name"] == "write_file" and r["ok"]]
+    assert writes and (workspace / "vowel_count_test.py").read_text() == (ex.dir / "vowel_count_test.py").read_text()

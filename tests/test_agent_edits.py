@@ -104,8 +104,8 @@ def agent_run(tmp_path, replies, prompt="fix solver.py", edit_format="whole", **
     ws.mkdir(exist_ok=True)
     (ws / "solver.py").write_text("def solve(x):\n    return x\n")
     engine = ScriptedEngine(replies, profile=scripted_profile(edit_format=edit_format))
-    options = AgentOptions(system_prompt="You are a test agent.", examples=False, interactive=False,
-                           allow=("write_file", "edit_file"), **opts)
+    opts.setdefault("allow", ("write_file", "edit_file"))
+    options = AgentOptions(system_prompt="You are a test agent.", examples=False, interactive=False, **opts)
     agent = AgentSession.create(engine, SessionStore(), ws, options=options, transcript=Transcript(None))
     return ws, agent, list(agent.run(prompt))
 
@@ -179,3 +179,20 @@ def test_protected_paths_cannot_be_written(tmp_path):
     results = [e.result for e in events if isinstance(e, ToolFinished)]
     assert not results[0].ok and "protected by the task" in results[0].content and results[1].ok
     assert (ws / "solver_test.py").read_text() == "original\n"
+
+
+def test_a_loop_of_identical_calls_is_refused_then_stopped(tmp_path):
+    # the 1.5B's failure mode: the same whole file again and again after "Updated ..."
+    ws, _, events = agent_run(tmp_path, [WHOLE] * 5 + ["unreached"])
+    results = [e.result for e in events if isinstance(e, ToolFinished)]
+    assert results[0].ok and [r.data.get("repeated") for r in results[1:]] == [True, True]
+    assert "same as in step 1" in results[1].content
+    assert events[-1].reason == "repeated" and events[-1].step == 3
+
+
+def test_the_same_test_run_after_a_change_is_not_a_repeat(tmp_path):
+    test = format_call("bash", {"command": "true"})
+    edit2 = WHOLE.replace("x * 2", "x * 3")
+    _, _, events = agent_run(tmp_path, [test, WHOLE, test, edit2, test, "done"], allow=("write_file", "bash"))
+    assert not [e for e in events if isinstance(e, ToolFinished) and e.result.data.get("repeated")]
+    assert events[-1].reason == "answered"

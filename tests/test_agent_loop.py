@@ -278,15 +278,16 @@ def test_limits(tmp_path, limits, replies, reason):
 
 
 def test_profile_max_steps_is_the_default_limit(tmp_path):
-    engine = ScriptedEngine([call("list_dir")] * 10, profile=scripted_profile(max_steps=3))
+    # distinct calls: identical ones in a row would stop the run as "repeated" first
+    engine = ScriptedEngine([call("read_file", path=f"f{i}.txt") for i in range(10)], profile=scripted_profile(max_steps=3))
     _, events, _ = run(engine, tmp_path)
     assert events[-1].reason == "max_steps" and events[-1].step == 3
 
 
 def test_compaction_shortens_old_tool_output_and_keeps_the_prefix(tmp_path):
-    big = "python3 -c \"print('x' * 3000)\""
-    engine = ScriptedEngine([call("bash", command=big), call("bash", command=big), call("bash", command=big),
-                             "done"], profile=scripted_profile(max_context=9000, max_tokens=300))
+    big = "python3 -c \"print('{}' * 3000)\""
+    engine = ScriptedEngine([call("bash", command=big.format(c)) for c in "xyz"] + ["done"],
+                            profile=scripted_profile(max_context=9000, max_tokens=300))
     options = AgentOptions(system_prompt="t", examples=False, allow=("bash",))
     store = SessionStore()
     agent = AgentSession.create(engine, store, tmp_path, options=options)

@@ -37,6 +37,7 @@ STOP_NOTES = {
     "max_tokens": "Stopped: the token budget of the run was used up.",
     "wall_time": "Stopped: the time limit was reached.",
     "context": "Stopped: the context is full, even after compacting old tool output.",
+    "repeated": "Stopped: the agent kept repeating the same calls with nothing changed.",
 }
 
 
