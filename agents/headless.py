@@ -179,7 +179,8 @@ class HeadlessRun:
                                   cancelled=self._cancelled.is_set,
                                   run_checks_in=lambda ws: [self._check(c, None, ws) for c in task.checks],
                                   candidates=agent_cfg.candidates if self.candidates is None else self.candidates,
-                                  candidate_temperature=agent_cfg.candidate_temperature, seed=task.seed or 0):
+                                  candidate_temperature=agent_cfg.candidate_temperature,
+                                  repair_temperature=agent_cfg.repair_temperature, seed=task.seed or 0):
             if isinstance(ev, RepairOutcome):
                 outcome = ev
             elif self.on_event is not None:

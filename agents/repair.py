@@ -130,11 +130,13 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
                     cancelled: Callable[[], bool] = lambda: False,
                     run_checks_in: Callable[[Path], list[dict[str, Any]]] | None = None,
                     candidates: int = 1, candidate_temperature: float = 0.7,
-                    seed: int = 0) -> Iterator[AgentEvent | RepairOutcome]:
+                    repair_temperature: float | None = None, seed: int = 0) -> Iterator[AgentEvent | RepairOutcome]:
     """Run ``prompt``, then check and repair up to ``rounds`` times; yields the agent's events
     and, last, the ``RepairOutcome``. ``limits.wall_s`` bounds the whole attempt; steps and
     tokens apply to each run. Checks do not run after a cancelled or broken run.
-    ``run_checks_in(workspace)`` runs the checks on another folder (needed for candidates)."""
+    ``run_checks_in(workspace)`` runs the checks on another folder (needed for candidates);
+    ``repair_temperature`` (None: the run's own) samples the repair rounds: near-greedy decoding
+    tends to write the same failing file again."""
     t0 = time.monotonic()
     runs: list[AgentDone] = []
     first_try = None
@@ -145,7 +147,9 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
     while True:
         left = None if limits.wall_s is None else max(0.001, limits.wall_s - (time.monotonic() - t0))
         done = None
-        for ev in agent.run(message, AgentLimits(steps=limits.steps, tokens=limits.tokens, wall_s=left)):
+        temperature = repair_temperature if round_no else None
+        for ev in agent.run(message, AgentLimits(steps=limits.steps, tokens=limits.tokens, wall_s=left),
+                            temperature=temperature):
             if isinstance(ev, AgentDone):
                 done = ev
             yield ev

@@ -265,7 +265,8 @@ class AgentSession:
         return self._cancel.is_set()
 
     # -- running ------------------------------------------------------------------------------
-    def run(self, prompt: str, limits: AgentLimits | None = None) -> Iterator[AgentEvent]:
+    def run(self, prompt: str, limits: AgentLimits | None = None, *,
+            temperature: float | None = None) -> Iterator[AgentEvent]:
         """Add ``prompt`` as a user message and run steps until done; yields AgentEvents.
 
         An ``ApprovalNeeded`` must be answered before iteration continues (or from another
@@ -278,7 +279,7 @@ class AgentSession:
             timer.daemon = True
             timer.start()
         try:
-            yield from self._run(prompt, limits)
+            yield from self._run(prompt, limits, temperature)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -315,7 +316,7 @@ class AgentSession:
             if thread.is_alive():
                 self.cancel()
 
-    def _run(self, prompt: str, limits: AgentLimits) -> Iterator[AgentEvent]:
+    def _run(self, prompt: str, limits: AgentLimits, temperature: float | None = None) -> Iterator[AgentEvent]:
         t0 = time.monotonic()
         totals = _Totals()
         step, final_text, reason, error = 0, "", None, None
@@ -346,7 +347,7 @@ class AgentSession:
                 if budget is None:
                     reason = "context"
                     break
-                done, parser = yield from self._generate(step, budget)
+                done, parser = yield from self._generate(step, budget, temperature)
                 totals.prompt += done.usage.prompt_tokens
                 totals.cached += done.usage.cached_tokens
                 totals.completion += done.usage.completion_tokens
@@ -457,13 +458,14 @@ class AgentSession:
         room = min(want, limit - used)
         return room if room >= MIN_STEP_TOKENS else None
 
-    def _generate(self, step: int, max_new: int) -> Iterator[AgentEvent]:
+    def _generate(self, step: int, max_new: int, temperature: float | None = None) -> Iterator[AgentEvent]:
         prompt_ids = self.store.context_tokens(self.session_id)
         force = step == 1 and self.engine.profile.agent.first_step_tool_call
         constraint = ToolCallConstraint(self.masks, force_call=force, max_tokens=max_new) if self.masks else None
         mask_ms0 = self.masks.mask_ms if self.masks else 0.0
         seed = None if self.options.seed is None else self.options.seed + step
-        params = self.engine.sampling(max_tokens=max_new, temperature=self.options.temperature, seed=seed,
+        temperature = self.options.temperature if temperature is None else temperature
+        params = self.engine.sampling(max_tokens=max_new, temperature=temperature, seed=seed,
                                       repetition_penalty=self.engine.profile.agent.repetition_penalty)
         request = GenerationRequest(prompt_ids, params, session_id=self.session_id,
                                     split_reasoning=self.engine.profile.chat.reasoning, constraint=constraint,

@@ -371,6 +371,9 @@ class AgentConfig:
     # checks (agents/candidates.py); 1 = off.
     candidates: int = opt(1, Number(integer=True, ge=1, le=16))
     candidate_temperature: float = opt(0.7, Number(ge=0))
+    # Sampling temperature of ordinary repair rounds (None: the run's): near-greedy decoding tends
+    # to write the same failing file again after the test output.
+    repair_temperature: float | None = opt(None, Number(ge=0, nullable=True))
 
 
 @dataclass(frozen=True)

@@ -101,3 +101,9 @@ def test_status_words_and_repair_message():
                          "python3 -m unittest t", None, 1, 3)
     assert "`python3 -m unittest t` (exit code 1)" in msg and "boom" in msg
     assert json.dumps(msg)
+
+
+def test_repair_rounds_sample_at_the_repair_temperature(tmp_path):
+    result, engine = run(tmp_path, [edit("x + 5"), "Done.", edit("x * 2"), "Fixed."], repair_temperature=0.9)
+    assert result["status"] == "passed"
+    assert [r.params.temperature for r in engine.requests] == [0.0, 0.0, 0.9, 0.9]
