@@ -70,7 +70,9 @@ from tools.sandbox import warn_once
 
 log = logging.getLogger(__name__)
 MIN_STEP_TOKENS = 32  # below this a step cannot say anything useful: stop with "context"
-REPEATS_TO_STOP = 2  # steps in a row made only of repeated calls before the run stops ("repeated")
+REPEATS_TO_STOP = 1  # steps in a row made only of repeated calls that stop the run ("repeated"): a
+# model that repeats a call with nothing changed is looping (the 1.5B then repeats again, or shows
+# code without a path), and the checks' output is the better next prompt
 _DATA_KEYS = ("path", "exit_code", "timed_out", "cancelled", "created", "bytes_written", "replacements",
               "lines_added", "lines_removed", "content_truncated", "denied", "malformed", "sandboxed", "repeated")
 

@@ -185,9 +185,9 @@ def test_a_loop_of_identical_calls_is_refused_then_stopped(tmp_path):
     # the 1.5B's failure mode: the same whole file again and again after "Updated ..."
     ws, _, events = agent_run(tmp_path, [WHOLE] * 5 + ["unreached"])
     results = [e.result for e in events if isinstance(e, ToolFinished)]
-    assert results[0].ok and [r.data.get("repeated") for r in results[1:]] == [True, True]
-    assert "same as in step 1" in results[1].content
-    assert events[-1].reason == "repeated" and events[-1].step == 3
+    assert results[0].ok and [r.data.get("repeated") for r in results[1:]] == [True]
+    assert "same as in step 1" in results[1].content  # every call still gets its result
+    assert events[-1].reason == "repeated" and events[-1].step == 2
 
 
 def test_the_same_test_run_after_a_change_is_not_a_repeat(tmp_path):

@@ -136,7 +136,7 @@ def test_no_checks_means_unchecked_when_the_agent_answers(tmp_path):
     assert result["status"] == "unchecked" and result["checks"] == [] and result["first_try"]["status"] == "unchecked"
     assert result["workspace_changed"] is False
     task2 = load_task(write_task(tmp_path, 'prompt: "loop"\nlimits: {steps: 2}\n', "t2.yaml"))
-    result = HeadlessRun(task2, engine=ScriptedEngine([format_call("list_dir", {})] * 5), run_dir=tmp_path / "r3").run()
+    result = HeadlessRun(task2, engine=ScriptedEngine([format_call("read_file", {"path": f"f{i}"}) for i in range(5)]), run_dir=tmp_path / "r3").run()
     assert result["status"] == "failed" and result["stop_reason"] == "max_steps"
 
 

@@ -256,9 +256,10 @@ def test_tools_left_out_of_the_profile_are_not_offered(tmp_path):
 
 
 @pytest.mark.parametrize("limits, replies, reason", [
-    (AgentLimits(steps=2), [call("list_dir")] * 5, "max_steps"),
-    (AgentLimits(tokens=100), [call("list_dir")] * 5, "max_tokens"),
-    (AgentLimits(wall_s=0.3), [Reply(call("list_dir"), delay_s=0.02)] * 50, "wall_time"),
+    # distinct calls: the same call twice with nothing changed would stop the run as "repeated"
+    (AgentLimits(steps=2), [call("read_file", path=f"f{i}") for i in range(5)], "max_steps"),
+    (AgentLimits(tokens=100), [call("list_dir"), call("list_dir", path="."), call("list_dir")], "max_tokens"),
+    (AgentLimits(wall_s=0.3), [Reply(call("read_file", path=f"f{i}"), delay_s=0.02) for i in range(50)], "wall_time"),
 ])
 def test_limits(tmp_path, limits, replies, reason):
     engine = ScriptedEngine(replies)
