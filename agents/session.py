@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from agents.events import (
 )
 from agents.grammar import ToolCallGrammar
 from agents.ledger import TokenLedger, render_dict
+from agents.loops import LoopGuard
 from agents.parser import Forming, Malformed, Parsed, ParseEvent, Text, ToolCallParser, call_name
 from agents.policy import ApprovalPolicy
 from agents.prompts import corrective_message, example_messages, system_prompt
@@ -483,12 +484,16 @@ class AgentSession:
                 handle.cancel()
         partial = PartialReply(self.store, self.session_id, handle, meta={"step": step})
         done: Done | None = None
+        guard, raw = LoopGuard(), ""
         try:
             for ev in handle:
                 if isinstance(ev, EngineTextDelta):
                     for pe in parser.feed(ev.text):
                         yield _event(step, pe)
                     partial.update(parser.visible_text)  # a kill keeps the step's reply so far
+                    raw += ev.text
+                    if not guard.tripped and guard.update(raw):
+                        handle.cancel()  # a degenerate loop: the rest of the budget would repeat it
                 elif isinstance(ev, Done):
                     done = ev
             for pe in parser.finish():
@@ -499,6 +504,11 @@ class AgentSession:
             if done is None:
                 partial.close()
         assert done is not None
+        if guard.tripped and done.finish_reason == "cancelled" and not self._cancel.is_set():
+            done = replace(done, finish_reason="looped")
+            note = " (the reply kept repeating the same lines and was stopped)"
+            parser.malformed = [replace(m, error=m.error + note) for m in parser.malformed]
+            self.transcript.write("loop_stopped", step, completion_tokens=done.usage.completion_tokens)
         self._record_reply(step, done, parser, constraint, mask_ms0, partial)
         yield StepDone(step, done.finish_reason, done.usage.prompt_tokens, done.usage.cached_tokens,
                        done.usage.completion_tokens, done.timings.decode_tps, done.timings.ttft_ms,
