@@ -4,7 +4,7 @@ from engine.sessions import SessionStore
 
 from agents.events import AgentDone, ToolFinished
 from agents.loops import LoopGuard, looping
-from agents.scripted import ScriptedEngine, scripted_profile
+from agents.scripted import Reply, ScriptedEngine, scripted_profile
 from agents.session import AgentOptions, AgentSession
 from agents.transcript import Transcript
 
@@ -34,7 +34,8 @@ def test_guard_checks_at_line_ends():
 def test_a_looping_step_is_stopped_and_the_run_goes_on(tmp_path):
     (tmp_path / "ws").mkdir()
     looped = "solver.py\n```python\ndef solve(words):\n" + LOOP_LINE * 200
-    engine = ScriptedEngine([looped, "solver.py\n```python\ndef solve(x):\n    return x\n```", "Done."],
+    # paced like a real decode, so the cancel lands while the reply streams
+    engine = ScriptedEngine([Reply(looped, delay_s=0.001), "solver.py\n```python\ndef solve(x):\n    return x\n```", "Done."],
                             profile=scripted_profile(edit_format="whole", max_tokens=20000))
     options = AgentOptions(system_prompt="t", examples=False, interactive=False, allow=("write_file",))
     agent = AgentSession.create(engine, SessionStore(), tmp_path / "ws", options=options, transcript=Transcript(None))
