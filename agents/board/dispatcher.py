@@ -268,13 +268,8 @@ class Dispatcher:
 
 
 def _notes(att: Attempt) -> str:
-    """What review should know beyond the status: repair rounds used, an unchanged workspace."""
-    notes = []
-    if att.repair_rounds:
-        n = len(att.repair_rounds)
-        notes.append(f"after {n} repair round{'s' if n != 1 else ''}")
-    if att.workspace_changed is False:
-        notes.append("no file in the workspace changed")
+    """What review should know beyond the status (repair rounds, an unchanged workspace)."""
+    notes = att.notes()
     return f" ({'; '.join(notes)})" if notes else ""
 
 

@@ -146,6 +146,23 @@ class Attempt:
         p, c = self.tokens.get("prompt"), self.tokens.get("cached")
         return None if not p or c is None else c / p
 
+    def notes(self) -> list[str]:
+        """Short facts review should see beside the status (CLI, TUI, the dispatcher's reason):
+        the first try when repair changed the outcome or rounds ran, corrective turns, and an
+        unchanged workspace. Unknown fields (older attempts) add nothing."""
+        out = []
+        ft = self.first_try
+        if ft and self.repair_rounds:
+            total = (ft.get("checks_passed") or 0) + (ft.get("checks_failed") or 0)
+            n = len(self.repair_rounds)
+            out.append(f"first try {ft.get('status')} ({ft.get('checks_passed')}/{total} checks), "
+                       f"{n} repair round{'s' if n != 1 else ''}")
+        if self.corrective_turns:
+            out.append(f"{self.corrective_turns} corrective turn{'s' if self.corrective_turns != 1 else ''}")
+        if self.workspace_changed is False:
+            out.append("no file in the workspace changed")
+        return out
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["first_step_cached_ratio"] = self.first_step_cached_ratio

@@ -157,8 +157,12 @@ def _list(args) -> int:
 
 
 def _show(args) -> int:
-    from agents.board.actions import export_card
+    from dataclasses import fields
 
+    from agents.board.actions import export_card
+    from agents.board.model import Attempt
+
+    fields_ = {f.name for f in fields(Attempt)}
     data = export_card(_board(), args.id)
     if args.json:
         _out(args, data, "")
@@ -179,6 +183,11 @@ def _show(args) -> int:
               + (f", {a['requests']} requests, {t['completion']} tokens" if a["requests"] else "")
               + (f", first step {ratio:.0%} cached" if ratio is not None else "")
               + f", session {a['session_id'] or '-'}")
+        notes = Attempt(**{k: v for k, v in a.items() if k in fields_}).notes()
+        if notes:
+            print(f"    {'; '.join(notes)}")
+        if a["status"] == "unchecked":
+            print("    unchecked: the card has no checks; nothing verified the work")
         for ch in a["checks"]:
             print(f"    check {ch['name']}: {'passed' if ch['passed'] else 'FAILED'}")
         if a["error"]:
@@ -247,14 +256,19 @@ def _parse_wip(items: list[str]) -> dict[str, int]:
 
 
 def summary(cards, finished, wall_s: float) -> dict:
-    """The JSON summary of a dispatcher run (also what the benchmark reads)."""
+    """The JSON summary of a dispatcher run (also what the benchmark reads). ``unchecked``: cards
+    in review whose last attempt had no checks to pass (nothing verified them)."""
+    last = {cid: a.status for cid, a in finished}
     attempts = [{"card": cid, "number": a.number, "status": a.status, "wall_s": a.wall_s,
                  "first_step_cached_ratio": a.first_step_cached_ratio, "cached_ratio": a.cached_ratio,
                  "tokens": a.tokens, "checks_passed": sum(1 for c in a.checks if c["passed"]),
-                 "checks": len(a.checks)} for cid, a in finished]
+                 "checks": len(a.checks), "first_try": (a.first_try or {}).get("status"),
+                 "repair_rounds": len(a.repair_rounds), "corrective_turns": a.corrective_turns,
+                 "workspace_changed": a.workspace_changed} for cid, a in finished]
     return {"wall_s": round(wall_s, 3), "cards": [{"id": c.id, "title": c.title, "state": c.state,
                                                    "reason": c.reason} for c in cards],
-            "attempts": attempts, "failed": [c.id for c in cards if c.state == "failed"]}
+            "attempts": attempts, "failed": [c.id for c in cards if c.state == "failed"],
+            "unchecked": [c.id for c in cards if c.state == "review" and last.get(c.id) == "unchecked"]}
 
 
 def _run(args) -> int:
@@ -323,5 +337,6 @@ def _run(args) -> int:
     else:
         for c in cards:
             print(_line(c))
-        print(f"{len(cards)} cards in {result['wall_s']:.1f} s; {len(result['failed'])} failed")
+        print(f"{len(cards)} cards in {result['wall_s']:.1f} s; {len(result['failed'])} failed"
+              + (f"; {len(result['unchecked'])} unchecked (no checks)" if result["unchecked"] else ""))
     return 1 if result["failed"] else 0
