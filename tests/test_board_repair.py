@@ -212,3 +212,13 @@ def test_prompt_cards_and_old_boards(tmp_path):
     exported = actions.export_card(board, cid)
     assert exported["attempts"][0]["workspace_changed"] is None
     board.close()
+
+
+def test_cli_repair_rounds_option(tmp_path, capsys):
+    yaml = task_folder(tmp_path, "a", run="python3 {dir}/check.py", extra="repair_rounds: 1\n")
+    assert cli("tasks", "add", str(yaml), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["repair_rounds"] == 1
+    assert cli("tasks", "add", "--prompt", "hi", "--repair-rounds", "0", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["repair_rounds"] == 0
+    assert cli("tasks", "add", "--prompt", "hi", "--repair-rounds", "-1") == 2
+    assert "--repair-rounds must be >= 0" in capsys.readouterr().err

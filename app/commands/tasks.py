@@ -31,7 +31,10 @@ def register(sub) -> None:
     ap.add_argument("--label", action="append", default=[], metavar="L")
     ap.add_argument("--after", action="append", default=[], type=int, metavar="ID",
                     help="run only after card ID is done (repeatable)")
-    ap.add_argument("--max-retries", type=int, default=2, metavar="N")
+    ap.add_argument("--max-retries", type=int, default=2, metavar="N",
+                    help="new attempts (new sessions) after failed checks (default 2)")
+    ap.add_argument("--repair-rounds", type=int, metavar="N",
+                    help="failing check output sent back within an attempt (default: the task's, else the profile's)")
     ap.add_argument("--auto-accept", action="store_true", help="checks passed -> done (no review)")
     ap.add_argument("--backlog", action="store_true", help="add to the backlog instead of the queue")
     ap.add_argument("--json", action="store_true")
@@ -130,6 +133,10 @@ def _add(args) -> int:
                     allow=list(args.allow), **extra)
     if args.max_retries < 0:
         raise BoardError("--max-retries must be >= 0")
+    if args.repair_rounds is not None:
+        if args.repair_rounds < 0:
+            raise BoardError("--repair-rounds must be >= 0")
+        card.repair_rounds = args.repair_rounds
     card.state = "backlog" if args.backlog else "queued"
     card = _board().add(card)
     _out(args, card.as_dict(), f"added card {card.id} ({card.state}): {card.title}")
