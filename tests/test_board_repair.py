@@ -91,11 +91,18 @@ def test_yaml_cards_with_check_scripts_repair_and_unchecked(tmp_path, monkeypatc
         "d": [answer("Nothing to write; the answer is d.")] * 2,  # the second after the corrective turn
     })
     sessions = SessionStore(tmp_path / "sessions.sqlite3")
-    peak = []
+    peak, seen = [], []
+
+    def on_event(run, ev) -> None:
+        peak.append(len(d.running))
+        seen.append((run.card.title[-1], type(ev).__name__, run.round))
+
     d = Dispatcher(board, sessions, lambda p: engine, default_profile="scripted", concurrency=2,
-                   on_event=lambda run, ev: peak.append(len(d.running)))
+                   on_event=on_event)
     d.drain()
     assert max(peak) == 2
+    assert ("d", "Corrective", 0) in seen  # the live status gets the corrective turn...
+    assert ("b", "StepStart", 1) in seen and ("a", "StepStart", 1) not in seen  # ...and the repair round
     got = {k: board.get(c.id) for k, c in cards.items()}
     assert {k: c.state for k, c in got.items()} == {"a": "review", "b": "review", "c": "review", "d": "review"}
 
