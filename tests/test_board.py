@@ -119,7 +119,7 @@ def test_order_is_priority_then_age_and_wip_limits(board, sessions):
 def test_dependencies_wait_block_and_release(board, sessions, tmp_path):
     engine = RoutedEngine({"a": ok_script("a"), "b": ok_script("b"),
                            "c": [answer("I give up.")] * 3, "d": ok_script("d")})
-    a = board.add(card("a", auto_accept=True))
+    a = board.add(card("a", checks=["test -f a.txt"], auto_accept=True))
     b = board.add(card("b", depends_on=[a.id], priority=9))
     c = board.add(card("c", checks=["test -f c.txt"], max_retries=0))
     d_ = board.add(card("d", depends_on=[c.id]))
@@ -136,7 +136,8 @@ def test_dependencies_wait_block_and_release(board, sessions, tmp_path):
 
 def test_retry_feeds_the_failed_check_back(board, sessions):
     engine = RoutedEngine({"a": [write("wrong.txt", "a"), answer(), write("a.txt", "a"), answer()]})
-    c = board.add(card("a", checks=["test -f a.txt || { echo 'a.txt is missing'; exit 3; }"], max_retries=1))
+    c = board.add(card("a", checks=["test -f a.txt || { echo 'a.txt is missing'; exit 3; }"], max_retries=1,
+                       repair_rounds=0))  # no repair inside the attempt: the retry is a new attempt
     dispatcher(board, sessions, engine).drain()
     first, second = board.attempts(c.id)
     assert first.status == "failed" and first.checks[0]["exit_code"] == 3
@@ -151,7 +152,7 @@ def test_retry_feeds_the_failed_check_back(board, sessions):
 
 def test_retries_exhausted_fail_and_manual_retry(board, sessions):
     engine = RoutedEngine({"a": [answer("no")] * 4 + ok_script("a")})  # each attempt: "no", sent back, "no"
-    c = board.add(card("a", checks=["test -f a.txt"], max_retries=1))
+    c = board.add(card("a", checks=["test -f a.txt"], max_retries=1, repair_rounds=0))
     d = dispatcher(board, sessions, engine)
     d.drain()
     assert board.get(c.id).state == "failed" and len(board.attempts(c.id)) == 2

@@ -128,6 +128,32 @@ def test_board_card_unknowns_and_plots(tmp_path):
     assert "unknown</text>" in page  # an unknown bar is drawn as unknown
 
 
+def test_unchecked_unchanged_and_repaired_runs_say_so(tmp_path):
+    """A run without checks is "unchecked" (amber, never passed); an unchanged workspace and a
+    pass after repair rounds are flagged; an old result.json without these fields is unknown."""
+    task = tmp_path / "t.yaml"
+    task.write_text('prompt: "say hi"\n')
+    unchecked = HeadlessRun(load_task(task), engine=ScriptedEngine(["hi"]), run_dir=tmp_path / "r1").run()
+    assert unchecked["status"] == "unchecked" and unchecked["workspace_changed"] is False
+    task2 = tmp_path / "t2.yaml"
+    task2.write_text('prompt: "create a.txt"\nchecks:\n  - {name: a, run: test "$(cat a.txt)" = a}\n')
+    replies = [format_call("write_file", {"path": "a.txt", "content": "b"}), "Done.",
+               format_call("write_file", {"path": "a.txt", "content": "a"}), "Fixed."]
+    repaired = HeadlessRun(load_task(task2), engine=ScriptedEngine(replies), run_dir=tmp_path / "r2").run()
+    assert repaired["status"] == "passed" and repaired["first_try"]["status"] == "failed"
+    page = build_report([tmp_path / "r1" / "result.json", tmp_path / "r2" / "result.json"])
+    overview = page.split('id="overview"')[1].split("</table>")[0]
+    row1, row2 = overview.split("<tr>")[2:4]
+    assert 'class="badge warn">unchecked<' in row1 and "no checks ran" in row1 and "workspace unchanged" in row1
+    assert 'class="badge ok">passed<' in row2 and "first try failed, 1 repair round" in row2
+    assert "workspace unchanged" not in row2
+    assert "round 1" in page and "no: no file in the workspace changed" in page
+    old = {k: v for k, v in repaired.items() if k not in ("first_try", "repair_rounds", "workspace_changed",
+                                                          "corrective_turns")}
+    page = build_report([old])
+    assert "first try" not in page.split('id="overview"')[1].split("</table>")[0]
+
+
 def test_bench_kinds_known_and_generic():
     page = build_report([BENCH_ENGINE, BENCH_RESUME, BENCH_SPEECH, BENCH_SPEC])
     assert scripts_in(page) == ["<script"]

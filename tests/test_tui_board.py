@@ -282,3 +282,38 @@ def test_attempt_dataclass_roundtrip(tmp_path):
     c = b.add(key_card("z"))
     att = b.new_attempt(c.id, "first", "p")
     assert isinstance(att, Attempt) and b.attempts(c.id)[0].prompt == "p"
+
+
+async def test_repair_round_and_unchecked_card_in_the_card_screen():
+    """A card whose first answer fails its check is repaired in the same attempt (the live agent
+    tab says so); a card without checks lands in review marked unchecked and unchanged."""
+    from app.tui.widgets.tool_card import AgentNotice
+
+    app, _ = make_app({"r": [write("r.txt", "x", delay_s=0.03), answer("Wrote it."), write("r.txt", "r"),
+                             answer("Fixed it.")],
+                       "u": [answer("Nothing to do.")] * 2})
+    async with app.run_test(size=SIZE) as pilot:
+        r = app.board.board.add(Card(id=0, title="task r", prompt="[card-r] make r.txt", state="queued",
+                                     checks=[CheckSpec("content", 'test "$(cat r.txt)" = r')]))
+        screen = await open_board(pilot)
+        screen.select(r.id)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, CardScreen), what="the card screen")
+        card_screen = app.screen
+        await wait_for(pilot, lambda: state(app, r.id) == "review", what="review")
+        await wait_for(pilot, lambda: any(n.kind == "repair" for n in card_screen.query(AgentNotice)),
+                       what="the repair notice")
+        (att,) = app.board.board.attempts(r.id)
+        assert att.first_try["status"] == "failed" and att.repair_rounds[0]["status"] == "passed"
+        await card_screen.refresh_card()
+        await pilot.press("3")
+        review = str(card_screen.query_one("#card-checks").render())
+        assert "first try: failed (0 passed, 1 failed)" in review and "repair round 1: passed" in review
+        assert "1 repair round" in str(card_screen.query_one("#card-attempts").render())
+        await pilot.press("escape")
+        u = app.board.board.add(Card(id=0, title="task u", prompt="[card-u] what is u?", state="queued",
+                                     auto_accept=True))
+        await wait_for(pilot, lambda: state(app, u.id) == "review", what="the unchecked card in review")
+        await screen.refresh_board()
+        widget = next(w for w in screen.query(BoardCard) if w.card_id == u.id)
+        assert "attempt 1 unchecked · no changes" in str(widget.render()) and widget.has_class("-unchecked")

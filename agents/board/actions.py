@@ -14,7 +14,8 @@ from agents.tasks import TaskSpec
 
 
 def card_from_task(task: TaskSpec, **overrides: Any) -> Card:
-    """A card from a task YAML (the same file as ``mlxterm run``)."""
+    """A card from a task YAML (the same file as ``mlxterm run``). The YAML's folder is kept
+    (``task_dir``): the card's checks may read it, as under ``mlxterm run``."""
     limits = {k: v for k, v in (("steps", task.steps), ("tokens", task.tokens), ("wall_s", task.wall_s))
               if v is not None}
     sampling = {k: v for k, v in (("temperature", task.temperature), ("seed", task.seed),
@@ -25,7 +26,8 @@ def card_from_task(task: TaskSpec, **overrides: Any) -> Card:
                 else {"kind": "empty", "source": None},
                 checks=[CheckSpec(c.name, c.run, c.timeout_s) for c in task.checks], limits=limits,
                 sampling=sampling, allow=list(task.allow), system=task.system, examples=task.examples,
-                task_file=str(task.path))
+                task_file=str(Path(task.path).resolve()), task_dir=str(Path(task.path).resolve().parent),
+                test_command=task.test_command, repair_rounds=task.repair_rounds)
     for k, v in overrides.items():
         if v is not None:
             setattr(card, k, v)

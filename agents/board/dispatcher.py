@@ -5,10 +5,12 @@ global WIP limit (``concurrency``) and its profile's limit (``per_profile``), an
 card it depends on is done; while one is not, the card waits in ``blocked`` (and goes back to
 queued when they are done). Each attempt runs on its own thread against one ``Engine`` per
 profile: requests from several cards take turns on the engine thread today and decode together
-once the engine batches. After an attempt: checks passed -> review (done with
-``auto_accept``); failed -> queued again with the check output for the next attempt, up to
-``max_retries``, then failed; cancelled -> backlog. On start, ``BoardStore.recover`` requeues
-cards whose attempt was running in a process that is gone.
+once the engine batches. Inside an attempt, failing checks go back to the same agent session
+for the card's repair rounds (``runner``). After an attempt: passed (at least one check ran,
+all passed) -> review (done with ``auto_accept``); unchecked (no checks, the agent answered)
+-> review, never done by itself; failed -> queued again with the check output for the next
+attempt (a new session), up to ``max_retries``, then failed; cancelled -> backlog. On start,
+``BoardStore.recover`` requeues cards whose attempt was running in a process that is gone.
 """
 
 from __future__ import annotations
@@ -180,7 +182,11 @@ class Dispatcher:
                        next_attempt=nxt, cancel_requested=False)
         elif att.status == "passed":
             target = "done" if card.auto_accept else "review"
-            self._move(card_id, target, reason=f"attempt {att.number}: checks passed", next_attempt=None)
+            self._move(card_id, target, reason=f"attempt {att.number}: checks passed" + _notes(att),
+                       next_attempt=None)
+        elif att.status == "unchecked":  # nothing verified it: a person looks, even with auto_accept
+            self._move(card_id, "review", reason=f"attempt {att.number}: unchecked (the card has no checks)"
+                       + _notes(att), next_attempt=None)
         elif card.retries_used < card.max_retries:
             feedback = check_feedback(att.checks) or (
                 f"the agent stopped ({att.stop_reason}): {att.error or att.final_text or 'no answer'}")
@@ -259,6 +265,12 @@ class Dispatcher:
     def approval(self, card_id: int):
         run = self.running.get(card_id)
         return run.pending_approval if run is not None else None
+
+
+def _notes(att: Attempt) -> str:
+    """What review should know beyond the status (repair rounds, an unchanged workspace)."""
+    notes = att.notes()
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _dead_reason(dead: list[int]) -> str:

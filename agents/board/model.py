@@ -13,9 +13,12 @@ from engine.errors import MlxtermError
 
 STATES = ("backlog", "queued", "running", "review", "done", "failed", "blocked", "archived")
 
-# from -> the states a card may move to. "running -> queued" is a retry after failed checks or
-# an attempt interrupted by a crash; "review -> queued" is a reject (a follow-up attempt in the
-# same agent session); "running -> backlog" is a cancel.
+# from -> the states a card may move to. "running -> review" is an attempt whose checks passed
+# or a card without checks whose agent answered (its attempt is "unchecked": review tells it
+# apart); "running -> done" is a passed attempt of an auto_accept card (never an unchecked
+# one); "running -> queued" is a retry after failed checks (the attempt's repair rounds are
+# spent) or an attempt interrupted by a crash; "review -> queued" is a reject (a follow-up
+# attempt in the same agent session); "running -> backlog" is a cancel.
 TRANSITIONS: dict[str, frozenset[str]] = {
     "backlog": frozenset({"queued", "archived"}),
     "queued": frozenset({"running", "backlog", "blocked", "archived"}),
@@ -27,7 +30,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "archived": frozenset({"backlog"}),
 }
 ACTIVE = ("queued", "running")
-ATTEMPT_STATUSES = ("running", "passed", "failed", "error", "cancelled", "interrupted")
+# passed: at least one check ran and every one passed (after the attempt's repair rounds);
+# unchecked: the card has no checks and the agent answered (nothing verified it); failed: a check
+# still failed, or the agent stopped without an answer; error / cancelled / interrupted: the run.
+ATTEMPT_STATUSES = ("running", "passed", "unchecked", "failed", "error", "cancelled", "interrupted")
 WORKSPACE_KINDS = ("empty", "template", "git")
 
 
@@ -77,6 +83,9 @@ class Card:
     max_retries: int = 2
     auto_accept: bool = False
     task_file: str | None = None
+    task_dir: str | None = None  # the task YAML's folder: checks may read it ($MLXTERM_TASK_DIR)
+    test_command: str | None = None  # the prompt tells the agent to run it (task YAML test_command)
+    repair_rounds: int | None = None  # check failures sent back per attempt (None: the profile's)
     created_at: float = 0.0
     updated_at: float = 0.0
     reason: str | None = None  # why it is where it is (blocked by..., failed after...)
@@ -114,6 +123,16 @@ class Attempt:
     stop_reason: str | None = None
     error: str | None = None
     final_text: str | None = None
+    # repair rounds inside the attempt (agents.repair): the check summary at the agent's first
+    # final answer ({status, checks_passed, checks_failed}; None: checks never ran), one record
+    # per round that followed, the answers sent back once for not doing the work, and whether
+    # any workspace file changed during the attempt (None: not recorded, e.g. an old board)
+    first_try: dict[str, Any] | None = None
+    repair_rounds: list[dict[str, Any]] = field(default_factory=list)
+    corrective_turns: int | None = None
+    workspace_changed: bool | None = None
+    changed_files: list[str] = field(default_factory=list)
+    evidence_dir: str | None = None  # $MLXTERM_RUN_DIR of its checks (quality.json, screenshots)
     pid: int | None = None  # the process running it (crash recovery checks it is gone)
 
     @property
@@ -126,6 +145,23 @@ class Attempt:
     def cached_ratio(self) -> float | None:
         p, c = self.tokens.get("prompt"), self.tokens.get("cached")
         return None if not p or c is None else c / p
+
+    def notes(self) -> list[str]:
+        """Short facts review should see beside the status (CLI, TUI, the dispatcher's reason):
+        the first try when repair changed the outcome or rounds ran, corrective turns, and an
+        unchanged workspace. Unknown fields (older attempts) add nothing."""
+        out = []
+        ft = self.first_try
+        if ft and self.repair_rounds:
+            total = (ft.get("checks_passed") or 0) + (ft.get("checks_failed") or 0)
+            n = len(self.repair_rounds)
+            out.append(f"first try {ft.get('status')} ({ft.get('checks_passed')}/{total} checks), "
+                       f"{n} repair round{'s' if n != 1 else ''}")
+        if self.corrective_turns:
+            out.append(f"{self.corrective_turns} corrective turn{'s' if self.corrective_turns != 1 else ''}")
+        if self.workspace_changed is False:
+            out.append("no file in the workspace changed")
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -2,9 +2,19 @@
 
 ``AttemptRun(...).run()`` runs the agent (a new session for the first attempt and for
 automatic retries, the same session for a follow-up after a reject or a resume after a
-crash), then the card's checks through ``agents.checks.run_check`` (the one check runner),
-and fills the ``Attempt``: per-step tokens / cache source / TTFT, tool errors, checks, diff.
-The attempt is saved after every step, so a crash keeps what was done.
+crash) through ``agents.repair.run_with_repair``: after the agent's final answer the card's
+checks run (``agents.checks.run_check``, the one check runner) and failing output goes back
+to the same session for up to ``repair_rounds`` rounds (the card's, else the profile's
+``agent.repair_rounds``). Then the attempt is scored: ``passed`` only when at least one check
+ran and all passed, ``unchecked`` for a card without checks whose agent answered, else
+``failed`` (``error`` / ``cancelled`` from the run). The ``Attempt`` keeps per-step tokens /
+cache source / TTFT, tool errors, the checks, the first try before any repair, the rounds,
+corrective turns, whether the workspace changed, and the diff. It is saved after every step,
+so a crash keeps what was done.
+
+Checks see what ``mlxterm run`` gives them: the card's task folder readable
+(``$MLXTERM_TASK_DIR``: check scripts next to the YAML), an evidence folder writable
+(``$MLXTERM_RUN_DIR``), ``$MLXTERM_WORKSPACE`` and ``$MLXTERM_PYTHON``.
 
 Before the first step, the shared prefix every card starts with (system prompt, tool prelude
 and example turns) is prefilled once per engine (``warm_prefix``): the first step of every
@@ -15,6 +25,7 @@ steps take turns on the engine or run in one batch.
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 import time
 import weakref
@@ -31,6 +42,7 @@ from agents.events import (
     AgentDone,
     AgentEvent,
     ApprovalNeeded,
+    Corrective,
     StepDone,
     StepStart,
     TextDelta,
@@ -39,6 +51,13 @@ from agents.events import (
     ToolCallParsed,
     ToolFinished,
     ToolStarted,
+)
+from agents.repair import (
+    RepairOutcome,
+    changed_paths,
+    check_status,
+    run_with_repair,
+    workspace_fingerprint,
 )
 from agents.session import AgentLimits, AgentOptions, AgentSession
 from agents.tasks import Check
@@ -53,14 +72,22 @@ def attempt_prompt(card: Card, kind: str, feedback: str | None) -> str:
     """What the agent is told: the card's prompt, the failed checks of the previous attempt
     (retry), the reviewer's comment (follow-up) or a nudge to finish (resume)."""
     if kind == "retry" and feedback:
-        return (f"{card.prompt}\n\nA previous attempt did not pass the acceptance checks. The files it "
+        return (f"{task_prompt(card)}\n\nA previous attempt did not pass the acceptance checks. The files it "
                 f"left are in the workspace. Check output:\n{feedback}\nFix the work so the checks pass.")
     if kind == "followup":
         return (f"The reviewer rejected the result: {feedback or 'no comment'}\n"
                 "Change the work accordingly.")
     if kind == "resume":
         return f"The run was interrupted. Continue the task and finish it: {card.prompt}"
-    return card.prompt
+    return task_prompt(card)
+
+
+def task_prompt(card: Card) -> str:
+    """The card's prompt, plus how to run its tests when it names a test command (as
+    ``TaskSpec.full_prompt``)."""
+    if not card.test_command or card.test_command in card.prompt:
+        return card.prompt
+    return f"{card.prompt.rstrip()}\n\nRun the tests with: {card.test_command}"
 
 
 def check_feedback(checks: list[dict[str, Any]]) -> str:
@@ -113,7 +140,8 @@ class AttemptRun:
         self._cancelled = threading.Event()
         # live status for the board
         self.step = 0
-        self.tool: str | None = None
+        self.round = 0  # 0: the agent's first run; n: repair round n (check output sent back)
+        self.tool: str | None = None  # the tool being called, or "checks" while they run
         self.step_tokens = 0
         self.t0 = time.monotonic()
 
@@ -135,32 +163,33 @@ class AttemptRun:
         att.workspace = card.workspace_dir
         t0 = time.monotonic()
         transcript = Transcript(ws_mod.board_dir(self.board) / "cards" / str(card.id) / f"attempt-{att.number}.jsonl")
+        before: dict[str, str] | None = None
         try:
             self._open_agent(transcript)
             att.session_id = self.agent.session_id
+            att.evidence_dir = str(ws_mod.evidence_dir(self.board, card.id))
             self.board.save_attempt(att)
             if self.cancelled:
                 self.agent.cancel()
             if self.warm and att.kind in ("first", "retry"):
                 warm_prefix(self.engine, self.agent)
-            done = self._run_agent()
+            before = workspace_fingerprint(Path(card.workspace_dir))
+            outcome = self._run_agent(transcript)
+            done = outcome.done
             att.stop_reason, att.error, att.final_text = done.reason, done.error, done.final_text
-            if done.reason == "cancelled":
-                att.status = "cancelled"
-            else:
-                att.checks = [run_check(Check(c.name, c.run, c.timeout_s), Path(card.workspace_dir), self.agent.sandbox,
-                                        transcript=transcript)
-                              for c in card.checks]
-                if done.reason == "error":
-                    att.status = "error"
-                elif att.checks:
-                    att.status = "passed" if all(c["passed"] for c in att.checks) else "failed"
-                else:
-                    att.status = "passed" if done.reason == "answered" else "failed"
+            att.checks, att.first_try, att.repair_rounds = outcome.checks, outcome.first_try, outcome.rounds
+            att.corrective_turns = outcome.corrective_turns
+            att.status = self._score(outcome)
         except Exception as e:  # noqa: BLE001 (the attempt must end with a record, not vanish)
             att.status, att.error = "error", f"{type(e).__name__}: {e}"
         finally:
             transcript.close()
+        if before is not None:
+            try:
+                changed = changed_paths(before, workspace_fingerprint(Path(card.workspace_dir)))
+                att.workspace_changed, att.changed_files = bool(changed), changed[:200]
+            except OSError:
+                pass  # unknown stays None
         try:
             att.diff = ws_mod.diff(card)
         except Exception as e:  # noqa: BLE001
@@ -171,8 +200,50 @@ class AttemptRun:
         self.board.log(card.id, "attempt_finished", number=att.number, status=att.status,
                        stop_reason=att.stop_reason, error=att.error, wall_s=att.wall_s,
                        tokens=att.tokens, first_step_cached_ratio=att.first_step_cached_ratio,
-                       checks=[{"name": c["name"], "passed": c["passed"]} for c in att.checks])
+                       checks=[{"name": c["name"], "passed": c["passed"]} for c in att.checks],
+                       first_try=att.first_try, repair_rounds=len(att.repair_rounds),
+                       corrective_turns=att.corrective_turns, workspace_changed=att.workspace_changed)
         return att
+
+    def _score(self, outcome: RepairOutcome) -> str:
+        """passed only when at least one check ran and all passed; a card without checks whose
+        agent answered is unchecked (never passed)."""
+        done = outcome.done
+        if done.reason == "cancelled" or self.cancelled:
+            return "cancelled"
+        if done.reason == "error":
+            return "error"
+        if not self.card.checks:
+            return "unchecked" if done.reason == "answered" else "failed"
+        return check_status(outcome.checks)
+
+    def check_env(self) -> dict[str, str]:
+        """What a check script may need, as under ``mlxterm run``: the task folder (when the card
+        came from a YAML), the evidence folder, the workspace and the Python running mlxterm."""
+        card = self.card
+        env = {"MLXTERM_RUN_DIR": str(ws_mod.evidence_dir(self.board, card.id)),
+               "MLXTERM_WORKSPACE": str(Path(card.workspace_dir).resolve()), "MLXTERM_PYTHON": sys.executable}
+        task_dir = ws_mod.task_dir(card)
+        if task_dir is not None:
+            env["MLXTERM_TASK_DIR"] = task_dir
+        return env
+
+    def run_checks(self, transcript: Transcript | None = None) -> list[dict[str, Any]]:
+        """The card's checks in its workspace, in the agent's sandbox; the task folder readable,
+        the evidence folder writable."""
+        card = self.card
+        evidence = ws_mod.evidence_dir(self.board, card.id)
+        evidence.mkdir(parents=True, exist_ok=True)
+        task_dir = ws_mod.task_dir(card)
+        env = self.check_env()
+        tool, self.tool = self.tool, "checks"
+        try:
+            return [run_check(Check(c.name, c.run, c.timeout_s), Path(card.workspace_dir), self.agent.sandbox,
+                              env=env, writable=(str(evidence),), readable=(task_dir,) if task_dir else (),
+                              transcript=transcript)
+                    for c in card.checks]
+        finally:
+            self.tool = tool
 
     def _open_agent(self, transcript: Transcript) -> None:
         card, att = self.card, self.attempt
@@ -189,15 +260,23 @@ class AttemptRun:
                                              transcript=transcript,
                                              meta={"board": {"card": card.id, "attempt": att.number}})
 
-    def _run_agent(self) -> AgentDone:
-        att = self.attempt
-        limits = AgentLimits(steps=self.card.limits.get("steps"), tokens=self.card.limits.get("tokens"),
-                             wall_s=self.card.limits.get("wall_s"))
+
+    def _run_agent(self, transcript: Transcript) -> RepairOutcome:
+        att, card = self.attempt, self.card
+        limits = AgentLimits(steps=card.limits.get("steps"), tokens=card.limits.get("tokens"),
+                             wall_s=card.limits.get("wall_s"))
+        rounds = card.repair_rounds if card.repair_rounds is not None else self.engine.profile.agent.repair_rounds
         tokens = {"prompt": 0, "cached": 0, "completion": 0}
         ttft, tool_errors, calls = 0.0, 0, 0
         ttft_known = True
-        done: AgentDone | None = None
-        for ev in self.agent.run(att.prompt, limits):
+        outcome: RepairOutcome | None = None
+        self.round = 0
+        for ev in run_with_repair(self.agent, att.prompt, limits, lambda: self.run_checks(transcript), rounds,
+                                  test_command=card.test_command, transcript=transcript,
+                                  cancelled=self._cancelled.is_set):
+            if isinstance(ev, RepairOutcome):
+                outcome = ev
+                continue
             if isinstance(ev, StepStart):
                 self.step, self.tool, self.step_tokens, calls = ev.step, None, 0, 0
             elif isinstance(ev, TextDelta | ToolCallForming):
@@ -214,7 +293,8 @@ class AttemptRun:
                     ttft_known = False
                 else:
                     ttft += ev.ttft_ms / 1000
-                att.steps.append({"request": ev.step, "prompt_tokens": ev.prompt_tokens,
+                att.steps.append({"request": len(att.steps) + 1, "round": self.round,
+                                  "prompt_tokens": ev.prompt_tokens,
                                   "cached_tokens": ev.cached_tokens, "completion_tokens": ev.completion_tokens,
                                   "cache_source": ev.cache_source,
                                   "ttft_s": round(ev.ttft_ms / 1000, 4) if ev.ttft_ms else None,
@@ -231,13 +311,15 @@ class AttemptRun:
                 att.tool_errors = tool_errors
             elif isinstance(ev, ApprovalNeeded):
                 self.pending_approval = ev
-                self.board.log(self.card.id, "approval_needed", number=att.number, tool=ev.call.name)
+                self.board.log(card.id, "approval_needed", number=att.number, tool=ev.call.name)
+            elif isinstance(ev, Corrective):
+                self.board.log(card.id, "corrective", number=att.number, step=ev.step, message=ev.message[:500])
             elif isinstance(ev, AgentDone):
-                done = ev
+                self.round += 1  # the next run (if any) is a repair round
             if isinstance(ev, ToolStarted | ToolFinished):
                 self.pending_approval = None
             if self.on_event is not None:
                 self.on_event(self, ev)
-        assert done is not None
+        assert outcome is not None
         att.tool_errors = tool_errors
-        return done
+        return outcome

@@ -27,6 +27,21 @@ def board_dir(board) -> Path:
     return board.path.parent / "board"
 
 
+def evidence_dir(board, card_id: int) -> Path:
+    """Where a card's checks may write evidence (quality.json, screenshots): ``$MLXTERM_RUN_DIR``."""
+    return (board_dir(board) / "cards" / str(int(card_id)) / "evidence").resolve()
+
+
+def task_dir(card: Card) -> str | None:
+    """The folder of the task YAML the card came from (its checks may read it), or None. Cards
+    stored before ``task_dir`` existed fall back to their ``task_file``'s folder."""
+    if card.task_dir:
+        return card.task_dir
+    if card.task_file:
+        return str(Path(card.task_file).expanduser().resolve().parent)
+    return None
+
+
 def prepare(board, card: Card) -> tuple[str, str | None]:
     """Make the card's workspace if it has none yet; returns ``(workspace_dir, base)``."""
     if card.workspace_dir and Path(card.workspace_dir).is_dir():

@@ -31,7 +31,10 @@ def register(sub) -> None:
     ap.add_argument("--label", action="append", default=[], metavar="L")
     ap.add_argument("--after", action="append", default=[], type=int, metavar="ID",
                     help="run only after card ID is done (repeatable)")
-    ap.add_argument("--max-retries", type=int, default=2, metavar="N")
+    ap.add_argument("--max-retries", type=int, default=2, metavar="N",
+                    help="new attempts (new sessions) after failed checks (default 2)")
+    ap.add_argument("--repair-rounds", type=int, metavar="N",
+                    help="failing check output sent back within an attempt (default: the task's, else the profile's)")
     ap.add_argument("--auto-accept", action="store_true", help="checks passed -> done (no review)")
     ap.add_argument("--backlog", action="store_true", help="add to the backlog instead of the queue")
     ap.add_argument("--json", action="store_true")
@@ -130,6 +133,10 @@ def _add(args) -> int:
                     allow=list(args.allow), **extra)
     if args.max_retries < 0:
         raise BoardError("--max-retries must be >= 0")
+    if args.repair_rounds is not None:
+        if args.repair_rounds < 0:
+            raise BoardError("--repair-rounds must be >= 0")
+        card.repair_rounds = args.repair_rounds
     card.state = "backlog" if args.backlog else "queued"
     card = _board().add(card)
     _out(args, card.as_dict(), f"added card {card.id} ({card.state}): {card.title}")
@@ -157,8 +164,12 @@ def _list(args) -> int:
 
 
 def _show(args) -> int:
-    from agents.board.actions import export_card
+    from dataclasses import fields
 
+    from agents.board.actions import export_card
+    from agents.board.model import Attempt
+
+    fields_ = {f.name for f in fields(Attempt)}
     data = export_card(_board(), args.id)
     if args.json:
         _out(args, data, "")
@@ -179,6 +190,11 @@ def _show(args) -> int:
               + (f", {a['requests']} requests, {t['completion']} tokens" if a["requests"] else "")
               + (f", first step {ratio:.0%} cached" if ratio is not None else "")
               + f", session {a['session_id'] or '-'}")
+        notes = Attempt(**{k: v for k, v in a.items() if k in fields_}).notes()
+        if notes:
+            print(f"    {'; '.join(notes)}")
+        if a["status"] == "unchecked":
+            print("    unchecked: the card has no checks; nothing verified the work")
         for ch in a["checks"]:
             print(f"    check {ch['name']}: {'passed' if ch['passed'] else 'FAILED'}")
         if a["error"]:
@@ -247,14 +263,19 @@ def _parse_wip(items: list[str]) -> dict[str, int]:
 
 
 def summary(cards, finished, wall_s: float) -> dict:
-    """The JSON summary of a dispatcher run (also what the benchmark reads)."""
+    """The JSON summary of a dispatcher run (also what the benchmark reads). ``unchecked``: cards
+    in review whose last attempt had no checks to pass (nothing verified them)."""
+    last = {cid: a.status for cid, a in finished}
     attempts = [{"card": cid, "number": a.number, "status": a.status, "wall_s": a.wall_s,
                  "first_step_cached_ratio": a.first_step_cached_ratio, "cached_ratio": a.cached_ratio,
                  "tokens": a.tokens, "checks_passed": sum(1 for c in a.checks if c["passed"]),
-                 "checks": len(a.checks)} for cid, a in finished]
+                 "checks": len(a.checks), "first_try": (a.first_try or {}).get("status"),
+                 "repair_rounds": len(a.repair_rounds), "corrective_turns": a.corrective_turns,
+                 "workspace_changed": a.workspace_changed} for cid, a in finished]
     return {"wall_s": round(wall_s, 3), "cards": [{"id": c.id, "title": c.title, "state": c.state,
                                                    "reason": c.reason} for c in cards],
-            "attempts": attempts, "failed": [c.id for c in cards if c.state == "failed"]}
+            "attempts": attempts, "failed": [c.id for c in cards if c.state == "failed"],
+            "unchecked": [c.id for c in cards if c.state == "review" and last.get(c.id) == "unchecked"]}
 
 
 def _run(args) -> int:
@@ -323,5 +344,6 @@ def _run(args) -> int:
     else:
         for c in cards:
             print(_line(c))
-        print(f"{len(cards)} cards in {result['wall_s']:.1f} s; {len(result['failed'])} failed")
+        print(f"{len(cards)} cards in {result['wall_s']:.1f} s; {len(result['failed'])} failed"
+              + (f"; {len(result['unchecked'])} unchecked (no checks)" if result["unchecked"] else ""))
     return 1 if result["failed"] else 0

@@ -60,8 +60,35 @@ def text_block(value: Any, cls: str = "") -> str:
 def badge(status: Any) -> str:
     s = "unknown" if status is None else str(status)
     cls = {"passed": "ok", "pass": "ok", "failed": "bad", "fail": "bad", "error": "bad",
-           "blocked": "warn", "cancelled": "warn", "running": "warn"}.get(s, "neutral")
+           "blocked": "warn", "cancelled": "warn", "running": "warn", "unchecked": "warn"}.get(s, "neutral")
     return f'<span class="badge {cls}">{esc(s)}</span>'
+
+
+def status_cell(a: Attempt) -> str:
+    """The status badge plus what qualifies it: nothing verified it (unchecked), no file in the
+    workspace changed, or the checks passed only after repair rounds."""
+    out = badge(a.status)
+    if a.status == "unchecked":
+        out += ' <span class="warn-t">no checks ran</span>'
+    if a.workspace_changed is False:
+        out += ' <span class="warn-t">workspace unchanged</span>'
+    if a.repair_rounds:
+        n = len(a.repair_rounds)
+        ft = (a.first_try or {}).get("status")
+        out += f' <span class="muted">first try {esc(ft or "unknown")}, {n} repair round{"s" if n != 1 else ""}</span>'
+    return out
+
+
+def repair_cell(a: Attempt) -> str:
+    """First try and each repair round as "status (passed/failed)"."""
+    if a.first_try is None and not a.repair_rounds:
+        return '<span class="muted">no checks</span>' if a.status == "unchecked" else UNKNOWN
+
+    def one(d: dict[str, Any]) -> str:
+        return f"{badge(d.get('status'))} ({num(d.get('checks_passed'))} passed, {num(d.get('checks_failed'))} failed)"
+    parts = [f"first try {one(a.first_try)}" if a.first_try else "first try unknown"]
+    parts += [f"round {esc(r.get('round'))} {one(r)}" for r in a.repair_rounds]
+    return " → ".join(parts)
 
 
 def kv_table(rows: list[tuple[str, str]], cls: str = "kv") -> str:
@@ -93,7 +120,7 @@ def overview(items: list[Item]) -> str:
             "<th>wall time</th><th>decode after first output</th><th>summed TTFT</th><th>cached tokens</th>"
             "<th>checks</th><th>tool errors</th><th>requests</th></tr>")
     body = "".join(
-        f"<tr><td>{esc(item.title)}</td><td>{esc(a.label)}</td><td>{badge(a.status)}</td><td>{num(a.profile)}</td>"
+        f"<tr><td>{esc(item.title)}</td><td>{esc(a.label)}</td><td>{status_cell(a)}</td><td>{num(a.profile)}</td>"
         f"<td class='n'>{num(a.completion_tokens)}</td><td class='n'>{num(a.wall_s, ' s')}</td>"
         f"<td class='n'>{throughput(a)}</td><td class='n'>{num(a.ttft_s_sum, ' s', 2)}</td>"
         f"<td class='n'>{pct(a.cached_ratio)}</td><td>{checks_cell(a)}</td><td class='n'>{num(a.tool_errors)}</td>"
@@ -182,7 +209,7 @@ def checks_table(checks: list[dict[str, Any]]) -> str:
 
 def attempt_block(a: Attempt) -> str:
     summary = kv_table([
-        ("status", badge(a.status) + (f" ({esc(a.stop_reason)})" if a.stop_reason else "")),
+        ("status", status_cell(a) + (f" ({esc(a.stop_reason)})" if a.stop_reason else "")),
         ("profile", num(a.profile)),
         ("completed output tokens", num(a.completion_tokens)),
         ("prompt tokens / cached", f"{num(a.prompt_tokens)} / {num(a.cached_tokens)} ({pct(a.cached_ratio)})"),
@@ -192,6 +219,10 @@ def attempt_block(a: Attempt) -> str:
         ("requests", num(a.requests)),
         ("tool errors", num(a.tool_errors)),
         ("checks", checks_cell(a)),
+        ("first try and repair rounds", repair_cell(a)),
+        ("corrective turns", num(a.corrective_turns)),
+        ("workspace changed", UNKNOWN if a.workspace_changed is None else
+         ("yes" if a.workspace_changed else '<span class="warn-t">no: no file in the workspace changed</span>')),
         ("workspace", num(a.workspace)),
         ("started", num(a.started_at)),
     ])

@@ -67,12 +67,30 @@ class Attempt:
     diff: str | None = None
     started_at: str | None = None
     hashes: dict[str, str] = field(default_factory=dict)
+    # repair inside the run / attempt (agents.repair): the checks at the first final answer,
+    # the rounds that followed, answers sent back for not doing the work, and whether any
+    # workspace file changed (None: the input did not record it)
+    first_try: dict[str, Any] | None = None
+    repair_rounds: list[dict[str, Any]] = field(default_factory=list)
+    corrective_turns: int | None = None
+    workspace_changed: bool | None = None
 
     @property
     def cached_ratio(self) -> float | None:
         if self.prompt_tokens is None or self.cached_tokens is None or self.prompt_tokens <= 0:
             return None
         return self.cached_tokens / self.prompt_tokens
+
+    def set_repair(self, raw: dict[str, Any]) -> None:
+        """Take the repair fields from a result.json or a board attempt (absent: unknown)."""
+        ft = raw.get("first_try")
+        self.first_try = ft if isinstance(ft, dict) else None
+        rounds = raw.get("repair_rounds")
+        self.repair_rounds = [r for r in rounds if isinstance(r, dict)] if isinstance(rounds, list) else []
+        ct = raw.get("corrective_turns")
+        self.corrective_turns = ct if isinstance(ct, int) and not isinstance(ct, bool) else None
+        wc = raw.get("workspace_changed")
+        self.workspace_changed = wc if isinstance(wc, bool) else None
 
     @property
     def counts_throughput(self) -> bool:
@@ -225,6 +243,7 @@ def _run_attempt(result: dict[str, Any], records: list[dict[str, Any]], quality:
         quality=quality, steps=steps, stop_reason=result.get("stop_reason"), error=result.get("error"),
         final_text=result.get("final_text"), workspace=result.get("workspace"),
     )
+    a.set_repair(result)
     if quality:
         a.checks_passed, a.checks_failed = _num(quality.get("passed")), _num(quality.get("failed"))
         a.checks_blocked = _num(quality.get("blocked"))
@@ -290,7 +309,7 @@ def _card(data: dict[str, Any], source: str | None) -> Item:
                               completion_tokens=_num(st.get("completion_tokens")), cache_source=st.get("cache_source"),
                               ttft_s=_num(st.get("ttft_s")), tool_calls=calls))
         known = [c for c in checks if isinstance(c.get("passed"), bool)]
-        attempts.append(Attempt(
+        attempt = Attempt(
             label=f"attempt {raw.get('number') if raw.get('number') is not None else i + 1}",
             status=raw.get("status"), profile=raw.get("profile") or card.get("profile"),
             settings={k: raw[k] for k in ("session_id", "finished_at") if raw.get(k) is not None},
@@ -302,6 +321,9 @@ def _card(data: dict[str, Any], source: str | None) -> Item:
             checks_passed=sum(1 for c in known if c["passed"]) if checks else None,
             checks_failed=sum(1 for c in known if not c["passed"]) if checks else None,
             steps=steps, workspace=raw.get("workspace"), diff=raw.get("diff"), started_at=raw.get("started_at"),
-        ))
+            stop_reason=raw.get("stop_reason"), error=raw.get("error"), final_text=raw.get("final_text"),
+        )
+        attempt.set_repair(raw)
+        attempts.append(attempt)
     title = f"board card: {card.get('title') or card.get('id') or 'card'}"
     return Item("card", title, source, data, attempts)

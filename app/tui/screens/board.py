@@ -26,7 +26,7 @@ from textual.widgets import Button, Footer, Input, Label, Static, TabbedContent,
 
 from agents.board import actions
 from agents.board.model import Card, CheckSpec
-from agents.events import ApprovalNeeded, ToolFinished
+from agents.events import AgentDone, ApprovalNeeded, Corrective, StepStart, ToolFinished
 from app.tui.agent_view import AgentRunView
 from app.tui.format import clean
 from app.tui.screens.approval import ApprovalScreen, ask_approval
@@ -328,6 +328,7 @@ class CardScreen(Screen):
         self.view: AgentRunView | None = None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._live_session: str | None = None
+        self._runs_done: tuple[int, int] = (0, 0)  # (attempt number, agent runs finished in it)
         self._approval: ApprovalScreen | None = None
 
     @property
@@ -381,8 +382,20 @@ class CardScreen(Screen):
                 conv = self.query_one("#card-conversation", Conversation)
                 await conv.show([])
                 self.view = AgentRunView(conv)
+            number, done = self._runs_done
+            if number != run.attempt.number:
+                number, done = run.attempt.number, 0
+            if isinstance(ev, StepStart) and ev.step == 1 and done:
+                # a new run inside the same attempt: the checks failed and went back to the agent
+                await self.view.notice(f"Repair round {done}: the checks failed; their output went back "
+                                       "to the agent.", "repair")
             await self.view.event(ev)
-            if isinstance(ev, ApprovalNeeded):
+            if isinstance(ev, AgentDone):
+                done += 1
+            self._runs_done = (number, done)
+            if isinstance(ev, Corrective):
+                await self.view.notice(f"Sent back: {ev.message}", "corrective")
+            elif isinstance(ev, ApprovalNeeded):
                 card = self.view.card(ev.call.id)
                 if card is not None:
                     card.set_state("approval")
@@ -492,6 +505,8 @@ def attempts_text(card: Card, attempts) -> str:
             line += f", first step {ratio:.0%} cached"
         if a.checks:
             line += ", checks " + " ".join(("✓ " if c["passed"] else "✗ ") + c["name"] for c in a.checks)
+        for note in a.notes():
+            line += f", {note}"
         if a.error:
             line += f" — {a.error}"
         lines.append(line)
@@ -503,12 +518,25 @@ def checks_text(card: Card, attempt) -> str:
         return "No attempt yet: nothing to review."
     lines = [f"attempt {attempt.number}: {attempt.status}"
              + (" — y approves, n rejects with a comment" if card.state == "review" else "")]
+    if attempt.status == "unchecked":
+        lines.append("⚠ unchecked: this card has no checks, so nothing verified the work; review it yourself")
+    if attempt.workspace_changed is False:
+        lines.append("⚠ no file in the workspace changed during this attempt")
+    ft = attempt.first_try
+    if ft and attempt.repair_rounds:
+        lines.append(f"first try: {ft.get('status')} ({ft.get('checks_passed')} passed, "
+                     f"{ft.get('checks_failed')} failed)")
+        for r in attempt.repair_rounds:
+            lines.append(f"repair round {r.get('round')}: {r.get('status')} ({r.get('checks_passed')} passed, "
+                         f"{r.get('checks_failed')} failed)")
+    if attempt.corrective_turns:
+        lines.append(f"{attempt.corrective_turns} corrective turn(s): an answer that did not do the work was sent back")
     for c in attempt.checks:
         lines.append(f"{'✓' if c['passed'] else '✗'} {c['name']}: {c['run']} (exit {c['exit_code']})")
         out = (c.get("output") or "").strip()
         if out:
             lines.extend("    " + ln for ln in out.splitlines()[-20:])
-    if not attempt.checks:
-        lines.append("(this card has no checks)")
+    if not attempt.checks and attempt.status != "unchecked":
+        lines.append("(no checks ran)" if card.checks else "(this card has no checks)")
     lines.append("" if attempt.diff else "(no changes in the workspace)")
     return clean("\n".join(lines))
