@@ -24,8 +24,10 @@ Each edit becomes an ordinary ``write_file`` / ``edit_file`` call (same approval
 confinement, tool cards and diffs). A path line is a line that is only a file name (``**x.py**``,
 `` `x.py` ``, ``# x.py``, ``File: x.py`` and a trailing colon are fine) or, when the fence's
 language matches the file's extension, a sentence naming one file. A fence with no path is plain
-text, unless its first line is a comment naming the file (``# x.py``). Text is held back one
-line so a path line can still turn into part of an edit.
+text, unless its first line is a comment naming the file (``# x.py``), or the caller's
+``infer_path(language)`` names the one file the task is about (small models write the right code
+and forget the path line; the session checks such a write looks like the whole file before it
+runs it). Text is held back one line so a path line can still turn into part of an edit.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class _Block:
     search: list[str] | None = None  # set once the ======= divider is seen
     undecided: bool = False  # fence without a path: the first line may be a path comment
     id: str = ""
+    lang: str = ""
+    inferred: bool = False  # the path came from infer_path, not from the reply
 
 
 def path_in_line(line: str, lang: str = "") -> str | None:
@@ -123,8 +127,9 @@ class TextEditParser:
     """Reads edits out of the visible reply text as it streams; ``next_id`` numbers calls in
     reply order together with the JSON calls (shared counter)."""
 
-    def __init__(self, next_id: Callable[[], tuple[int, str]]):
+    def __init__(self, next_id: Callable[[], tuple[int, str]], infer_path: Callable[[str], str | None] | None = None):
         self._next_id = next_id
+        self._infer = infer_path
         self._partial = ""  # the current line, not yet ended
         self._held: list[str] = []  # last non-blank text line and blank lines after it
         self._block: _Block | None = None
@@ -196,7 +201,7 @@ class TextEditParser:
                 self._open(_Block("file", path, marker[0] * len(marker)), line)
             else:
                 # held until its first line says whether it is a file after all
-                self._block = _Block("other", None, marker[0] * len(marker), raw=[line], undecided=True)
+                self._block = _Block("other", None, marker[0] * len(marker), raw=[line], undecided=True, lang=lang)
             return
         if SEARCH.match(line) and not last:
             path = path_in_line(self._held[0]) if self._held else None
@@ -224,6 +229,13 @@ class TextEditParser:
                 return
             if SEARCH.match(line):
                 self._open(_Block("sr", None, b.fence), line)
+                return
+            target = self._infer(b.lang) if self._infer and b.lang and b.lang.lower() not in SHELL_LANGS else None
+            if target is not None and not _closes(b, line):
+                self._block = None
+                nb = _Block("file", target, b.fence, inferred=True)
+                self._open(nb, b.raw[0])
+                self._file_line(nb, line, out)
                 return
             out.append(EditText(b.raw[0] + "\n"))
         if _closes(b, line):
@@ -276,7 +288,7 @@ class TextEditParser:
         return self._next_id()
 
     def _parsed(self, b: _Block, name: str, args: dict) -> EditParsed:
-        return EditParsed(b.index, ToolCall(b.id, name, args, raw="\n".join(b.raw)))
+        return EditParsed(b.index, ToolCall(b.id, name, args, raw="\n".join(b.raw), inferred_path=b.inferred))
 
     def _malformed(self, b: _Block, error: str) -> EditMalformed:
         return EditMalformed(b.index, b.id, "\n".join(b.raw), error,

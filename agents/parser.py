@@ -56,9 +56,10 @@ ParseEvent = Text | Forming | Parsed | Malformed
 
 class ToolCallParser:
     def __init__(self, tools: Mapping[str, Mapping[str, Any]], id_prefix: str = "call", bare: bool = True,
-                 text_edits: bool = False):
+                 text_edits: bool = False, infer_path=None):
         """``text_edits``: also read whole-file and search/replace edits out of the text outside
-        calls (``agents.edits``); they become write_file / edit_file calls."""
+        calls (``agents.edits``); they become write_file / edit_file calls. ``infer_path``: see
+        ``agents.edits.TextEditParser``."""
         self.tools = tools
         self.id_prefix = id_prefix
         self.bare = bare
@@ -73,7 +74,7 @@ class ToolCallParser:
         self.calls: list[ToolCall] = []
         self.malformed: list[Malformed] = []
         self.text_parts: list[str] = []
-        self._edits = TextEditParser(self._reserve) if text_edits else None
+        self._edits = TextEditParser(self._reserve, infer_path) if text_edits else None
 
     @property
     def visible_text(self) -> str:

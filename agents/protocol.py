@@ -35,6 +35,7 @@ class ToolCall:
     name: str
     arguments: dict[str, Any]
     raw: str = field(default="", compare=False)
+    inferred_path: bool = field(default=False, compare=False)  # a text edit whose path the reply did not name
 
     def as_message_call(self) -> dict[str, Any]:
         """The OpenAI/HF shape stored in ``Message.tool_calls``."""

@@ -17,6 +17,7 @@ import asyncio
 import fnmatch
 import json
 import logging
+import re
 import threading
 import time
 import weakref
@@ -35,6 +36,7 @@ from engine.sessions.partial import PartialReply, recover_interrupted
 from agents import compaction
 from agents.checks import agent_sandbox
 from agents.constrained import TokenTable, ToolCallConstraint, ToolCallMasks, table_width
+from agents.edits import LANG_EXTS, PATH_TOKEN
 from agents.events import (
     AgentDone,
     AgentEvent,
@@ -195,6 +197,7 @@ class AgentSession:
         self.changed_files: list[str] = []  # written or edited in the current run
         self.corrective_turns = 0
         self._seen_calls: dict[tuple[str, str], int] = {}
+        self._targets: list[str] | None = None  # files the task names (set by the first run)
         self._cancel = threading.Event()
         self._stop_reason: str | None = None
         self._handle = None
@@ -328,6 +331,8 @@ class AgentSession:
         self.corrective_turns = 0
         self._seen_calls: dict[tuple[str, str], int] = {}  # calls since the last file change -> step
         repeats = 0
+        if self._targets is None:
+            self._targets = self._task_files(prompt)
         self.transcript.write("run", 0, session_id=self.session_id, profile=self.engine.profile.name,
                               workspace=str(self.workspace), prompt=prompt, limits=asdict(limits),
                               agent=self.describe(), tools=self.schemas)
@@ -477,7 +482,9 @@ class AgentSession:
                               constrained=constraint is not None,
                               sampling={"temperature": params.temperature, "top_p": params.top_p, "seed": seed})
         yield StepStart(step, len(prompt_ids), max_new, constraint is not None)
-        parser = ToolCallParser(self.tool_params, id_prefix=f"call_{step}", text_edits=self.edit_format != "json")
+        text_edits = self.edit_format != "json"
+        parser = ToolCallParser(self.tool_params, id_prefix=f"call_{step}", text_edits=text_edits,
+                                infer_path=self._infer_path if text_edits else None)
         with self._lock:
             self._handle = handle = self.engine.submit(request)
             if self._cancel.is_set():
@@ -597,7 +604,7 @@ class AgentSession:
             content = malformed_result(p.error or "the tool call is malformed", self.tool_params)
             return ToolResult(False, content, {"malformed": True, "raw": p.raw}, p.error), "malformed"
         call = p.call
-        refusal = self._protected(call)
+        refusal = self._protected(call) or (self._not_whole(call) if call.inferred_path else None)
         if refusal:
             return ToolResult.failure(refusal, denied=True), "deny"
         if self._cancel.is_set():
@@ -622,6 +629,48 @@ class AgentSession:
             return ToolResult.failure(message, denied=True), "deny"
         yield ToolStarted(step, call)
         return self.registry.run(call.name, call.arguments, self._cancel), approval
+
+    def _task_files(self, prompt: str) -> list[str]:
+        """Existing, unprotected workspace files the task prompt names: where a fenced block
+        with no path line may go (``_infer_path``)."""
+        ws = self.registry.workspace
+        out = []
+        for token in dict.fromkeys(PATH_TOKEN.findall(prompt)):
+            try:
+                real = ws.resolve(token)
+            except Exception:  # noqa: BLE001 (outside the workspace or malformed: not a target)
+                continue
+            name = ws.display(real)
+            if real.is_file() and not any(fnmatch.fnmatch(name, p) for p in self.options.protected):
+                out.append(name)
+        return out
+
+    def _infer_path(self, lang: str) -> str | None:
+        """The one task file a ``lang`` fenced block can be, or None."""
+        exts = LANG_EXTS.get(lang.lower(), ())
+        matches = [t for t in self._targets or [] if t.rsplit(".", 1)[-1].lower() in exts]
+        return matches[0] if len(matches) == 1 else None
+
+    def _not_whole(self, call: ToolCall) -> str | None:
+        """Why a block with no path line is not written over its inferred file (it does not look
+        like the whole file: an excerpt in an explanation), or None."""
+        path = call.arguments["path"]
+        try:
+            old = self.registry.workspace.resolve(path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        new = call.arguments["content"]
+        if path.endswith(".py"):
+            missing = [n for n in _top_level_names(old) if n not in _top_level_names(new)]
+            if not missing:
+                return None
+            what = f"it lacks {', '.join(missing[:5])} of {path}"
+        elif len(new.splitlines()) * 2 >= len(old.splitlines()):
+            return None
+        else:
+            what = f"it is much shorter than {path}"
+        return (f"Not written: the code block has no path line and does not look like the whole file ({what}). "
+                f"To write {path}, put its path on the line before the block and give the whole file.")
 
     def _protected(self, call: ToolCall) -> str | None:
         """Why a write to a protected path (a task's tests) is refused, or None."""
@@ -714,6 +763,14 @@ class AgentSession:
         msg = self.store.add_message(self.session_id, m.role, content, tool_calls=m.tool_calls,
                                      tool_call_id=m.tool_call_id, name=m.name, token_ids=ids, meta=meta)
         self.transcript.message(msg, step)
+
+
+_TOP_LEVEL = re.compile(r"^(?:async\s+)?(?:def|class)\s+(\w+)", re.MULTILINE)
+
+
+def _top_level_names(source: str) -> list[str]:
+    """Top-level function and class names of Python source (by line, so broken code still counts)."""
+    return list(dict.fromkeys(_TOP_LEVEL.findall(source)))
 
 
 def _call_key(call: ToolCall) -> tuple[str, str]:

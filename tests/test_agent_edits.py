@@ -152,7 +152,7 @@ def test_json_format_leaves_fenced_blocks_as_text(tmp_path):
 # -- the corrective turn ----------------------------------------------------------------------------
 def test_code_shown_but_not_written_is_sent_back_once(tmp_path):
     shown = "The solution:\n```python\ndef solve(x):\n    return 2 * x\n```"
-    ws, agent, events = agent_run(tmp_path, [shown, WHOLE, "Done."])
+    ws, agent, events = agent_run(tmp_path, [shown, WHOLE, "Done."], prompt="fix the solver")  # names no file
     corrective = [e for e in events if isinstance(e, Corrective)]
     assert len(corrective) == 1 and "Nothing was written" in corrective[0].message
     assert (ws / "solver.py").read_text().endswith("return x * 2\n")

@@ -34,7 +34,8 @@ def test_three_cards_concurrency_2_on_qwen(tmp_path):
         return proc
 
     for name in ("hello", "greeting", "hi"):
-        cli("tasks", "add", str(TASKS / f"{name}.yaml"))
+        # pinned: with the 1.5B also assembled, the default would be the bigger (slower) model
+        cli("tasks", "add", str(TASKS / f"{name}.yaml"), "--profile", "qwen2.5-coder-0.5b")
     run = cli("tasks", "run", "--concurrency", "2", "--until-empty", "--json")
     summary = json.loads(run.stdout)
     assert summary["failed"] == []
