@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agents.parse_events import Forming, Malformed, Parsed, ParseEvent, Text
 from agents.protocol import ToolCall
 
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+#.-]*)\s*(\S*)\s*$")
@@ -60,34 +61,6 @@ LANG_EXTS = {
 SHELL_LANGS = ("sh", "bash", "shell", "console", "zsh", "shell-session")
 
 
-@dataclass(frozen=True)
-class EditText:
-    text: str
-
-
-@dataclass(frozen=True)
-class EditForming:
-    index: int
-    text: str  # the block so far
-    name: str  # write_file or edit_file
-
-
-@dataclass(frozen=True)
-class EditParsed:
-    index: int
-    call: ToolCall
-
-
-@dataclass(frozen=True)
-class EditMalformed:
-    index: int
-    id: str
-    raw: str
-    error: str
-    name: str
-
-
-EditEvent = EditText | EditForming | EditParsed | EditMalformed
 
 
 @dataclass
@@ -135,19 +108,19 @@ class TextEditParser:
         self._block: _Block | None = None
         self.edits = 0
 
-    def feed(self, text: str) -> list[EditEvent]:
-        out: list[EditEvent] = []
+    def feed(self, text: str) -> list[ParseEvent]:
+        out: list[ParseEvent] = []
         self._partial += text
         while "\n" in self._partial:
             line, self._partial = self._partial.split("\n", 1)
             self._line(line, out)
         if self._block is not None and self._block.kind in ("file", "sr"):
-            out.append(EditForming(self._block.index, "\n".join(self._block.raw + [self._partial]),
+            out.append(Forming(self._block.index, "\n".join(self._block.raw + [self._partial]),
                                    "write_file" if self._block.kind == "file" else "edit_file"))
         return out
 
-    def finish(self) -> list[EditEvent]:
-        out: list[EditEvent] = []
+    def finish(self) -> list[ParseEvent]:
+        out: list[ParseEvent] = []
         if self._partial:
             line, self._partial = self._partial, ""
             self._line(line, out, last=True)
@@ -155,7 +128,7 @@ class TextEditParser:
         if b is not None:
             self._block = None
             if b.kind == "other" and b.undecided:
-                out.append(EditText(b.raw[0] + "\n"))
+                out.append(Text(b.raw[0] + "\n"))
             if b.kind in ("file", "sr"):
                 what = "file block" if b.kind == "file" else "search/replace block"
                 out.append(self._malformed(b, f"the {what} for {b.path} was cut off before its end "
@@ -164,7 +137,7 @@ class TextEditParser:
         return out
 
     # -- lines ----------------------------------------------------------------------------------
-    def _line(self, line: str, out: list[EditEvent], last: bool = False) -> None:
+    def _line(self, line: str, out: list[ParseEvent], last: bool = False) -> None:
         b = self._block
         if b is None:
             self._text_line(line, out, last)
@@ -182,7 +155,7 @@ class TextEditParser:
         else:
             self._sr_line(b, line, out)
 
-    def _text_line(self, line: str, out: list[EditEvent], last: bool) -> None:
+    def _text_line(self, line: str, out: list[ParseEvent], last: bool) -> None:
         fence = FENCE.match(line)
         if fence and not last:
             marker, lang, info = fence.group(1), fence.group(2), fence.group(3)
@@ -216,7 +189,7 @@ class TextEditParser:
         if last:
             self._flush_held(out, newline=False)
 
-    def _other_line(self, b: _Block, line: str, out: list[EditEvent]) -> None:
+    def _other_line(self, b: _Block, line: str, out: list[ParseEvent]) -> None:
         if b.undecided:
             b.undecided = False
             m = COMMENT_PATH.match(line)
@@ -237,12 +210,12 @@ class TextEditParser:
                 self._open(nb, b.raw[0])
                 self._file_line(nb, line, out)
                 return
-            out.append(EditText(b.raw[0] + "\n"))
+            out.append(Text(b.raw[0] + "\n"))
         if _closes(b, line):
             self._block = None
-        out.append(EditText(line + "\n"))
+        out.append(Text(line + "\n"))
 
-    def _file_line(self, b: _Block, line: str, out: list[EditEvent]) -> None:
+    def _file_line(self, b: _Block, line: str, out: list[ParseEvent]) -> None:
         if not b.lines and SEARCH.match(line):  # a fenced search/replace block (aider's layout)
             b.kind, b.search = "sr", None
             b.raw.append(line)
@@ -255,7 +228,7 @@ class TextEditParser:
         b.raw.append(line)
         b.lines.append(line)
 
-    def _sr_line(self, b: _Block, line: str, out: list[EditEvent]) -> None:
+    def _sr_line(self, b: _Block, line: str, out: list[ParseEvent]) -> None:
         b.raw.append(line)
         if b.search is None and DIVIDER.match(line):
             b.search, b.lines = b.lines, []
@@ -287,17 +260,17 @@ class TextEditParser:
         self.edits += 1
         return self._next_id()
 
-    def _parsed(self, b: _Block, name: str, args: dict) -> EditParsed:
-        return EditParsed(b.index, ToolCall(b.id, name, args, raw="\n".join(b.raw), inferred_path=b.inferred))
+    def _parsed(self, b: _Block, name: str, args: dict) -> Parsed:
+        return Parsed(b.index, ToolCall(b.id, name, args, raw="\n".join(b.raw), inferred_path=b.inferred))
 
-    def _malformed(self, b: _Block, error: str) -> EditMalformed:
-        return EditMalformed(b.index, b.id, "\n".join(b.raw), error,
+    def _malformed(self, b: _Block, error: str) -> Malformed:
+        return Malformed(b.index, b.id, "\n".join(b.raw), error,
                              "write_file" if b.kind == "file" else "edit_file")
 
-    def _flush_held(self, out: list[EditEvent], newline: bool = True) -> None:
+    def _flush_held(self, out: list[ParseEvent], newline: bool = True) -> None:
         if self._held:
             text = "\n".join(self._held) + ("\n" if newline else "")
-            out.append(EditText(text))
+            out.append(Text(text))
             self._held = []
 
 

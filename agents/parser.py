@@ -15,43 +15,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from agents.edits import EditForming, EditMalformed, EditParsed, EditText, TextEditParser
+from agents.edits import TextEditParser
+from agents.parse_events import Forming, Malformed, Parsed, ParseEvent, Text
 from agents.protocol import CLOSE, OPEN, CallFormatError, ToolCall, parse_call
+
+__all__ = ["Forming", "Malformed", "Parsed", "ParseEvent", "Text", "ToolCallParser", "call_name"]
 
 _NAME = re.compile(r'"name"\s*:\s*"([^"\\]*)"')
 
 
-@dataclass(frozen=True)
-class Text:
-    text: str
-
-
-@dataclass(frozen=True)
-class Forming:
-    index: int  # 0-based position of the call in this reply
-    text: str  # raw call text so far (after the open marker)
-    name: str | None  # the tool name once it can be read
-
-
-@dataclass(frozen=True)
-class Parsed:
-    index: int
-    call: ToolCall
-
-
-@dataclass(frozen=True)
-class Malformed:
-    index: int
-    id: str
-    raw: str
-    error: str
-    name: str | None = None  # known for text edits (their raw text is no JSON)
-
-
-ParseEvent = Text | Forming | Parsed | Malformed
 
 
 class ToolCallParser:
@@ -164,21 +138,15 @@ class ToolCallParser:
         self.text_parts.append(text)
         out.append(Text(text))
 
-    def _edit_events(self, events, out: list[ParseEvent]) -> None:
+    def _edit_events(self, events: list[ParseEvent], out: list[ParseEvent]) -> None:
         for ev in events:
-            if isinstance(ev, EditText):
+            if isinstance(ev, Text):
                 self.text_parts.append(ev.text)
-                out.append(Text(ev.text))
-            elif isinstance(ev, EditForming):
-                out.append(Forming(ev.index, ev.text, ev.name))
-            elif isinstance(ev, EditParsed):
+            elif isinstance(ev, Parsed):
                 self.calls.append(ev.call)
-                out.append(Parsed(ev.index, ev.call))
-            else:
-                assert isinstance(ev, EditMalformed)
-                bad = Malformed(ev.index, ev.id, ev.raw, ev.error, ev.name)
-                self.malformed.append(bad)
-                out.append(bad)
+            elif isinstance(ev, Malformed):
+                self.malformed.append(ev)
+            out.append(ev)
 
     def _reserve(self) -> tuple[int, str]:
         index = self.count
