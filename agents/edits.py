@@ -119,6 +119,12 @@ class TextEditParser:
                                    "write_file" if self._block.kind == "file" else "edit_file"))
         return out
 
+    @property
+    def open_path(self) -> str | None:
+        """The file an edit block still streaming writes to (None: no edit block is open)."""
+        b = self._block
+        return b.path if b is not None and b.kind in ("file", "sr") else None
+
     def finish(self) -> list[ParseEvent]:
         out: list[ParseEvent] = []
         if self._partial:

@@ -51,6 +51,11 @@ class ToolCallParser:
         self._edits = TextEditParser(self._reserve, infer_path) if text_edits else None
 
     @property
+    def open_edit_path(self) -> str | None:
+        """The path of a text edit block still streaming, if any."""
+        return self._edits.open_path if self._edits is not None else None
+
+    @property
     def visible_text(self) -> str:
         """Everything outside call blocks so far."""
         return "".join(self.text_parts)

@@ -491,7 +491,7 @@ class AgentSession:
                 handle.cancel()
         partial = PartialReply(self.store, self.session_id, handle, meta={"step": step})
         done: Done | None = None
-        guard, raw = LoopGuard(), ""
+        guard, raw, early = LoopGuard(), "", None
         try:
             for ev in handle:
                 if isinstance(ev, EngineTextDelta):
@@ -499,8 +499,10 @@ class AgentSession:
                         yield _event(step, pe)
                     partial.update(parser.visible_text)  # a kill keeps the step's reply so far
                     raw += ev.text
-                    if not guard.tripped and guard.update(raw):
-                        handle.cancel()  # a degenerate loop: the rest of the budget would repeat it
+                    if early is None:
+                        early = self._stop_early(parser, guard, raw)
+                        if early is not None:
+                            handle.cancel()  # the rest of the budget would be wasted
                 elif isinstance(ev, Done):
                     done = ev
             for pe in parser.finish():
@@ -511,11 +513,12 @@ class AgentSession:
             if done is None:
                 partial.close()
         assert done is not None
-        if guard.tripped and done.finish_reason == "cancelled" and not self._cancel.is_set():
-            done = replace(done, finish_reason="looped")
-            note = " (the reply kept repeating the same lines and was stopped)"
-            parser.malformed = [replace(m, error=m.error + note) for m in parser.malformed]
-            self.transcript.write("loop_stopped", step, completion_tokens=done.usage.completion_tokens)
+        if early is not None and done.finish_reason == "cancelled" and not self._cancel.is_set():
+            reason, note = early
+            done = replace(done, finish_reason=reason)
+            parser.malformed = [replace(m, error=f"{m.error} ({note})") for m in parser.malformed]
+            self.transcript.write("stopped_early", step, reason=reason, note=note,
+                                  completion_tokens=done.usage.completion_tokens)
         self._record_reply(step, done, parser, constraint, mask_ms0, partial)
         yield StepDone(step, done.finish_reason, done.usage.prompt_tokens, done.usage.cached_tokens,
                        done.usage.completion_tokens, done.timings.decode_tps, done.timings.ttft_ms,
@@ -629,6 +632,16 @@ class AgentSession:
             return ToolResult.failure(message, denied=True), "deny"
         yield ToolStarted(step, call)
         return self.registry.run(call.name, call.arguments, self._cancel), approval
+
+    def _stop_early(self, parser: ToolCallParser, guard: LoopGuard, raw: str) -> tuple[str, str] | None:
+        """(finish reason, note) when the step should stop now: the reply loops, or it started
+        writing a file its edit may not change (a task's tests: it would be refused anyway)."""
+        if guard.update(raw):
+            return "looped", "the reply kept repeating the same lines and was stopped"
+        path = parser.open_edit_path
+        if path and self._protected(ToolCall("", "write_file", {"path": path, "content": ""})):
+            return "protected", f"stopped: {path} is protected by the task and cannot be changed"
+        return None
 
     def _task_files(self, prompt: str) -> list[str]:
         """Existing, unprotected workspace files the task prompt names: where a fenced block

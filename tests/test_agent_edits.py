@@ -9,7 +9,7 @@ import pytest
 from agents.events import AgentDone, Corrective, ToolCallForming, ToolCallParsed, ToolFinished
 from agents.parser import ToolCallParser
 from agents.protocol import format_call
-from agents.scripted import ScriptedEngine, scripted_profile
+from agents.scripted import Reply, ScriptedEngine, scripted_profile
 from agents.session import AgentOptions, AgentSession
 from agents.transcript import Transcript
 
@@ -196,3 +196,16 @@ def test_the_same_test_run_after_a_change_is_not_a_repeat(tmp_path):
     _, _, events = agent_run(tmp_path, [test, WHOLE, test, edit2, test, "done"], allow=("write_file", "bash"))
     assert not [e for e in events if isinstance(e, ToolFinished) and e.result.data.get("repeated")]
     assert events[-1].reason == "answered"
+
+
+def test_a_block_for_a_protected_file_stops_the_step_at_once(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "solver_test.py").write_text("original\n")
+    rewrite = Reply("solver_test.py\n```python\n" + "".join(f"assert solve({i}) == {i}\n" for i in range(300)) + "```",
+                    delay_s=0.001)
+    ws, agent, events = agent_run(tmp_path, [rewrite, WHOLE, "ok"], protected=("*_test.py",))
+    first = [e.result for e in events if isinstance(e, ToolFinished)][0]
+    assert not first.ok and "solver_test.py is protected" in first.content
+    reply = [m for m in agent.store.messages(agent.session_id, tokens=False) if m.role == "assistant"][0]
+    assert reply.meta["finish_reason"] == "protected" and reply.meta["usage"]["completion_tokens"] < 300
+    assert (ws / "solver_test.py").read_text() == "original\n" and (ws / "solver.py").read_text().endswith("x * 2\n")
