@@ -164,7 +164,7 @@ def test_decode_bit_identical_across_instruction_sets(tmp_path):
     assert_same_under_isa(_decode_results, tmp_path)
 
 
-@pytest.mark.skipif(not kernels.available() or not kernels._load().decode512(), reason="no AVX-512 decode scores")
+@pytest.mark.skipif(not kernels.available() or not kernels._load().decode512(), reason="CPU feature missing: no AVX-512 decode scores here")
 def test_decode_scores_two_keys_per_zmm_give_the_avx2_tiles_bits():
     # src/attention_decode512.cpp (two keys per zmm) vs the AVX2 score_rows tiles in one process:
     # every GQA row count 1..7 (3-row tiles and their 2/1-row rests), key counts that end inside

@@ -68,7 +68,11 @@ def test_ignore_eos_gives_every_reply_max_tokens(tmp_path, tiny_llama_dir):
     with Engine.load(str(profile)) as eng:
         prompts = bench._prompts(eng, 3)
         free = bench._run_arm(eng, "batched", 3, 8, prompts, ignore_eos=True)
-        eng.tokenizer.eos_ids = set(eng.tokenizer.eos_ids) | {free["replies"][0][1]}
+        # an end id that first appears at position k > 0 of some reply (a token repeated from
+        # the start of the reply would end it earlier: the test used to take position 1 blindly)
+        row, k = next((r, i) for r, reply in enumerate(free["replies"]) for i in range(1, len(reply))
+                      if reply[i] not in reply[:i])
+        eng.tokenizer.eos_ids = set(eng.tokenizer.eos_ids) | {free["replies"][row][k]}
         runs = [
             bench._run_arm(eng, arm, 3, 8, prompts, ignore_eos=True)
             for arm in ("serial", "batched")
@@ -77,7 +81,7 @@ def test_ignore_eos_gives_every_reply_max_tokens(tmp_path, tiny_llama_dir):
     assert all(len(r) == 8 for run in [free, *runs] for r in run["replies"])
     assert runs[0]["replies"] == runs[1]["replies"] == free["replies"]
     assert runs[0]["tokens"] == runs[1]["tokens"] == 24
-    assert len(ended["replies"][0]) == 2 and ended["tokens"] < 24
+    assert len(ended["replies"][row]) == k + 1 and ended["tokens"] < 24
     # what batching could gain at most: N for fixed lengths, all tokens / the longest reply else
     assert runs[1]["decode_ceiling"] == 3.0
     lengths = [len(r) for r in ended["replies"]]
