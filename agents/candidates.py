@@ -92,7 +92,8 @@ def try_drafts(agent: AgentSession, drafts: list[Draft],
                run_checks_in: Callable[[Path], list[dict[str, Any]]]) -> Draft | None:
     """Apply each draft's edits to a scratch copy of the workspace and check it; the first that passes."""
     for d in drafts:
-        writes = [c for c in d.parser.calls if c.name in WRITES]
+        # the agent's own rules: a write to a protected path (the tests) is not applied
+        writes = [c for c in d.parser.calls if c.name in WRITES and not agent.refuses(c)]
         if not writes or d.done.error:
             continue
         scratch = Path(tempfile.mkdtemp(prefix="mlxterm-draft-"))

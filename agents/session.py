@@ -607,7 +607,7 @@ class AgentSession:
             content = malformed_result(p.error or "the tool call is malformed", self.tool_params)
             return ToolResult(False, content, {"malformed": True, "raw": p.raw}, p.error), "malformed"
         call = p.call
-        refusal = self._protected(call) or (self._not_whole(call) if call.inferred_path else None)
+        refusal = self.refuses(call)
         if refusal:
             return ToolResult.failure(refusal, denied=True), "deny"
         if self._cancel.is_set():
@@ -632,6 +632,11 @@ class AgentSession:
             return ToolResult.failure(message, denied=True), "deny"
         yield ToolStarted(step, call)
         return self.registry.run(call.name, call.arguments, self._cancel), approval
+
+    def refuses(self, call: ToolCall) -> str | None:
+        """Why the agent would refuse this call before running it (protected path, an inferred
+        path whose block is no whole file), or None."""
+        return self._protected(call) or (self._not_whole(call) if call.inferred_path else None)
 
     def _stop_early(self, parser: ToolCallParser, guard: LoopGuard, raw: str) -> tuple[str, str] | None:
         """(finish reason, note) when the step should stop now: the reply loops, or it started
