@@ -2,7 +2,8 @@
 
 After the agent's final answer the task's checks run; while some fail and rounds are left, their
 output (trimmed to the failures and the summary) goes back into the same session as a user
-message and the agent continues from its cached context. The first check result (before any
+message and the agent continues from its cached context. A round that changes no file ends the
+repairs (the 1.5B rewrites the identical failing file, even sampled at 0.7). The first check result (before any
 check output reached the model) is kept apart from the final one, so a run reports both its
 first try and its result after repair. ``mlxterm run`` and the board's attempts both use this.
 With ``candidates`` > 1 each round first drafts that many replies at once and keeps one that
@@ -169,6 +170,8 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
                 transcript.write("repair_result", done.step, round=round_no, **summary)
         if summary["status"] != "failed" or round_no >= rounds or done.reason not in REPAIRABLE:
             break
+        if round_no and not done.extra.get("changed_files"):
+            break  # the round changed no file: the checks would fail the same way again
         if limits.wall_s is not None and time.monotonic() - t0 >= limits.wall_s:
             break
         round_no += 1

@@ -107,3 +107,10 @@ def test_repair_rounds_sample_at_the_repair_temperature(tmp_path):
     result, engine = run(tmp_path, [edit("x + 5"), "Done.", edit("x * 2"), "Fixed."], repair_temperature=0.9)
     assert result["status"] == "passed"
     assert [r.params.temperature for r in engine.requests] == [0.0, 0.0, 0.9, 0.9]
+
+
+def test_a_round_that_changes_nothing_ends_the_repairs(tmp_path):
+    replies = [edit("x + 5"), "Done.", edit("x + 5"), "Done.", "Still done.", "unreached", "unreached"]
+    result, engine = run(tmp_path, replies)
+    assert result["status"] == "failed" and len(result["repair_rounds"]) == 1
+    assert len(engine.requests) == 5  # first try 2 steps; round 1: same file, answer, the corrective turn
