@@ -577,8 +577,8 @@ class AgentSession:
             if diff is not None and result.ok and (diff or data.get("created") or data.get("diff_skipped")):
                 self.changed_files.append(data["path"])
                 self._seen_calls.clear()  # after a change, the same test run means something new
-            if p.call is not None and earlier is None:
-                self._seen_calls.setdefault(_call_key(p.call), step)
+            if earlier is None:
+                self._seen_calls.setdefault(_pending_key(p), step)
             yield ToolFinished(step, p.id, p.name, result, approval, int(data.get("duration_ms", 0)),
                                data.get("exit_code") if p.name == "bash" else None, diff)
             self.transcript.write("tool_result", step, call_id=p.id, name=p.name, ok=result.ok,
@@ -596,8 +596,9 @@ class AgentSession:
         return repeated == len(pending)
 
     def _repeat_of(self, p: _Pending) -> int | None:
-        """The step of an earlier identical call with no file change since, or None."""
-        return None if p.call is None else self._seen_calls.get(_call_key(p.call))
+        """The step of an earlier identical call (or identical malformed one) with no file change
+        since, or None."""
+        return self._seen_calls.get(_pending_key(p))
 
     def _one_tool(self, step: int, p: _Pending) -> Iterator[AgentEvent]:
         if p.call is None and p.name in ("write_file", "edit_file") and self.edit_format != "json":
@@ -791,8 +792,12 @@ def _top_level_names(source: str) -> list[str]:
     return list(dict.fromkeys(_TOP_LEVEL.findall(source)))
 
 
-def _call_key(call: ToolCall) -> tuple[str, str]:
-    return call.name, json.dumps(call.arguments, sort_keys=True, ensure_ascii=False)
+def _pending_key(p: _Pending) -> tuple[str, str]:
+    """What makes two calls the same: name and arguments (a malformed one: its error and raw text;
+    the 1.5B started the protected test file 20 times in a row, each stopped at its first line)."""
+    if p.call is None:
+        return f"malformed:{p.name}", f"{p.error}\n{p.raw}"
+    return p.call.name, json.dumps(p.call.arguments, sort_keys=True, ensure_ascii=False)
 
 
 def _pending(parser: ToolCallParser) -> list[_Pending]:

@@ -209,3 +209,11 @@ def test_a_block_for_a_protected_file_stops_the_step_at_once(tmp_path):
     reply = [m for m in agent.store.messages(agent.session_id, tokens=False) if m.role == "assistant"][0]
     assert reply.meta["finish_reason"] == "protected" and reply.meta["usage"]["completion_tokens"] < 300
     assert (ws / "solver_test.py").read_text() == "original\n" and (ws / "solver.py").read_text().endswith("x * 2\n")
+
+
+def test_starting_the_same_protected_file_again_is_a_repeat(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "solver_test.py").write_text("original\n")
+    start = "solver_test.py\n```python\nimport unittest\n"  # stopped at its first lines, every time
+    ws, _, events = agent_run(tmp_path, [start, start, start, "unreached"], protected=("*_test.py",))
+    assert events[-1].reason == "repeated" and events[-1].step == 2
