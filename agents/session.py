@@ -197,6 +197,7 @@ class AgentSession:
         self.changed_files: list[str] = []  # written or edited in the current run
         self.corrective_turns = 0
         self._seen_calls: dict[tuple[str, str], int] = {}
+        self._commands_run = 0
         self._targets: list[str] | None = None  # files the task names (set by the first run)
         self._cancel = threading.Event()
         self._stop_reason: str | None = None
@@ -330,6 +331,7 @@ class AgentSession:
         self.changed_files: list[str] = []  # written or edited in this run (tool results that succeeded)
         self.corrective_turns = 0
         self._seen_calls: dict[tuple[str, str], int] = {}  # calls since the last file change -> step
+        self._commands_run = 0  # bash calls that ran in this run
         repeats = 0
         if self._targets is None:
             self._targets = self._task_files(prompt)
@@ -405,7 +407,9 @@ class AgentSession:
         writing it, or the task asks for changes and nothing changed (see prompts)."""
         if self.corrective_turns >= self.options.corrective_turns:
             return None
-        message = corrective_message(prompt, parser.visible_text, bool(self.changed_files), self.edit_format)
+        # a shell command may have changed files too: only "nothing ran, nothing written" counts
+        acted = bool(self.changed_files) or self._commands_run > 0
+        message = corrective_message(prompt, parser.visible_text, acted, self.edit_format)
         if message is None:
             return None
         self.corrective_turns += 1
@@ -574,6 +578,8 @@ class AgentSession:
                 result, approval = yield from self._one_tool(step, p)
             data = result.data
             diff = data.get("diff") if p.name in ("write_file", "edit_file") else None
+            if p.name == "bash" and approval not in ("deny", "malformed", "cancelled", "repeated"):
+                self._commands_run += 1
             if diff is not None and result.ok and (diff or data.get("created") or data.get("diff_skipped")):
                 self.changed_files.append(data["path"])
                 self._seen_calls.clear()  # after a change, the same test run means something new

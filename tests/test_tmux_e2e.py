@@ -193,7 +193,8 @@ def test_chat_while_an_agent_works_on_the_same_engine(tmux):
     assert chat[1].meta["batch"]["lane"] == "batched" and chat[1].meta["batch"]["max"] == 2
     agent = store.get(kinds["agent"].id)
     transcript = store.messages(agent.id)
-    task = max(i for i, m in enumerate(transcript) if m.role == "user")  # after the few-shot turns
+    # the task: the first user message after the few-shot turns (a corrective turn may follow it)
+    task = next(i for i, m in enumerate(transcript) if m.role == "user" and not m.meta.get("example"))
     assert "numbers.txt" in transcript[task].content
     # The forced first step is a write_file call whatever the 0.5B puts in it (its content is
     # not this test's subject): a tool result answers it in the agent's transcript.
