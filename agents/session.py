@@ -651,7 +651,7 @@ class AgentSession:
         if guard.update(raw):
             return "looped", "the reply kept repeating the same lines and was stopped"
         path = parser.open_edit_path
-        if path and self._protected(ToolCall("", "write_file", {"path": path, "content": ""})):
+        if path and self._protected_path(path):
             return "protected", f"stopped: {path} is protected by the task and cannot be changed"
         return None
 
@@ -699,10 +699,15 @@ class AgentSession:
 
     def _protected(self, call: ToolCall) -> str | None:
         """Why a write to a protected path (a task's tests) is refused, or None."""
-        if call.name not in ("write_file", "edit_file") or not self.options.protected:
+        if call.name not in ("write_file", "edit_file"):
+            return None
+        return self._protected_path(call.arguments.get("path", ""))
+
+    def _protected_path(self, path: str) -> str | None:
+        if not self.options.protected:
             return None
         try:
-            rel = self.registry.workspace.display(self.registry.workspace.resolve(call.arguments.get("path", "")))
+            rel = self.registry.workspace.display(self.registry.workspace.resolve(path))
         except Exception:  # noqa: BLE001 (an invalid path: the tool itself says why)
             return None
         if any(fnmatch.fnmatch(rel, pattern) for pattern in self.options.protected):
