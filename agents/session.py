@@ -666,7 +666,7 @@ class AgentSession:
             except Exception:  # noqa: BLE001 (outside the workspace or malformed: not a target)
                 continue
             name = ws.display(real)
-            if real.is_file() and not any(fnmatch.fnmatch(name, p) for p in self.options.protected):
+            if real.is_file() and not self._protected_path(name):
                 out.append(name)
         return out
 
