@@ -17,8 +17,10 @@ from agents.protocol import ToolCall
 from tools import ToolResult
 
 Decision = Literal["once", "always", "deny"]
-# "repeated": the model kept making the same calls with nothing changed in between (a loop)
-StopReason = Literal["answered", "max_steps", "max_tokens", "wall_time", "cancelled", "context", "error", "repeated"]
+# "repeated": the model kept making the same calls with nothing changed in between (a loop);
+# "wrote": a step wrote files and the checks take over (agent.test_after_write)
+StopReason = Literal["answered", "max_steps", "max_tokens", "wall_time", "cancelled", "context", "error", "repeated",
+                     "wrote"]
 
 
 class ApprovalRequest:

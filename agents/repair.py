@@ -26,10 +26,11 @@ from typing import Any
 from agents.candidates import CandidateRound, candidate_round
 from agents.events import AgentDone, AgentEvent
 from agents.session import AgentLimits, AgentSession
+from agents.test_output import failures_only
 from agents.transcript import Transcript
 
 REPAIR_OUTPUT_CHARS = 3000  # of check output per round: the head (first failure) and the tail (summary)
-REPAIRABLE = ("answered", "max_steps", "repeated")  # runs that ended on their own; others stop the attempt
+REPAIRABLE = ("answered", "max_steps", "repeated", "wrote")  # runs that ended on their own; others stop the attempt
 FINGERPRINT_MAX_FILES = 5000
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", "node_modules", ".venv"}
 
@@ -62,16 +63,24 @@ def trim_output(text: str, workspace: Path | None = None, limit: int = REPAIR_OU
 
 
 def repair_message(checks: list[dict[str, Any]], test_command: str | None, workspace: Path | None,
-                   round_no: int, rounds: int) -> str:
-    """The user turn that hands failing checks back to the agent."""
+                   round_no: int, rounds: int, written: list[str] | None = None) -> str:
+    """The user turn that hands failing checks back to the agent. ``written``: the files the
+    last run wrote when it ended at the write (``agent.test_after_write``): the turn asks for
+    those again, whole, instead of a test run the checks have just done."""
     failed = [c for c in checks if not c["passed"]]
     parts = [f"The checks failed ({len(failed)} of {len(checks)}; repair round {round_no} of {rounds})."]
     limit = max(800, REPAIR_OUTPUT_CHARS // max(1, len(failed)))
     for c in failed:
         what = test_command if test_command and len(failed) == 1 else c["name"]
         code = "timed out" if c.get("exit_code") is None else f"exit code {c['exit_code']}"
-        parts.append(f"Output of `{what}` ({code}):\n```\n{trim_output(c.get('output', ''), workspace, limit)}\n```")
-    parts.append("Read the failures, fix the code and write the file again; run the tests before you answer.")
+        output = trim_output(failures_only(c.get("output", "")), workspace, limit)
+        parts.append(f"Output of `{what}` ({code}):\n```\n{output}\n```")
+    if written:
+        names = ", ".join(dict.fromkeys(written))
+        parts.append(f"Read the failures and fix the code: write the whole of {names} again, the path on a line "
+                     "of its own and then one fenced block. Only the solution: the tests stay where they are.")
+    else:
+        parts.append("Read the failures, fix the code and write the file again; run the tests before you answer.")
     return "\n\n".join(parts)
 
 
@@ -145,6 +154,7 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
     round_log: list[dict[str, Any]] = []
     candidate_log: list[dict[str, Any]] = []  # candidate rounds that kept nothing
     message, round_no = prompt, 0
+    agent.end_on_write = bool(test_command) and agent.engine.profile.agent.test_after_write
     while True:
         left = None if limits.wall_s is None else max(0.001, limits.wall_s - (time.monotonic() - t0))
         done = None
@@ -175,7 +185,8 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
         if limits.wall_s is not None and time.monotonic() - t0 >= limits.wall_s:
             break
         round_no += 1
-        message = repair_message(checks, test_command, agent.workspace, round_no, rounds)
+        written = done.extra.get("changed_files") if done.reason == "wrote" else None
+        message = repair_message(checks, test_command, agent.workspace, round_no, rounds, written)
         if transcript is not None:
             transcript.write("repair", done.step, round=round_no, message=message)
         if candidates > 1 and run_checks_in is not None and agent.ends_with_answer():
@@ -195,6 +206,7 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
                                   "stop_reason": "candidate", "candidates": picked.record()})
                 break  # it passed on the scratch copy; the real workspace's result is the attempt's
             candidate_log.append({"round": round_no, **picked.record()})
+    agent.end_on_write = False
     outcome = RepairOutcome(runs[-1], checks, first_try, round_log, runs)
     outcome.candidates = candidate_log
     yield outcome

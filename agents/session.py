@@ -196,6 +196,9 @@ class AgentSession:
                                      unsandboxed=unconfined, unconfined_allow=self.options.unconfined_allow)
         self.changed_files: list[str] = []  # written or edited in the current run
         self.corrective_turns = 0
+        # a step whose calls all wrote files ends the run ("wrote"): set by run_with_repair when the
+        # checks run right after each write (profile agent.test_after_write)
+        self.end_on_write = False
         self._seen_calls: dict[tuple[str, str], int] = {}
         self._commands_run = 0
         self._targets: list[str] | None = None  # files the task names (set by the first run)
@@ -379,10 +382,13 @@ class AgentSession:
                     else:
                         reason = "answered"
                     break
+                changed = len(self.changed_files)
                 all_repeated = yield from self._run_tools(step, pending)
                 repeats = repeats + 1 if all_repeated else 0
                 if repeats >= REPEATS_TO_STOP:
                     reason = "repeated"
+                elif self.end_on_write and len(self.changed_files) - changed == len(pending):
+                    reason = "wrote"  # every call of the step changed a file: the checks take over
         except MlxtermError as e:
             reason, error = "error", str(e)
         except Exception as e:  # a bug must end the run with a record, not a silent stop
@@ -649,7 +655,8 @@ class AgentSession:
         """(finish reason, note) when the step should stop now: the reply loops, or it started
         writing a file its edit may not change (a task's tests: it would be refused anyway)."""
         if guard.update(raw):
-            return "looped", "the reply kept repeating the same lines and was stopped"
+            return "looped", ("the reply kept repeating the same lines and was stopped; write the whole file "
+                              "again, each line once")
         path = parser.open_edit_path
         if path and self._protected_path(path):
             return "protected", f"stopped: {path} is protected by the task and cannot be changed"

@@ -374,6 +374,10 @@ class AgentConfig:
     # Sampling temperature of ordinary repair rounds (None: the run's): near-greedy decoding tends
     # to write the same failing file again after the test output.
     repair_temperature: float | None = opt(None, Number(ge=0, nullable=True))
+    # In a run whose task names a test command, a step that writes files ends the agent's turn
+    # and the checks run at once (their failures come back as a repair round): small models
+    # otherwise spend a step writing the same file again instead of running the tests.
+    test_after_write: bool = opt(False, Boolean())
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,13 @@ def test_repeated_blocks_and_pieces_are_loops():
     assert looping("x.py\n```python\ndef f(words):\n" + LOOP_LINE * 4)
     assert looping("def f():\n" + "    total = 1\n    total = compute(total)\n" * 4)  # a two-line block
     assert looping("The answer is " + "very, " * 12)
+    # the 1.5B on acronym: 23 different replace() lines, then the same 23 again (seen in a bench run)
+    marks = list("-.,!?:;()[]{}|~`^&*+=<>/")
+    cycle = "".join(f'    words = words.replace("{c}", "")\n' for c in marks)
+    assert not looping("def abbreviate(words):\n" + cycle)
+    assert looping("def abbreviate(words):\n" + cycle + cycle[: len(cycle) // 6])
+    long_block = "".join(f"    step_{i}(state, {i})\n" for i in range(12))
+    assert looping("def f(state):\n" + long_block * 3) and not looping("def f(state):\n" + long_block * 2)
 
 
 def test_real_code_is_not_a_loop():
@@ -23,6 +30,8 @@ def test_real_code_is_not_a_loop():
     assert not looping("x = [\n" + "    0,\n" * 20 + "]\n")  # short lines repeat legitimately
     assert not looping("}\n" * 30 + "\n\n\n")
     assert not looping(LOOP_LINE * 3)  # three times is not yet a loop
+    table = "".join(f"    '{chr(97 + i)}': '{chr(122 - i)}',\n" for i in range(26))  # one shape, no line recurs
+    assert not looping("CIPHER = {\n" + table + "}\n")
 
 
 def test_guard_checks_at_line_ends():

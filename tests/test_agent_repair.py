@@ -114,3 +114,22 @@ def test_a_round_that_changes_nothing_ends_the_repairs(tmp_path):
     result, engine = run(tmp_path, replies)
     assert result["status"] == "failed" and len(result["repair_rounds"]) == 1
     assert len(engine.requests) == 5  # first try 2 steps; round 1: same file, answer, the corrective turn
+
+
+def test_test_after_write_ends_the_turn_at_the_write_and_asks_for_the_file_again(tmp_path):
+    # no "Done." replies: each write ends the run and the checks run at once
+    result, engine = run(tmp_path, [edit("x + 5"), edit("x * 2")], test_after_write=True)
+    assert result["status"] == "passed" and result["first_try"]["status"] == "failed"
+    assert result["stop_reason"] == "wrote" and len(engine.requests) == 2
+    assert result["repair_rounds"][0]["stop_reason"] == "wrote"
+    text = engine.tokenizer.decode(engine.requests[1].prompt_ids)
+    assert "write the whole of solver.py again" in text and "run the tests before you answer" not in text
+
+
+def test_without_a_test_command_a_write_does_not_end_the_turn(tmp_path):
+    engine = ScriptedEngine([edit("x * 2"), "Done."], profile=scripted_profile(edit_format="whole",
+                                                                              test_after_write=True))
+    task = make_task(tmp_path)
+    task = type(task)(**{**task.__dict__, "test_command": None})
+    result = HeadlessRun(task, engine=engine, run_dir=tmp_path / "run").run()
+    assert result["status"] == "passed" and result["stop_reason"] == "answered" and len(engine.requests) == 2

@@ -38,6 +38,7 @@ STOP_NOTES = {
     "wall_time": "Stopped: the time limit was reached.",
     "context": "Stopped: the context is full, even after compacting old tool output.",
     "repeated": "Stopped: the agent kept repeating the same calls with nothing changed.",
+    "wrote": "The file is written: the checks run now.",
 }
 
 
