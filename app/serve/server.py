@@ -8,9 +8,12 @@ the engine, which writes pending checkpoints, to the caller.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import signal
 import socket
 import sys
+import threading
 
 from engine.errors import MlxtermError
 
@@ -56,7 +59,7 @@ def serve(state: ServerState, host: str, port: int, grace_s: float = 10.0, log_l
     shown = f"[{host}]" if ":" in host else host
     config = uvicorn.Config(build_app(state), log_level=log_level, timeout_graceful_shutdown=grace_s,
                             lifespan="off", access_log=log_level in ("info", "debug"))
-    server = uvicorn.Server(config)
+    server = _server_class(uvicorn)(config)
     engine = state.engine
     print(f"mlxterm serve: {engine.profile.name} ({engine.model_name}) on http://{shown}:{real_port}/v1"
           f"{' (API key required)' if state.api_key else ''}", flush=True)
@@ -65,3 +68,24 @@ def serve(state: ServerState, host: str, port: int, grace_s: float = 10.0, log_l
     finally:
         sock.close()
     print("mlxterm serve: stopped", file=sys.stderr, flush=True)
+
+
+def _server_class(uvicorn):
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that SIGINT/SIGTERM are not raised again after the graceful
+        shutdown: the caller still has the engine's checkpoints to write, then exits with 0."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            sigs = (signal.SIGINT, signal.SIGTERM)
+            originals = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
+            try:
+                yield
+            finally:
+                for sig, handler in originals.items():
+                    signal.signal(sig, handler)
+
+    return Server
