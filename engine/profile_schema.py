@@ -283,9 +283,56 @@ def opt(default: Any, rule: Rule) -> Any:
 
 
 @dataclass(frozen=True)
+class RemoteModel:
+    """A model served elsewhere over the OpenAI-compatible API (``mlxterm serve``, llama.cpp,
+    vLLM, exo, ``mlx_lm.server``)."""
+
+    base_url: str  # e.g. http://127.0.0.1:8080/v1
+    model: str  # the server's model id
+    api_key_env: str | None = None  # the environment variable holding the API key
+    timeout_s: float = 600.0
+
+
+class Remote(Rule):
+    """``model.remote``: a mapping with base_url and model (api_key_env, timeout_s optional)."""
+
+    allowed = "a mapping with base_url (http:// or https://), model, and optional api_key_env, timeout_s"
+    _RULES = {"base_url": Text(), "model": Text(), "api_key_env": Text(nullable=True),
+              "timeout_s": Number(gt=0)}
+
+    def convert(self, node: yaml.Node, key: str, problems: Problems) -> Any:
+        if isinstance(node, yaml.ScalarNode) and plain(node) is None:
+            return None
+        if not isinstance(node, yaml.MappingNode):
+            problems.add(line_of(node), key, f"expected a mapping, got {describe(plain(node))} (allowed: {self.allowed})")
+            return BAD
+        values, ok = {}, True
+        for key_node, value_node in node.value:
+            name = plain(key_node)
+            if name not in self._RULES:
+                problems.add(line_of(key_node), f"{key}.{name}", f"unknown key{suggest(str(name), list(self._RULES))} "
+                             f"(allowed: {', '.join(self._RULES)})")
+                ok = False
+                continue
+            values[name] = self._RULES[name].convert(value_node, f"{key}.{name}", problems)
+            ok = ok and values[name] is not BAD
+        for name in ("base_url", "model"):
+            if ok and not values.get(name):
+                problems.add(line_of(node), f"{key}.{name}", "missing; this key is required")
+                ok = False
+        url = values.get("base_url")
+        if ok and not str(url).startswith(("http://", "https://")):
+            problems.add(line_of(node), f"{key}.base_url", f"{url!r} is not an http:// or https:// URL")
+            ok = False
+        return RemoteModel(**values) if ok else BAD
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    source: str = field(metadata={"rule": Text()})  # required: catalogue name, path or pkg:...
+    # catalogue name, path or pkg:...; required unless ``remote`` is given
+    source: str = opt("", Text())
     weights: str = opt("auto", Choice("auto", "quantized", "hybrid", "fp32", "fp16", "bf16"))
+    remote: RemoteModel | None = opt(None, Remote())
 
 
 @dataclass(frozen=True)

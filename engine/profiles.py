@@ -164,6 +164,12 @@ def parse_profile(text: str, path: Path) -> Profile:
     if "model" not in sections:
         problems.add(1, "model.source", "missing; every profile needs model.source "
                      "(a catalogue name, a path, or pkg:PACKAGE/file)")
+    model = sections.get("model")
+    if isinstance(model, ModelConfig) and bool(model.source) == (model.remote is not None):
+        problems.add(lines.get("model", 1), "model.source",
+                     "missing; every profile needs model.source (a catalogue name, a path, or "
+                     "pkg:PACKAGE/file) or model.remote" if not model.source else
+                     "give model.source or model.remote, not both")
     _cross_checks(sections, lines, problems)
     if problems:
         raise ProfileValidationError(problems.lines())
@@ -290,7 +296,9 @@ def check_profile(name_or_path: str) -> CheckResult:
     model_path = None
     source = profile.model.source
     try:
-        if source in catalog.CATALOG:
+        if profile.model.remote is not None:
+            pass  # served elsewhere: `mlxterm doctor` asks the server
+        elif source in catalog.CATALOG:
             status = catalog.model_status(source)
             if status.installed:
                 model_path = status.path

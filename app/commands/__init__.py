@@ -7,7 +7,7 @@ import importlib
 
 # Order is the order shown in ``mlxterm --help``.
 COMMANDS = ("chat", "generate", "sessions", "models", "profile", "cache", "transcribe", "run", "tasks", "bench",
-            "report", "doctor")
+            "report", "doctor", "serve")
 
 
 def register_all(subparsers) -> None:

@@ -49,10 +49,14 @@ def _messages(args) -> list[dict]:
 
 
 def run(args) -> int:
+    from engine.profiles import DEFAULT_PROFILE, load_profile
     from engine.runtime import Engine, GenerationRequest
     from engine.serving.events import Done, ReasoningDelta, TextDelta
 
-    engine = Engine.load(args.profile)
+    profile = load_profile(args.profile or DEFAULT_PROFILE)
+    if profile.model.remote is not None:
+        return _run_remote(args, profile)
+    engine = Engine.load(profile)
     try:
         overrides = dict(
             max_tokens=args.max_tokens,
@@ -103,6 +107,49 @@ def run(args) -> int:
         return 0
     finally:
         engine.close()
+
+
+def _run_remote(args, profile) -> int:
+    """A remote profile: the turn runs on its OpenAI-compatible server (engine.serving.remote)."""
+    from engine.errors import MlxtermError
+    from engine.serving.events import Done, ReasoningDelta, TextDelta
+    from engine.serving.remote import RemoteChat
+
+    if args.raw or args.session or args.logprobs:
+        raise MlxtermError(f"profile {profile.name} is remote: --raw, --session and --logprobs need a local model")
+    chat = RemoteChat(profile)
+    messages = _messages(args)
+    if args.system is not None:
+        messages = [m for m in messages if m.get("role") != "system"]
+        messages.insert(0, {"role": "system", "content": args.system})
+    params = chat.sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                           seed=args.seed, stop=tuple(args.stop) if args.stop else None)
+    done: Done | None = None
+    for ev in chat.stream(messages, params):
+        if isinstance(ev, Done):
+            done = ev
+        elif not args.json and isinstance(ev, TextDelta):
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+        elif not args.json and isinstance(ev, ReasoningDelta):
+            sys.stderr.write(ev.text)
+    assert done is not None
+    if args.json:
+        out = {"text": done.text, "reasoning": done.reasoning, "finish_reason": done.finish_reason,
+               "usage": {"prompt_tokens": done.usage.prompt_tokens, "cached_tokens": done.usage.cached_tokens,
+                         "completion_tokens": done.usage.completion_tokens},
+               "timings": {"ttft_ms": done.timings.ttft_ms, "decode_tps": done.timings.decode_tps,
+                           "total_ms": done.timings.total_ms},
+               "profile": profile.name, "model": chat.model_name, "remote": profile.model.remote.base_url}
+        if done.error:
+            out["error"] = done.error
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+    if done.error:
+        print(f"mlxterm: {done.error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _prompt_ids(engine, args) -> list[int]:

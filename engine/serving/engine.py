@@ -60,6 +60,9 @@ class Engine:
 
         if not isinstance(profile, Profile):
             profile = load_profile(profile or DEFAULT_PROFILE)
+        if profile.model.remote is not None:
+            raise MlxtermError(f"profile {profile.name} runs on a remote server (model.remote: "
+                               f"{profile.model.remote.base_url}); it has no local model to load")
         worker = EngineWorker()
 
         def start() -> Runner:
