@@ -50,11 +50,16 @@ class TokenLedger:
         fed_ids: Sequence[int],
         new: Sequence[Mapping[str, Any]],
         generation_prompt: bool,
+        history_prompted: bool | None = None,
     ) -> list[list[int]]:
         """Token ids for each message of ``new`` appended after ``history`` (already fed as
-        ``fed_ids``); the last one ends with the generation prompt when ``generation_prompt``."""
+        ``fed_ids``); the last one ends with the generation prompt when ``generation_prompt``.
+        ``history_prompted``: whether the fed history ends in a generation prompt (None: when
+        its last message is a user or tool turn)."""
         tok = self.engine.tokenizer
         prev_gp = bool(history) and history[-1]["role"] in ("user", "tool")
+        if history_prompted is not None:
+            prev_gp = bool(history) and history_prompted
         before = self.render(history, prev_gp)
         tail = junction_tail(before, tok.decode(list(fed_ids))) if fed_ids else ""
         out: list[list[int]] = []

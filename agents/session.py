@@ -382,13 +382,12 @@ class AgentSession:
                     else:
                         reason = "answered"
                     break
-                changed = len(self.changed_files)
-                all_repeated = yield from self._run_tools(step, pending)
+                all_repeated, wrote = yield from self._run_tools(step, pending)
                 repeats = repeats + 1 if all_repeated else 0
                 if repeats >= REPEATS_TO_STOP:
                     reason = "repeated"
-                elif self.end_on_write and len(self.changed_files) - changed == len(pending):
-                    reason = "wrote"  # every call of the step changed a file: the checks take over
+                elif wrote:
+                    reason = "wrote"  # the step wrote the files: the checks take over
         except MlxtermError as e:
             reason, error = "error", str(e)
         except Exception as e:  # a bug must end the run with a record, not a silent stop
@@ -430,13 +429,16 @@ class AgentSession:
         """The context as it would be after a user ``message`` (nothing is stored)."""
         history = self.store.messages(self.session_id)
         fed = [t for m in history for t in m.token_ids]
-        new = self.ledger.tokens_for([render_dict(m) for m in history], fed, [{"role": "user", "content": message}], True)
+        prompted = None if not history or not history[-1].meta.get("ends_run") else False
+        new = self.ledger.tokens_for([render_dict(m) for m in history], fed, [{"role": "user", "content": message}],
+                                     True, prompted)
         return fed + new[0]
 
     def ends_with_answer(self) -> bool:
-        """Whether the context ends with an assistant turn (a new user message may follow)."""
+        """Whether the context ends with a finished turn (a new user message may follow): an
+        assistant reply, or the results of a step that ended the run at its writes."""
         last = self.store.messages(self.session_id, tokens=False)[-1:]
-        return bool(last) and last[0].role == "assistant"
+        return bool(last) and (last[0].role == "assistant" or bool(last[0].meta.get("ends_run")))
 
     def step_budget(self, prompt_tokens: int) -> int:
         """max_tokens for one step after a prompt of this length (the loop's rule, without compaction)."""
@@ -569,9 +571,11 @@ class AgentSession:
 
     # -- tools --------------------------------------------------------------------------------
     def _run_tools(self, step: int, pending: list[_Pending]) -> Iterator[AgentEvent]:
-        """Run the step's calls; returns whether every one repeated an earlier call (a loop)."""
+        """Run the step's calls; returns (whether every one repeated an earlier call (a loop),
+        whether the run ends here because every call wrote a file and ``end_on_write`` is set)."""
         messages, metas = [], []
         repeated = 0
+        changed = len(self.changed_files)
         for p in pending:
             earlier = self._repeat_of(p)
             if earlier is not None:
@@ -589,6 +593,10 @@ class AgentSession:
             if diff is not None and result.ok and (diff or data.get("created") or data.get("diff_skipped")):
                 self.changed_files.append(data["path"])
                 self._seen_calls.clear()  # after a change, the same test run means something new
+            elif diff is not None and result.ok and self.end_on_write:
+                # the 1.5B answers a failing test run with the same file, then "The checks passed."
+                result = replace(result, content=f"{result.content} This is the same code that failed the checks: "
+                                                 "change it to fix the failures.")
             if earlier is None:
                 self._seen_calls.setdefault(_pending_key(p), step)
             yield ToolFinished(step, p.id, p.name, result, approval, int(data.get("duration_ms", 0)),
@@ -604,8 +612,14 @@ class AgentSession:
             if "duration_ms" in data:
                 meta["duration_ms"] = data["duration_ms"]
             metas.append(meta)
-        self._append(messages, generation_prompt=True, metas=metas, step=step)
-        return repeated == len(pending)
+        # every call a file edit and at least one changed a file (a refused edit of the task's
+        # tests beside the solution does not keep the run going: the checks report on it)
+        wrote = (self.end_on_write and len(self.changed_files) > changed
+                 and all(p.name in ("write_file", "edit_file") for p in pending))
+        if wrote:  # the run ends here: the turn stays open for the repair message (no generation prompt)
+            metas = [{**m, "ends_run": True} for m in metas]
+        self._append(messages, generation_prompt=not wrote, metas=metas, step=step)
+        return repeated == len(pending), wrote
 
     def _repeat_of(self, p: _Pending) -> int | None:
         """The step of an earlier identical call (or identical malformed one) with no file change
@@ -727,7 +741,8 @@ class AgentSession:
                 step: int = 0, tool_calls: list | None = None) -> list[Message]:
         history = self.store.messages(self.session_id)
         fed = [t for m in history for t in m.token_ids]
-        ids = self.ledger.tokens_for([render_dict(m) for m in history], fed, messages, generation_prompt)
+        prompted = None if not history or not history[-1].meta.get("ends_run") else False
+        ids = self.ledger.tokens_for([render_dict(m) for m in history], fed, messages, generation_prompt, prompted)
         stored = []
         for i, (m, tokens, meta) in enumerate(zip(messages, ids, metas, strict=True)):
             calls = tool_calls[i] if tool_calls else None
@@ -745,7 +760,7 @@ class AgentSession:
         process is marked interrupted and kept (its exact tokens stay in the context)."""
         recover_interrupted(self.store, self.session_id)
         last = self.store.messages(self.session_id, tokens=False)[-1:]
-        if last and last[0].role in ("user", "tool"):
+        if last and last[0].role in ("user", "tool") and not last[0].meta.get("ends_run"):
             self._append([{"role": "assistant", "content": ""}], generation_prompt=False,
                          metas=[{"interrupted": True}])
 

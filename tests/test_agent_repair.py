@@ -124,6 +124,16 @@ def test_test_after_write_ends_the_turn_at_the_write_and_asks_for_the_file_again
     assert result["repair_rounds"][0]["stop_reason"] == "wrote"
     text = engine.tokenizer.decode(engine.requests[1].prompt_ids)
     assert "write the whole of solver.py again" in text and "run the tests before you answer" not in text
+    # the repair message follows the write's result directly: no empty assistant turn between
+    tail = text[text.index("Updated solver.py"):]
+    assert "assistant" not in tail[: tail.index("The checks failed")]
+
+
+def test_test_after_write_says_when_the_file_did_not_change(tmp_path):
+    result, engine = run(tmp_path, [edit("x + 5"), edit("x + 5"), edit("x * 2")], test_after_write=True)
+    assert result["status"] == "passed" and len(engine.requests) == 3
+    text = engine.tokenizer.decode(engine.requests[2].prompt_ids)
+    assert "content unchanged. This is the same code that failed the checks" in text
 
 
 def test_without_a_test_command_a_write_does_not_end_the_turn(tmp_path):
@@ -133,3 +143,20 @@ def test_without_a_test_command_a_write_does_not_end_the_turn(tmp_path):
     task = type(task)(**{**task.__dict__, "test_command": None})
     result = HeadlessRun(task, engine=engine, run_dir=tmp_path / "run").run()
     assert result["status"] == "passed" and result["stop_reason"] == "answered" and len(engine.requests) == 2
+
+
+def test_candidates_follow_a_run_that_ended_at_its_write(tmp_path):
+    replies = [edit("x + 5"), edit("x + 3"), edit("2 * x")]
+    result, engine = run(tmp_path, replies, candidates=2, test_after_write=True)
+    assert result["status"] == "passed" and result["first_try"]["status"] == "failed"
+    assert result["repair_rounds"][0]["candidates"]["chosen"] == 1 and len(engine.requests) == 3
+    # the drafts' prompt continues the stored context exactly (the write's result, then the repair turn)
+    first, draft = engine.requests[0].prompt_ids, engine.requests[1].prompt_ids
+    assert draft[: len(first)] == first
+
+
+def test_a_refused_test_file_beside_the_solution_still_ends_the_run_at_the_write(tmp_path):
+    both = edit("x * 2") + "\n\nsolver_test.py\n```python\nimport solver\nassert solver.double(1) == 2\n```"
+    result, engine = run(tmp_path, [both], extra="protected: [solver_test.py]\n", test_after_write=True)
+    assert result["status"] == "passed" and result["stop_reason"] == "wrote" and len(engine.requests) == 1
+    assert not (tmp_path / "run" / "workspace" / "solver_test.py").exists()
