@@ -12,6 +12,7 @@ states that fact (CI strict mode accepts it).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -232,6 +233,79 @@ def test_a_root_call_has_a_total_memory_cap(ws):
     hogs = "for i in 1 2 3; do python3 -c 'b = bytearray(200 << 20); import time; time.sleep(2)' & done; wait"
     out = execute(hogs, ws, 60, None, box)
     assert "Killed" in out["stderr"], out  # 3 x 200 MiB, each under RLIMIT_DATA, over 300 MiB in all
+
+
+FORGE = """prompt: "x"
+checks:
+  - name: forge
+    run: |
+      for f in transcript.jsonl result.json quality.json; do
+        echo FORGED > {run}/$f; echo FORGED > "$MLXTERM_RUN_DIR/../$f"; rm -f {run}/$f; done
+      ls -la {run} "$MLXTERM_RUN_DIR/.." 2>&1
+      mkdir -p "$MLXTERM_RUN_DIR/screenshots" && printf png > "$MLXTERM_RUN_DIR/screenshots/ok.png"
+      ln -s {run}/transcript.jsonl "$MLXTERM_RUN_DIR/screenshots/t.png"
+      printf '{{"passed": 1, "failed": 0, "blocked": 0, "total": 1, "categories": [
+        {{"name": "a", "screenshot": "%s/screenshots/ok.png"}}, {{"name": "b", "screenshot": "%s/screenshots/t.png"}},
+        {{"name": "c", "screenshot": "{run}/transcript.jsonl"}}]}}' "$MLXTERM_RUN_DIR" "$MLXTERM_RUN_DIR" > "$MLXTERM_RUN_DIR/quality.json"
+"""
+
+
+def test_a_check_cannot_forge_the_runs_transcript_result_or_quality(ws, base):
+    """The run directory is never in the sandbox: a check writes only its evidence folder, and
+    the host copies quality.json (and the screenshots inside that folder) out of it."""
+    from agents.headless import HeadlessRun
+    from agents.tasks import load_task
+
+    run = base / "run"
+    run.mkdir()
+    transcript = '{"type": "task", "step": 0}\n'
+    (run / "transcript.jsonl").write_text(transcript)  # an earlier run's, which checks_only keeps
+    (run / "result.json").write_text("{}")
+    (run / "quality.json").write_text("host")
+    (base / "t.yaml").write_text(FORGE.format(run=run))
+    result = HeadlessRun(load_task(base / "t.yaml"), workspace=ws, run_dir=run).checks_only()
+    check = result["checks"][0]
+    assert result["status"] == "passed" and check["sandboxed"], check["output"]
+    assert (run / "transcript.jsonl").read_text() == transcript and "FORGED" not in check["output"]
+    # inside, the run directory is only the empty way down to the evidence folder
+    listed = [line.split()[-1] for line in check["output"].splitlines() if line.startswith(("d", "-", "l"))]
+    assert set(listed) == {".", "..", "evidence"}, check["output"]
+    assert check["output"].count("Permission denied") == 6, check["output"]
+    assert json.loads((run / "result.json").read_text()) == result
+    quality = json.loads((run / "quality.json").read_text())  # the host's copy of the checks' own file
+    assert result["quality"] == {"passed": 1, "failed": 0, "blocked": 0, "total": 1, "path": str(run / "quality.json")}
+    assert [c["screenshot"] for c in quality["categories"]] == [str(run / "screenshots" / "ok.png"), None, None]
+    assert (run / "screenshots" / "ok.png").read_bytes() == b"png"
+
+
+def test_a_run_directory_inside_the_workspace_is_refused(ws):
+    from engine.errors import MlxtermError
+
+    from agents.headless import HeadlessRun
+    from agents.tasks import TaskSpec
+
+    task = TaskSpec(ws.parent / "t.yaml", "t", "x")
+    for run_dir in (ws / "runs" / "x", ws):
+        with pytest.raises(MlxtermError, match="must lie outside the workspace"):
+            HeadlessRun(task, workspace=ws, run_dir=run_dir)
+
+
+def test_bash_and_checks_do_not_see_a_hidden_run_dir_inside_the_workspace(ws):
+    """Evidence.protect() hides the run directory even where it lies inside a mounted path
+    (a board whose cards folder sits in a workspace); the evidence folder inside stays writable."""
+    from agents.evidence import Evidence
+
+    run = ws / "cards" / "1"
+    evidence = Evidence(run / "evidence", run)
+    evidence.prepare()
+    (run / "attempt-1.jsonl").write_text("host log")
+    box = agent_sandbox(hide=evidence.protect())
+    out = execute("cat cards/1/attempt-1.jsonl; echo FORGED > cards/1/attempt-1.jsonl; ls cards/1", ws, 30, None, box)
+    assert "host log" not in out["stdout"] and (run / "attempt-1.jsonl").read_text() == "host log", out
+    record = run_check(Check("write", 'echo e > "$MLXTERM_RUN_DIR/e" && cat cards/1/attempt-1.jsonl', 30), ws,
+                       agent_sandbox(), evidence=evidence)
+    assert not record["passed"] and "host log" not in record["output"], record
+    assert (evidence.folder / "e").read_text() == "e\n" and (run / "attempt-1.jsonl").read_text() == "host log"
 
 
 # -- normal work still works ------------------------------------------------------------------
