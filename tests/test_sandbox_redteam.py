@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -210,13 +211,55 @@ def test_memory_is_capped_per_process_and_in_tmp_and_shm(ws):
     assert "DEV_WRITABLE" not in out["stdout"] and "ROOT_WRITABLE" not in out["stdout"]
 
 
+SYSCALL_PROBE = """import ctypes, errno, json, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+nr = json.loads(sys.argv[1])
+def call(name, *args):
+    ret = libc.syscall(nr[name], *args)
+    return "ok" if ret >= 0 else errno.errorcode[ctypes.get_errno()]
+def sock(family, kind):
+    try:
+        socket.socket(family, kind).close()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+params = ctypes.create_string_buffer(120)
+out = {"unshare": call("unshare", 0), "ptrace": call("ptrace", 0, 0, 0, 0),
+       "add_key": call("add_key", b"user", b"mlxterm-redteam", b"x", 1, ctypes.c_long(-2)),
+       "keyctl": call("keyctl", 0, ctypes.c_long(-2), 0),
+       "io_uring_setup": call("io_uring_setup", 1, params), "bpf": call("bpf", 0, 0, 0),
+       "perf_event_open": call("perf_event_open", 0, 0, -1, -1, 0),
+       "clone_newuser": call("clone", 0x10000000 | 17, 0, 0, 0, 0),
+       "netlink": sock(socket.AF_NETLINK, socket.SOCK_DGRAM), "packet": sock(socket.AF_PACKET, socket.SOCK_DGRAM)}
+print(json.dumps(out))
+"""
+
+
+def test_the_seccomp_filter_denies_what_no_command_needs(ws):
+    """Calls an unprivileged process may make (keyrings, ptrace on itself, unshare(0), netlink
+    sockets) succeed with the filter off (the control) and are denied with it on."""
+    import pyseccomp
+
+    assert STATUS.seccomp_off is None, STATUS.describe()
+    names = ("unshare", "ptrace", "add_key", "keyctl", "io_uring_setup", "bpf", "perf_event_open", "clone")
+    numbers = json.dumps({n: pyseccomp.resolve_syscall(pyseccomp.system_arch(), n) for n in names})
+    (ws / "probe.py").write_text(SYSCALL_PROBE)
+    cmd = f"grep Seccomp: /proc/self/status; python3 probe.py '{numbers}'"
+    on = bash(cmd, ws)
+    box = agent_sandbox()
+    control = execute(cmd, ws, 60, None, sb.Sandbox(box.policy, replace(STATUS, seccomp_off="control")))
+    filtered, unfiltered = (json.loads(r["stdout"].splitlines()[-1]) for r in (on, control))
+    assert on["stdout"].startswith("Seccomp:\t2") and control["stdout"].startswith("Seccomp:\t0"), (on, control)
+    for name in ("unshare", "ptrace", "add_key", "keyctl", "netlink"):
+        assert unfiltered[name] == "ok", unfiltered  # the control: allowed without the filter
+    assert filtered == {**dict.fromkeys(filtered, "EPERM"), "netlink": "EAFNOSUPPORT", "packet": "EAFNOSUPPORT"}, filtered
+
+
 @needs_root
 def test_a_root_fork_bomb_hits_the_process_limit(ws):
     bomb = ("python3 -c \"import os, time\nwhile True:\n    try:\n        os.fork()\n"
             "    except OSError as e:\n        print('LIMIT', e, flush=True); time.sleep(600)\" redteam-bomb")
     box = agent_sandbox()
-    from dataclasses import replace
-
     box = sb.Sandbox(replace(box.policy, limits=sb.Limits(processes=48)), box.status)
     out = execute(bomb, ws, 6, None, box)
     assert "LIMIT" in out["stdout"] and out["timed_out"], out
@@ -226,8 +269,6 @@ def test_a_root_fork_bomb_hits_the_process_limit(ws):
 @pytest.mark.skipif(sb._own_cgroup("memory") is None or STATUS.process_limit != "cgroup",
                     reason="system lacks: a cgroup v1 memory hierarchy root may write")
 def test_a_root_call_has_a_total_memory_cap(ws):
-    from dataclasses import replace
-
     box = agent_sandbox()
     box = sb.Sandbox(replace(box.policy, limits=sb.Limits(memory_bytes=300 << 20)), box.status)
     hogs = "for i in 1 2 3; do python3 -c 'b = bytearray(200 << 20); import time; time.sleep(2)' & done; wait"
