@@ -349,6 +349,18 @@ def test_bash_and_checks_do_not_see_a_hidden_run_dir_inside_the_workspace(ws):
     assert (evidence.folder / "e").read_text() == "e\n" and (run / "attempt-1.jsonl").read_text() == "host log"
 
 
+@needs_root
+@pytest.mark.skipif(sb._own_cgroup("cpu") is None or STATUS.process_limit != "cgroup",
+                    reason="system lacks: a cgroup v1 cpu hierarchy root may write")
+def test_a_root_call_gets_only_its_cpu_quota(ws):
+    box = agent_sandbox()
+    box = sb.Sandbox(replace(box.policy, limits=sb.Limits(cpus=0.2)), box.status)
+    spin = ("python3 -c 'import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: pass\n"
+            "print(round(time.process_time(), 2))'")
+    out = execute(spin, ws, 60, None, box)
+    assert out["exit_code"] == 0 and float(out["stdout"]) < 0.5, out  # ~0.3 s of CPU in 1.5 s, not 1.5 s
+
+
 # -- normal work still works ------------------------------------------------------------------
 
 UNITTEST = """import unittest

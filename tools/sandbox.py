@@ -29,9 +29,10 @@ off and why.
 
 Resource limits make a fork bomb, a memory hog or a runaway file a tool error: CPU seconds,
 data segment size, file size, process count and no core files (``ulimit`` in the sandbox,
-after the uid switch, so they cannot be raised again); for root also a fresh ``pids`` and
-``memory`` cgroup per call where cgroup v1 allows (RLIMIT_NPROC there counts every process of
-the shared sandbox uid).
+after the uid switch, so they cannot be raised again); for root also a fresh ``pids``,
+``memory`` and ``cpu`` cgroup per call where cgroup v1 allows (RLIMIT_NPROC there counts every
+process of the shared sandbox uid; the CPU quota keeps a runaway command from starving the
+model that runs beside it). Without cgroups, RLIMIT_CPU bounds each process's CPU seconds.
 
 On macOS the same rules are written as a Seatbelt (``sandbox-exec``) profile; see
 ``seatbelt_profile``. Where neither works, ``probe()`` says why; a ``Sandbox`` then refuses
@@ -79,6 +80,7 @@ class Limits:
     processes: int = 512
     file_bytes: int = 1 << 30  # largest file a command may write
     memory_bytes: int = 8 << 30  # all of a call's memory, tmpfs pages included (root: memory cgroup)
+    cpus: float | None = None  # CPUs' worth of time per call (root: cpu cgroup); None: all but one, at least one
     tmp_bytes: int = 512 << 20  # size of the private /tmp (it lives in memory)
     shm_bytes: int = 512 << 20  # size of the private /dev/shm (memory too)
 
@@ -596,20 +598,33 @@ def _pids_cgroup_root() -> str | None:
     return _own_cgroup("pids")
 
 
+def cpu_share(limits: Limits) -> float:
+    """The CPUs' worth of time one call may use: ``limits.cpus``, else all but one CPU (at least
+    one), so the model beside it keeps a core."""
+    if limits.cpus is not None:
+        if limits.cpus <= 0:
+            raise ValueError(f"Limits.cpus must be > 0, got {limits.cpus}")
+        return limits.cpus
+    return float(max(1, (os.cpu_count() or 1) - 1))
+
+
 class _Cgroups:
     """Fresh cgroups (v1) for one root-run command: ``pids`` caps its processes (RLIMIT_NPROC
     counts every process of the shared sandbox uid), ``memory`` its memory in all (processes
-    and the pages of its tmpfs files together), where this process may make such groups."""
+    and the pages of its tmpfs files together), ``cpu`` its CPU time per period (a CFS quota),
+    where this process may make such groups."""
 
     def __init__(self, paths: list[str]):
         self.paths = paths
 
     @classmethod
     def create(cls, limits: Limits) -> _Cgroups | None:
-        settings = {"pids": ("pids.max", limits.processes), "memory": ("memory.limit_in_bytes", limits.memory_bytes)}
+        period = 100_000  # µs
+        settings = {"pids": [("pids.max", limits.processes)], "memory": [("memory.limit_in_bytes", limits.memory_bytes)],
+                    "cpu": [("cpu.cfs_period_us", period), ("cpu.cfs_quota_us", round(cpu_share(limits) * period))]}
         paths = []
         name = f"mlxterm-{os.getpid()}-{secrets.token_hex(4)}"
-        for controller, (knob, value) in settings.items():
+        for controller, knobs in settings.items():
             parent = _own_cgroup(controller)
             if parent is None:
                 continue
@@ -620,8 +635,9 @@ class _Cgroups:
                 continue
             paths.append(path)
             try:
-                with open(os.path.join(path, knob), "w") as f:
-                    f.write(str(value))
+                for knob, value in knobs:
+                    with open(os.path.join(path, knob), "w") as f:
+                        f.write(str(value))
             except OSError:
                 cls(paths).remove()
                 return None
