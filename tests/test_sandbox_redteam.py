@@ -27,6 +27,7 @@ import pytest
 
 from agents.checks import agent_sandbox, run_check
 from agents.tasks import Check
+from tests.ci_strict import sandbox_skip_reason
 from tools import default_registry
 from tools import sandbox as sb
 from tools.bash import execute
@@ -35,7 +36,7 @@ STATUS = sb.probe()
 ROOT = os.geteuid() == 0
 needs_bwrap = pytest.mark.skipif(
     STATUS.backend != "bwrap",
-    reason=("namespaces unavailable: " if shutil.which("bwrap") else "bubblewrap missing: ") + STATUS.reason,
+    reason=sandbox_skip_reason(STATUS),
 )
 needs_root = pytest.mark.skipif(not ROOT, reason="system lacks: root (this escape needs a root mlxterm)")
 pytestmark = needs_bwrap

@@ -19,6 +19,7 @@ import pytest
 from agents.checks import agent_sandbox, run_check
 from agents.policy import ApprovalPolicy
 from agents.tasks import Check
+from tests.ci_strict import sandbox_skip_reason
 from tools import default_registry
 from tools import sandbox as sb
 from tools.bash import execute
@@ -36,7 +37,7 @@ STATUS = sb.probe()
 # CI strict mode accepts as a skip; a missing bwrap is an install step that must not be skipped.
 needs_bwrap = pytest.mark.skipif(
     STATUS.backend != "bwrap",
-    reason=("namespaces unavailable: " if shutil.which("bwrap") else "bubblewrap missing: ") + STATUS.reason,
+    reason=sandbox_skip_reason(STATUS),
 )
 OFF = SandboxStatus("none", "test: no sandbox")
 SECRET = "outside secret 42"
