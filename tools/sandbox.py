@@ -650,8 +650,10 @@ class _Cgroups:
         """``argv`` started from a shell that first moves itself into the groups ("0" is the
         writer) and then execs it, so the limits hold from the first instruction. A shell
         rather than a ``preexec_fn``: with one, Python forks its whole (large) process and
-        runs every library's atfork handlers instead of spawning."""
-        procs = [os.path.join(p, "cgroup.procs") for p in self.paths]
+        runs every library's atfork handlers instead of spawning. The shell is one thread, so
+        it writes ``tasks`` (moves itself only): the kernel then skips the global threadgroup
+        lock whose RCU grace period made each ``cgroup.procs`` write cost milliseconds."""
+        procs = [os.path.join(p, "tasks") for p in self.paths]
         # $0 is the first group's file, $1.. the others; a failed write ends here: never unlimited
         join = "".join(f'echo 0 > "${i}" && ' for i in range(len(procs))) + f'shift {len(procs) - 1} && exec "$@"'
         return ["/bin/sh", "-c", join, *procs, *argv]
