@@ -13,9 +13,10 @@ PY=${PYTHON:-python3}
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 # Debian packages. OpenBLAS is optional (the app runs without it, slower, and says so);
-# bubblewrap sandboxes the agent's shell; libportaudio2 lets dictation open the microphone.
+# bubblewrap (with libseccomp2's filter) sandboxes the agent's shell; libportaudio2 lets dictation open the microphone.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  pkgs=(libopenblas0-pthread g++ bubblewrap libportaudio2)  # g++: the CPU kernel extension (engine/kernels)
+  # g++: the CPU kernel extension (engine/kernels); libseccomp2: the sandbox's seccomp filter
+  pkgs=(libopenblas0-pthread g++ bubblewrap libseccomp2 libportaudio2)
   [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux chromium chromium-driver)
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -9,7 +9,9 @@ run model-written code, so they get the same confinement as ``bash``: the worksp
 a private ``/tmp`` and ``/dev/shm``, ``/dev`` and ``/proc`` of their own, no capabilities and
 (as root) an unprivileged uid, and loopback inside their own network namespace (a check may
 start a server and point a headless browser at it). Without a sandbox, ``run_check`` refuses a
-check unless its caller passes ``unconfined_ok=True``.
+check unless its caller passes ``unconfined_ok=True``. What a check leaves for the host goes
+into its own evidence folder (``agents.evidence``), never into the run directory the host
+trusts: that is hidden from the agent's shell and the checks alike.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from engine import paths
 
+from agents.evidence import Evidence
 from agents.tasks import Check
 from agents.transcript import Transcript
 from tools.bash import execute
@@ -33,14 +36,15 @@ CHECK_OUTPUT_CHARS = 4000
 
 
 def agent_sandbox(network: bool = False, status: SandboxStatus | None = None, *,
-                  unconfined_ok: bool = True) -> Sandbox:
-    """The sandbox for agent shells and checks (``network``: keep the host network).
+                  unconfined_ok: bool = True, hide: Sequence[str] = ()) -> Sandbox:
+    """The sandbox for agent shells and checks (``network``: keep the host network; ``hide``:
+    more paths to keep out, e.g. a run directory inside the workspace).
 
     ``unconfined_ok`` (default True): where no sandbox works, the agent's ``bash`` still runs,
     unconfined -- ``agents.policy`` then forces every call to be approved by a person (or the
     run's own ``--allow bash``). Checks do not inherit this: ``run_check`` asks for its own
     consent."""
-    hide = [str(paths.data_dir()), str(paths.config_dir()), str(paths.cache_dir())]
+    hide = [str(paths.data_dir()), str(paths.config_dir()), str(paths.cache_dir()), *hide]
     if os.environ.get("MLXTERM_HOME"):
         hide.append(os.environ["MLXTERM_HOME"])
     # mlxterm's own packages too (a check may import them), wherever the checkout lies (even
@@ -72,20 +76,24 @@ def _installed_package_dirs(names: tuple[str, ...]) -> list[str]:
 
 
 def run_check(check: Check, workspace: Path, sandbox: Sandbox, env: Mapping[str, str] | None = None,
-              writable: tuple[str, ...] = (), readable: tuple[str, ...] = (),
+              evidence: Evidence | None = None, readable: tuple[str, ...] = (),
               transcript: Transcript | None = None, *, unconfined_ok: bool = False) -> dict[str, Any]:
     """Run one acceptance check in ``workspace``; its record, also written to ``transcript``.
 
-    ``writable``: more directories it may write (the run directory for its evidence);
-    ``readable``: more it may read (the task's own directory with its check scripts, which
-    may lie beside the workspace). A check runs model-written code: where ``sandbox`` is not
+    ``evidence``: the one folder besides the workspace it may write (``$MLXTERM_RUN_DIR``;
+    the run directory it belongs to is hidden, see ``agents.evidence``); ``readable``: more it
+    may read (the task's own directory with its check scripts, which may lie beside the
+    workspace). A check runs model-written code: where ``sandbox`` is not
     active it is refused (a failed record saying why) unless the caller passes
     ``unconfined_ok=True`` because a person consented (``mlxterm run --allow bash``). ``env``
     is the only thing a check gets from the caller's environment besides PATH, LANG, LC_*, TZ.
     Every check runner (``mlxterm run``, the task board) goes through here."""
     t0 = time.monotonic()
+    writable, hide = ((str(evidence.folder),), evidence.protect()) if evidence is not None else ((), ())
+    if evidence is not None:
+        env = {**(env or {}), **evidence.env()}
     policy = replace(sandbox.policy, writable=(*sandbox.policy.writable, *writable),
-                     read_only=(*sandbox.policy.read_only, *readable))
+                     read_only=(*sandbox.policy.read_only, *readable), hide=(*sandbox.policy.hide, *hide))
     sandbox = Sandbox(policy, sandbox.status, unconfined_ok=unconfined_ok)
     try:
         data = execute(check.run, workspace, check.timeout_s, None, sandbox, extra_env=env)

@@ -8,6 +8,12 @@ up to ``repair_rounds`` rounds (``agents.repair``). ``status``: passed (at least
 and every one passed), failed, unchecked (the task has no checks), error (the run itself broke),
 cancelled. ``first_try`` is the check result before any check output reached the model;
 ``workspace_changed`` says whether any file in the workspace changed.
+
+Checks write their evidence into ``RUN_DIR/evidence`` (``$MLXTERM_RUN_DIR`` inside them); the
+run directory itself -- ``transcript.jsonl``, ``result.json`` -- is never mounted in the sandbox,
+and ``quality.json`` with its screenshots is copied out of the evidence folder by the host
+(``agents.evidence``). The run directory may not lie inside the workspace (the agent's file
+tools could rewrite the transcript there).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from agents.events import (
     ToolCallParsed,
     ToolFinished,
 )
+from agents.evidence import Evidence
 from agents.repair import (
     RepairOutcome,
     changed_paths,
@@ -61,6 +68,11 @@ class HeadlessRun:
         self.run_id = new_run_id()
         self.run_dir = Path(run_dir) if run_dir is not None else paths.data_dir() / "runs" / self.run_id
         self.workspace = Path(workspace) if workspace is not None else self.run_dir / "workspace"
+        real_ws, real_run = self.workspace.resolve(), self.run_dir.resolve()
+        if real_run == real_ws or real_ws in real_run.parents:
+            raise MlxtermError(f"{self.run_dir}: the run directory must lie outside the workspace {self.workspace} "
+                               "(the agent could rewrite its transcript and result there)")
+        self.evidence = Evidence.for_run(self.run_dir)
         self.profile = profile or task.profile
         self.allow = tuple(dict.fromkeys((*task.allow, *allow)))
         self.cli_allow = tuple(allow)  # the person's own --allow: the only consent to run unconfined
@@ -77,8 +89,9 @@ class HeadlessRun:
             self.agent.cancel()
 
     def run(self) -> dict[str, Any]:
-        t0, t0_wall = time.monotonic(), time.time()
+        t0 = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.evidence.prepare()
         self._prepare_workspace()
         transcript = Transcript(self.run_dir / "transcript.jsonl")
         own_engine = self._engine is None
@@ -104,7 +117,7 @@ class HeadlessRun:
                 engine.close()
         transcript.write("result", result.get("steps") or 0, result=result)
         transcript.close()
-        self._add_quality(result, t0_wall)
+        self._add_quality(result)
         atomic_write_text(self.run_dir / "result.json", json.dumps(result, indent=2, ensure_ascii=False) + "\n")
         return result
 
@@ -114,10 +127,11 @@ class HeadlessRun:
         Writes ``result.json`` (agent fields are None: unknown, not zero) but no transcript, so a
         ``--run-dir`` of an earlier run keeps that run's transcript.
         """
-        t0, t0_wall = time.monotonic(), time.time()
+        t0 = time.monotonic()
         if not self.workspace.is_dir():
             raise MlxtermError(f"{self.workspace}: workspace directory not found")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.evidence.prepare()
         checks = [self._check(c, None) for c in self.task.checks]
         result = {
             "status": check_status(checks),
@@ -129,20 +143,16 @@ class HeadlessRun:
             "steps": None, "tool_calls": None, "malformed_calls": None, "tokens": None,
             "cached_ratio": None, "agent_wall_s": None, "wall_s": round(time.monotonic() - t0, 3),
         }
-        self._add_quality(result, t0_wall)
+        self._add_quality(result)
         atomic_write_text(self.run_dir / "result.json", json.dumps(result, indent=2, ensure_ascii=False) + "\n")
         return result
 
-    def _add_quality(self, result: dict[str, Any], since: float) -> None:
-        """Summarise a ``quality.json`` that this run's checks wrote into the run directory."""
-        path = self.run_dir / "quality.json"
-        try:
-            if path.stat().st_mtime < since:
-                return  # left over from an earlier run
-            q = json.loads(path.read_text(encoding="utf-8"))
-            result["quality"] = {k: q[k] for k in ("passed", "failed", "blocked", "total")} | {"path": str(path.resolve())}
-        except (OSError, ValueError, KeyError, TypeError):
-            return
+    def _add_quality(self, result: dict[str, Any]) -> None:
+        """Copy the ``quality.json`` this run's checks left in their evidence folder into the
+        run directory and summarise it in ``result``."""
+        quality = self.evidence.collect()
+        if quality is not None:
+            result["quality"] = quality
 
     # -- pieces ---------------------------------------------------------------------------------
     def _prepare_workspace(self) -> None:
@@ -156,7 +166,8 @@ class HeadlessRun:
         options = AgentOptions(system_prompt=task.system, examples=task.examples, allow=self.allow,
                                unconfined_allow=self.cli_allow, protected=task.protected,
                                interactive=False, temperature=task.temperature, seed=task.seed,
-                               max_tokens_per_step=task.max_tokens, network=task.network)
+                               max_tokens_per_step=task.max_tokens, network=task.network,
+                               sandbox_hide=self.evidence.protect())
         self.agent = AgentSession.create(engine, store, self.workspace, title=f"run: {task.name}", options=options,
                                          transcript=transcript,
                                          meta={"task": str(task.path), "run_dir": str(self.run_dir)})
@@ -189,22 +200,21 @@ class HeadlessRun:
         return outcome
 
     def _check_env(self, workspace: Path) -> dict[str, str]:
-        """What a check script may need: where the task's files are, where to write evidence
-        (quality.json, screenshots) and the Python running mlxterm (it has selenium when the
-        browser extra is installed)."""
-        return {"MLXTERM_TASK_DIR": str(self.task.path.parent.resolve()), "MLXTERM_RUN_DIR": str(self.run_dir.resolve()),
+        """What a check script may need besides its evidence folder: where the task's files are,
+        the workspace and the Python running mlxterm (it has selenium when the browser extra is
+        installed)."""
+        return {"MLXTERM_TASK_DIR": str(self.task.path.parent.resolve()),
                 "MLXTERM_WORKSPACE": str(workspace.resolve()), "MLXTERM_PYTHON": sys.executable}
 
     def _check(self, check: Check, transcript: Transcript | None, workspace: Path | None = None) -> dict[str, Any]:
         # checks run model-written code: the agent's sandbox, or the task's own for --checks-only;
-        # the run directory stays writable for their evidence (quality.json, screenshots);
+        # they write only their evidence folder (quality.json, screenshots), never the run dir;
         # ``workspace``: another folder to check (a candidate's scratch copy)
         sandbox = self.agent.sandbox if self.agent is not None else agent_sandbox(network=self.task.network)
         workspace = workspace or self.workspace
         return run_check(check, workspace, sandbox, env=self._check_env(workspace),
-                         unconfined_ok="bash" in self.cli_allow,
-                         writable=(str(self.run_dir.resolve()),), readable=(str(self.task.path.parent.resolve()),),
-                         transcript=transcript)
+                         unconfined_ok="bash" in self.cli_allow, evidence=self.evidence,
+                         readable=(str(self.task.path.parent.resolve()),), transcript=transcript)
 
     def _result(self, engine, outcome: RepairOutcome, changed: list[str], transcript: Transcript,
                 wall: float) -> dict[str, Any]:

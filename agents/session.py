@@ -112,6 +112,7 @@ class AgentOptions:
     edit_format: str | None = None  # whole | diff | json (profile agent.edit_format)
     corrective_turns: int = 1  # per run: "nothing was written" nudges before a final answer counts
     protected: tuple[str, ...] = ()  # workspace paths (globs) write_file / edit_file may not change
+    sandbox_hide: tuple[str, ...] = ()  # host paths bash must not see (a task run's own directory)
 
 
 @dataclass
@@ -169,7 +170,7 @@ class AgentSession:
         self.transcript = transcript or Transcript(None)
         agent_cfg = engine.profile.agent
         names = self.options.tools or agent_cfg.tools
-        self.sandbox = agent_sandbox(network=self.options.network)
+        self.sandbox = agent_sandbox(network=self.options.network, hide=self.options.sandbox_hide)
         base = default_registry(workspace, sandbox=self.sandbox)
         self.registry = ToolRegistry(base.workspace, [base.get(n) for n in names if base.get(n)])
         edit_format = self.options.edit_format or agent_cfg.edit_format

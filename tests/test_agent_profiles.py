@@ -75,6 +75,7 @@ class _Engine(ScriptedEngine):
     load_ms = 0.0
 
 
+@pytest.mark.timeout(300)  # it waits on the app in loops: fail, never hang
 async def test_agent_mode_loads_the_best_capable_profile(monkeypatch):
     loaded = []
 

@@ -11,7 +11,6 @@ an attempt that changed nothing is flagged in the attempt, the review tab and th
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from agents.board.store import BoardStore, default_path
 from agents.checks import agent_sandbox, run_check
 from agents.tasks import Check
 from tests.board_engine import RoutedEngine, answer, write
+from tests.ci_strict import sandbox_skip_reason
 from tools import sandbox as sb
 
 STATUS = sb.probe()
@@ -34,7 +34,7 @@ STATUS = sb.probe()
 # user namespaces is a fact about the machine (tests/ci_strict.py ENVIRONMENT_FACTS)
 needs_sandbox = pytest.mark.skipif(
     not STATUS.available,
-    reason=("namespaces unavailable: " if shutil.which("bwrap") else "bubblewrap missing: ") + STATUS.reason,
+    reason=sandbox_skip_reason(STATUS),
 )
 
 CHECK_PY = """\

@@ -12,6 +12,12 @@ REPO = Path(__file__).resolve().parents[1]
 CASES = '''
 import pytest
 
+from tests.ci_strict import sandbox_skip_reason
+from tools.sandbox import SandboxStatus
+
+OFF = SandboxStatus("none", "turned off by MLXTERM_SANDBOX=off")  # what sandbox._probe says
+NO_NAMESPACES = SandboxStatus("none", "bwrap cannot create namespaces here: No permissions to create new namespace")
+
 @pytest.mark.skipif(True, reason="sox is not installed")
 def test_missing_tool():
     pass
@@ -33,6 +39,14 @@ def test_cpu_fact():
 
 @pytest.mark.skipif(True, reason="system lacks: transparent huge pages")
 def test_system_fact():
+    pass
+
+@pytest.mark.skipif(True, reason=sandbox_skip_reason(OFF))
+def test_sandbox_turned_off():
+    pass
+
+@pytest.mark.skipif(True, reason=sandbox_skip_reason(NO_NAMESPACES))
+def test_sandbox_fact():
     pass
 
 @pytest.mark.xfail(reason="known")
@@ -65,9 +79,9 @@ def test_strict_mode_fails_conditional_skips_only_under_ci(tmp_path):
     relaxed = _pytest(tmp_path, None)
     assert relaxed == {"missing_tool": "SKIPPED", "runtime_skip": "SKIPPED", "optin": "SKIPPED",
                        "environment_fact": "SKIPPED", "cpu_fact": "SKIPPED", "system_fact": "SKIPPED", "xfail": "XFAIL",
-                       "passes": "PASSED"}
+                       "sandbox_turned_off": "SKIPPED", "sandbox_fact": "SKIPPED", "passes": "PASSED"}
     strict = _pytest(tmp_path, "true")
     # a skipif fires during setup, so pytest reports the failure there as ERROR
     assert strict == {"missing_tool": "ERROR", "runtime_skip": "FAILED", "optin": "SKIPPED",
                       "environment_fact": "SKIPPED", "cpu_fact": "SKIPPED", "system_fact": "SKIPPED", "xfail": "XFAIL",
-                      "passes": "PASSED"}
+                      "sandbox_turned_off": "ERROR", "sandbox_fact": "SKIPPED", "passes": "PASSED"}

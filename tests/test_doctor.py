@@ -46,8 +46,21 @@ def test_doctor_text_output_marks_each_line():
 def test_kernels_probe_is_guarded(monkeypatch):
     monkeypatch.setitem(sys.modules, "engine.kernels", None)  # import fails like a missing build
     assert not doctor.kernels()["ok"]
-    monkeypatch.setitem(sys.modules, "engine.kernels", types.ModuleType("engine.kernels"))
-    assert doctor.kernels()["ok"]
+    fake = types.ModuleType("engine.kernels")
+    fake.status = lambda: {"available": True, "reason": None, "isa": "avx2"}
+    monkeypatch.setitem(sys.modules, "engine.kernels", fake)
+    assert doctor.kernels() == {"ok": True, "detail": "used (avx2; built in)"}
+    fake.status = lambda: {"available": False, "reason": "this CPU lacks AVX2/FMA"}
+    assert doctor.kernels() == {"ok": False, "detail": "not used: this CPU lacks AVX2/FMA"}
+    fake.status = lambda: 1 / 0
+    assert not doctor.kernels()["ok"]
+
+
+def test_doctor_says_kernels_are_off_when_mlxterm_no_kernels_is_set():
+    """A module that imports is not a kernel that runs: with MLXTERM_NO_KERNELS=1 the engine
+    uses MLX's own ops, and doctor says so."""
+    off = _doctor(MLXTERM_NO_KERNELS="1")["kernels"]
+    assert off == {"ok": False, "detail": "not used: disabled by MLXTERM_NO_KERNELS"}
 
 
 def test_espeak_and_microphone_probes(monkeypatch):

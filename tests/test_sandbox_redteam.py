@@ -12,6 +12,7 @@ states that fact (CI strict mode accepts it).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -19,12 +20,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from agents.checks import agent_sandbox, run_check
 from agents.tasks import Check
+from tests.ci_strict import sandbox_skip_reason
 from tools import default_registry
 from tools import sandbox as sb
 from tools.bash import execute
@@ -33,7 +36,7 @@ STATUS = sb.probe()
 ROOT = os.geteuid() == 0
 needs_bwrap = pytest.mark.skipif(
     STATUS.backend != "bwrap",
-    reason=("namespaces unavailable: " if shutil.which("bwrap") else "bubblewrap missing: ") + STATUS.reason,
+    reason=sandbox_skip_reason(STATUS),
 )
 needs_root = pytest.mark.skipif(not ROOT, reason="system lacks: root (this escape needs a root mlxterm)")
 pytestmark = needs_bwrap
@@ -209,13 +212,55 @@ def test_memory_is_capped_per_process_and_in_tmp_and_shm(ws):
     assert "DEV_WRITABLE" not in out["stdout"] and "ROOT_WRITABLE" not in out["stdout"]
 
 
+SYSCALL_PROBE = """import ctypes, errno, json, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+nr = json.loads(sys.argv[1])
+def call(name, *args):
+    ret = libc.syscall(nr[name], *args)
+    return "ok" if ret >= 0 else errno.errorcode[ctypes.get_errno()]
+def sock(family, kind):
+    try:
+        socket.socket(family, kind).close()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+params = ctypes.create_string_buffer(120)
+out = {"unshare": call("unshare", 0), "ptrace": call("ptrace", 0, 0, 0, 0),
+       "add_key": call("add_key", b"user", b"mlxterm-redteam", b"x", 1, ctypes.c_long(-2)),
+       "keyctl": call("keyctl", 0, ctypes.c_long(-2), 0),
+       "io_uring_setup": call("io_uring_setup", 1, params), "bpf": call("bpf", 0, 0, 0),
+       "perf_event_open": call("perf_event_open", 0, 0, -1, -1, 0),
+       "clone_newuser": call("clone", 0x10000000 | 17, 0, 0, 0, 0),
+       "netlink": sock(socket.AF_NETLINK, socket.SOCK_DGRAM), "packet": sock(socket.AF_PACKET, socket.SOCK_DGRAM)}
+print(json.dumps(out))
+"""
+
+
+def test_the_seccomp_filter_denies_what_no_command_needs(ws):
+    """Calls an unprivileged process may make (keyrings, ptrace on itself, unshare(0), netlink
+    sockets) succeed with the filter off (the control) and are denied with it on."""
+    import pyseccomp
+
+    assert STATUS.seccomp_off is None, STATUS.describe()
+    names = ("unshare", "ptrace", "add_key", "keyctl", "io_uring_setup", "bpf", "perf_event_open", "clone")
+    numbers = json.dumps({n: pyseccomp.resolve_syscall(pyseccomp.system_arch(), n) for n in names})
+    (ws / "probe.py").write_text(SYSCALL_PROBE)
+    cmd = f"grep Seccomp: /proc/self/status; python3 probe.py '{numbers}'"
+    on = bash(cmd, ws)
+    box = agent_sandbox()
+    control = execute(cmd, ws, 60, None, sb.Sandbox(box.policy, replace(STATUS, seccomp_off="control")))
+    filtered, unfiltered = (json.loads(r["stdout"].splitlines()[-1]) for r in (on, control))
+    assert on["stdout"].startswith("Seccomp:\t2") and control["stdout"].startswith("Seccomp:\t0"), (on, control)
+    for name in ("unshare", "ptrace", "add_key", "keyctl", "netlink"):
+        assert unfiltered[name] == "ok", unfiltered  # the control: allowed without the filter
+    assert filtered == {**dict.fromkeys(filtered, "EPERM"), "netlink": "EAFNOSUPPORT", "packet": "EAFNOSUPPORT"}, filtered
+
+
 @needs_root
 def test_a_root_fork_bomb_hits_the_process_limit(ws):
     bomb = ("python3 -c \"import os, time\nwhile True:\n    try:\n        os.fork()\n"
             "    except OSError as e:\n        print('LIMIT', e, flush=True); time.sleep(600)\" redteam-bomb")
     box = agent_sandbox()
-    from dataclasses import replace
-
     box = sb.Sandbox(replace(box.policy, limits=sb.Limits(processes=48)), box.status)
     out = execute(bomb, ws, 6, None, box)
     assert "LIMIT" in out["stdout"] and out["timed_out"], out
@@ -225,13 +270,96 @@ def test_a_root_fork_bomb_hits_the_process_limit(ws):
 @pytest.mark.skipif(sb._own_cgroup("memory") is None or STATUS.process_limit != "cgroup",
                     reason="system lacks: a cgroup v1 memory hierarchy root may write")
 def test_a_root_call_has_a_total_memory_cap(ws):
-    from dataclasses import replace
-
     box = agent_sandbox()
     box = sb.Sandbox(replace(box.policy, limits=sb.Limits(memory_bytes=300 << 20)), box.status)
     hogs = "for i in 1 2 3; do python3 -c 'b = bytearray(200 << 20); import time; time.sleep(2)' & done; wait"
     out = execute(hogs, ws, 60, None, box)
     assert "Killed" in out["stderr"], out  # 3 x 200 MiB, each under RLIMIT_DATA, over 300 MiB in all
+
+
+FORGE = """prompt: "x"
+checks:
+  - name: forge
+    run: |
+      for f in transcript.jsonl result.json quality.json; do
+        echo FORGED > {run}/$f; echo FORGED > "$MLXTERM_RUN_DIR/../$f"; rm -f {run}/$f; done
+      ls -la {run} "$MLXTERM_RUN_DIR/.." 2>&1
+      mkdir -p "$MLXTERM_RUN_DIR/screenshots" && printf png > "$MLXTERM_RUN_DIR/screenshots/ok.png"
+      ln -s {run}/transcript.jsonl "$MLXTERM_RUN_DIR/screenshots/t.png"
+      printf '{{"passed": 1, "failed": 0, "blocked": 0, "total": 1, "categories": [
+        {{"name": "a", "screenshot": "%s/screenshots/ok.png"}}, {{"name": "b", "screenshot": "%s/screenshots/t.png"}},
+        {{"name": "c", "screenshot": "{run}/transcript.jsonl"}}]}}' "$MLXTERM_RUN_DIR" "$MLXTERM_RUN_DIR" > "$MLXTERM_RUN_DIR/quality.json"
+"""
+
+
+def test_a_check_cannot_forge_the_runs_transcript_result_or_quality(ws, base):
+    """The run directory is never in the sandbox: a check writes only its evidence folder, and
+    the host copies quality.json (and the screenshots inside that folder) out of it."""
+    from agents.headless import HeadlessRun
+    from agents.tasks import load_task
+
+    run = base / "run"
+    run.mkdir()
+    transcript = '{"type": "task", "step": 0}\n'
+    (run / "transcript.jsonl").write_text(transcript)  # an earlier run's, which checks_only keeps
+    (run / "result.json").write_text("{}")
+    (run / "quality.json").write_text("host")
+    (base / "t.yaml").write_text(FORGE.format(run=run))
+    result = HeadlessRun(load_task(base / "t.yaml"), workspace=ws, run_dir=run).checks_only()
+    check = result["checks"][0]
+    assert result["status"] == "passed" and check["sandboxed"], check["output"]
+    assert (run / "transcript.jsonl").read_text() == transcript and "FORGED" not in check["output"]
+    # inside, the run directory is only the empty way down to the evidence folder
+    listed = [line.split()[-1] for line in check["output"].splitlines() if line.startswith(("d", "-", "l"))]
+    assert set(listed) == {".", "..", "evidence"}, check["output"]
+    assert check["output"].count("Permission denied") == 6, check["output"]
+    assert json.loads((run / "result.json").read_text()) == result
+    quality = json.loads((run / "quality.json").read_text())  # the host's copy of the checks' own file
+    assert result["quality"] == {"passed": 1, "failed": 0, "blocked": 0, "total": 1, "path": str(run / "quality.json")}
+    assert [c["screenshot"] for c in quality["categories"]] == [str(run / "screenshots" / "ok.png"), None, None]
+    assert (run / "screenshots" / "ok.png").read_bytes() == b"png"
+
+
+def test_a_run_directory_inside_the_workspace_is_refused(ws):
+    from engine.errors import MlxtermError
+
+    from agents.headless import HeadlessRun
+    from agents.tasks import TaskSpec
+
+    task = TaskSpec(ws.parent / "t.yaml", "t", "x")
+    for run_dir in (ws / "runs" / "x", ws):
+        with pytest.raises(MlxtermError, match="must lie outside the workspace"):
+            HeadlessRun(task, workspace=ws, run_dir=run_dir)
+
+
+def test_bash_and_checks_do_not_see_a_hidden_run_dir_inside_the_workspace(ws):
+    """Evidence.protect() hides the run directory even where it lies inside a mounted path
+    (a board whose cards folder sits in a workspace); the evidence folder inside stays writable."""
+    from agents.evidence import Evidence
+
+    run = ws / "cards" / "1"
+    evidence = Evidence(run / "evidence", run)
+    evidence.prepare()
+    (run / "attempt-1.jsonl").write_text("host log")
+    box = agent_sandbox(hide=evidence.protect())
+    out = execute("cat cards/1/attempt-1.jsonl; echo FORGED > cards/1/attempt-1.jsonl; ls cards/1", ws, 30, None, box)
+    assert "host log" not in out["stdout"] and (run / "attempt-1.jsonl").read_text() == "host log", out
+    record = run_check(Check("write", 'echo e > "$MLXTERM_RUN_DIR/e" && cat cards/1/attempt-1.jsonl', 30), ws,
+                       agent_sandbox(), evidence=evidence)
+    assert not record["passed"] and "host log" not in record["output"], record
+    assert (evidence.folder / "e").read_text() == "e\n" and (run / "attempt-1.jsonl").read_text() == "host log"
+
+
+@needs_root
+@pytest.mark.skipif(sb._own_cgroup("cpu") is None or STATUS.process_limit != "cgroup",
+                    reason="system lacks: a cgroup v1 cpu hierarchy root may write")
+def test_a_root_call_gets_only_its_cpu_quota(ws):
+    box = agent_sandbox()
+    box = sb.Sandbox(replace(box.policy, limits=sb.Limits(cpus=0.2)), box.status)
+    spin = ("python3 -c 'import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: pass\n"
+            "print(round(time.process_time(), 2))'")
+    out = execute(spin, ws, 60, None, box)
+    assert out["exit_code"] == 0 and float(out["stdout"]) < 0.5, out  # ~0.3 s of CPU in 1.5 s, not 1.5 s
 
 
 # -- normal work still works ------------------------------------------------------------------

@@ -522,6 +522,7 @@ def test_draft_model_kv_is_checkpointed_with_the_session(tmp_path, tiny_llama_di
         assert len(warnings) == 1, (name, err)
 
 
+@pytest.mark.timeout(300)  # it waits on the app in loops: fail, never hang
 async def test_tui_status_bar_shows_acceptance_while_a_speculative_preset_streams(tmp_path, tiny_llama_dir):
     from app.tui.app import MlxtermApp
     from app.tui.widgets.prompt import PromptInput

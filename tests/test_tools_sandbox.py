@@ -19,6 +19,7 @@ import pytest
 from agents.checks import agent_sandbox, run_check
 from agents.policy import ApprovalPolicy
 from agents.tasks import Check
+from tests.ci_strict import sandbox_skip_reason
 from tools import default_registry
 from tools import sandbox as sb
 from tools.bash import execute
@@ -36,7 +37,7 @@ STATUS = sb.probe()
 # CI strict mode accepts as a skip; a missing bwrap is an install step that must not be skipped.
 needs_bwrap = pytest.mark.skipif(
     STATUS.backend != "bwrap",
-    reason=("namespaces unavailable: " if shutil.which("bwrap") else "bubblewrap missing: ") + STATUS.reason,
+    reason=sandbox_skip_reason(STATUS),
 )
 OFF = SandboxStatus("none", "test: no sandbox")
 SECRET = "outside secret 42"
@@ -466,3 +467,32 @@ def test_doctor_says_which_uid_the_sandbox_uses():
         assert fact["uid"] == expected and f"uid {expected}" in fact["detail"] and fact["uid"] != 0
     else:
         assert fact["uid"] is None
+
+
+@needs_bwrap
+def test_without_libseccomp_the_sandbox_runs_and_says_the_filter_is_off(layout, monkeypatch):
+    from tools import seccomp
+
+    def missing():
+        raise seccomp.SeccompUnavailable("libseccomp's Python bindings are not usable (test)")
+
+    monkeypatch.setattr(seccomp, "program", missing)
+    status = sb._probe()
+    assert status.available and status.seccomp_off and "seccomp filter: OFF (libseccomp" in status.describe()
+    out = run("grep Seccomp: /proc/self/status; echo ran", layout[0], Sandbox(SandboxPolicy(), status))
+    assert out["exit_code"] == 0 and out["stdout"] == "Seccomp:\t0\nran\n", out
+    assert "seccomp filter: on" in STATUS.describe()  # here the library is there: the filter is on
+
+
+def test_the_seccomp_program_is_handed_to_bwrap_whole_on_a_fresh_descriptor():
+    from tools import seccomp
+
+    assert seccomp.unavailable_reason() is None  # setup.sh installs libseccomp2 and pyseccomp
+    program = seccomp.program()
+    assert program and len(program) % 8 == 0  # whole BPF instructions
+    fds = [seccomp.program_fd() for _ in range(2)]
+    try:
+        assert fds[0] != fds[1] and [os.read(fd, 1 << 16) for fd in fds] == [program, program]
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -22,6 +22,7 @@ from app.tui.screens.approval import ApprovalScreen
 from app.tui.widgets.message import MessageView
 from app.tui.widgets.prompt import PromptInput
 from app.tui.widgets.tool_card import AgentNotice, DiffView, ToolCard
+from tests.tui_helpers import palette_offers
 from tools.sandbox import probe
 
 SIZE = (120, 40)
@@ -76,9 +77,7 @@ async def start_agent(pilot, arg: str = "", palette: bool = False) -> None:
     prompt.focus()
     if palette:
         await pilot.press("ctrl+p", *"agent mode")
-        await wait_for(pilot, lambda: app.screen.query("CommandList Option, #--results"),
-                       what="palette results")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: palette_offers(app, "agent mode"), what="agent mode in the palette")
         await pilot.press("enter")
     else:
         prompt.load_text(f"/agent {arg}".rstrip())

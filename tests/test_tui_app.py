@@ -18,6 +18,7 @@ from app.tui.screens.profiles import ProfileScreen
 from app.tui.widgets.message import MessageView
 from app.tui.widgets.prompt import PromptInput
 from tests.tiny_models import write_profile
+from tests.tui_helpers import palette_offers
 
 SIZE = (120, 36)
 
@@ -334,9 +335,7 @@ async def test_command_palette_runs_chat_actions(tiny_profile):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("ctrl+p", *"export as markdown")
-        await wait_for(pilot, lambda: app.screen.query("CommandList Option, #--results"),
-                       what="palette results")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: palette_offers(app, "export as markdown"), what="the export command")
         await pilot.press("enter")
         await wait_for(pilot, lambda: list((data_dir() / "exports").glob("*.md")),
                        what="the export file")

@@ -20,6 +20,7 @@ from app.tui.widgets.board_card import BoardCard
 from app.tui.widgets.prompt import PromptInput
 from app.tui.widgets.tool_card import DiffView, ToolCard
 from tests.board_engine import RoutedEngine, answer, write
+from tests.tui_helpers import palette_offers
 
 SIZE = (150, 36)
 
@@ -52,8 +53,7 @@ async def open_board(pilot, how: str = "key") -> BoardScreen:
         await pilot.press(*"/board", "enter")
     elif how == "palette":
         await pilot.press("ctrl+p", *"task board")
-        await wait_for(pilot, lambda: app.screen.query("CommandList Option, #--results"), what="palette")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: palette_offers(app, "task board"), what="the board command")
         await pilot.press("enter")
     else:
         await pilot.press("ctrl+b")
@@ -154,8 +154,8 @@ async def test_open_card_review_reject_then_approve():
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, CardScreen), what="the card screen")
         card_screen = app.screen
-        await pilot.pause(0.2)
-        assert "attempt 1 (first): passed" in str(card_screen.query_one("#card-attempts").render())
+        await wait_for(pilot, lambda: "attempt 1 (first): passed" in str(card_screen.query_one("#card-attempts").render()),
+                       what="the attempt list")
         await pilot.press("3")
         assert "+++ b/a.txt" in card_screen.query_one(DiffView).diff
         assert "✓ exists" in str(card_screen.query_one("#card-checks").render())

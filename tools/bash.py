@@ -73,9 +73,10 @@ def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | N
     started = time.monotonic()
     sandbox = sandbox if sandbox is not None else Sandbox(status=UNCONFINED, unconfined_ok=True)
     env = {**scrub_env(os.environ, str(cwd)), **(extra_env or {})}
-    with sandbox.launch(command, cwd, env) as argv:
+    with sandbox.launch(command, cwd, env) as (argv, fds):
         proc = subprocess.Popen(
             argv,
+            pass_fds=fds,
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,

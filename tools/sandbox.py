@@ -20,11 +20,19 @@ set. bwrap sets ``no_new_privs`` either way. The workspace and writable director
 to that uid for the call and handed back to their owner after it, setuid/setgid bits cleared
 (``_Handover``).
 
+A seccomp filter (``tools.seccomp``, built with libseccomp) loaded by bwrap just before the
+command starts denies what no shell command needs and every escape so far went through:
+mount and namespace calls, ptrace, keyrings, bpf, perf, io_uring, module loading, packet /
+netlink / raw sockets. It holds even if a mount or capability is ever got wrong. Without
+libseccomp the sandbox still runs, and ``describe()`` (``mlxterm doctor``) says the filter is
+off and why.
+
 Resource limits make a fork bomb, a memory hog or a runaway file a tool error: CPU seconds,
 data segment size, file size, process count and no core files (``ulimit`` in the sandbox,
-after the uid switch, so they cannot be raised again); for root also a fresh ``pids`` and
-``memory`` cgroup per call where cgroup v1 allows (RLIMIT_NPROC there counts every process of
-the shared sandbox uid).
+after the uid switch, so they cannot be raised again); for root also a fresh ``pids``,
+``memory`` and ``cpu`` cgroup per call where cgroup v1 allows (RLIMIT_NPROC there counts every
+process of the shared sandbox uid; the CPU quota keeps a runaway command from starving the
+model that runs beside it). Without cgroups, RLIMIT_CPU bounds each process's CPU seconds.
 
 On macOS the same rules are written as a Seatbelt (``sandbox-exec``) profile; see
 ``seatbelt_profile``. Where neither works, ``probe()`` says why; a ``Sandbox`` then refuses
@@ -49,8 +57,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from tools import seccomp
 
 # Paths always hidden (when present): other users' homes, root's home, runtime sockets,
 # removable and mounted media. The caller adds the user's home and mlxterm's data dirs.
@@ -70,6 +80,7 @@ class Limits:
     processes: int = 512
     file_bytes: int = 1 << 30  # largest file a command may write
     memory_bytes: int = 8 << 30  # all of a call's memory, tmpfs pages included (root: memory cgroup)
+    cpus: float | None = None  # CPUs' worth of time per call (root: cpu cgroup); None: all but one, at least one
     tmp_bytes: int = 512 << 20  # size of the private /tmp (it lives in memory)
     shm_bytes: int = 512 << 20  # size of the private /dev/shm (memory too)
 
@@ -95,6 +106,7 @@ class SandboxStatus:
     # mlxterm is not root, commands run as its own uid inside a user namespace)
     run_as: tuple[int, int] | None = None
     disable_userns: bool = False  # bwrap --disable-userns (bubblewrap >= 0.8, user-namespace mode)
+    seccomp_off: str | None = None  # bwrap: why no seccomp filter is loaded (None: it is)
 
     @property
     def available(self) -> bool:
@@ -109,7 +121,10 @@ class SandboxStatus:
     def describe(self) -> str:
         if not self.available:
             return f"unavailable: {self.reason}"
-        return f"{self.backend} ({self.reason}; runs as {self.identity()}; process limit: {self.process_limit})"
+        filt = ""
+        if self.backend == "bwrap":
+            filt = "; seccomp filter: on" if self.seccomp_off is None else f"; seccomp filter: OFF ({self.seccomp_off})"
+        return f"{self.backend} ({self.reason}; runs as {self.identity()}; process limit: {self.process_limit}{filt})"
 
 
 _probe_lock = threading.Lock()
@@ -151,17 +166,33 @@ def _probe() -> SandboxStatus:
         return SandboxStatus("none", f"bwrap could not start: {e}")
     status = SandboxStatus("bwrap", "bubblewrap: system dirs read-only, writable workspace, nothing else of the host, private /tmp, own network",
                            "cgroup" if root and _pids_cgroup_root() else "rlimit", run_as,
-                           disable_userns=not root and "--disable-userns" in helptext)
-    # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch
-    try:
-        proc = subprocess.run([bwrap, *_namespace_args(False, status), "--ro-bind", "/", "/", *_drop_args(status), "true"],
-                              capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return SandboxStatus("none", f"bwrap could not start: {e}")
-    if proc.returncode != 0:
-        err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        return SandboxStatus("none", "bwrap cannot create namespaces here: " + (err[-1] if err else f"exit {proc.returncode}"))
+                           disable_userns=not root and "--disable-userns" in helptext,
+                           seccomp_off=seccomp.unavailable_reason())
+    # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch, the filter
+    err = _try_bwrap(bwrap, status)
+    if err is not None and status.seccomp_off is None and _try_bwrap(bwrap, replace(status, seccomp_off="-")) is None:
+        return replace(status, seccomp_off=f"bwrap did not load it: {err}")
+    if err is not None:
+        return SandboxStatus("none", "bwrap cannot create namespaces here: " + err)
     return status
+
+
+def _try_bwrap(bwrap: str, status: SandboxStatus) -> str | None:
+    """Run ``true`` the way a real call runs; None, or why it failed."""
+    fd = seccomp.program_fd() if status.seccomp_off is None else None
+    try:
+        proc = subprocess.run([bwrap, *_namespace_args(False, status), "--ro-bind", "/", "/",
+                               *(["--seccomp", str(fd)] if fd is not None else []), *_drop_args(status), "true"],
+                              capture_output=True, timeout=20, stdin=subprocess.DEVNULL, pass_fds=(fd,) if fd is not None else ())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bwrap could not start: {e}"
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if proc.returncode != 0:
+        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        return lines[-1] if lines else f"exit {proc.returncode}"
+    return None
 
 
 def _sandbox_ids() -> tuple[int, int]:
@@ -221,8 +252,9 @@ def _drop_args(status: SandboxStatus | None) -> list[str]:
 
 
 def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None,
-               status: SandboxStatus | None = None) -> list[str]:
-    """The bwrap options (without the command) for ``policy`` around ``workspace``.
+               status: SandboxStatus | None = None, seccomp_fd: int | None = None) -> list[str]:
+    """The bwrap options (without the command) for ``policy`` around ``workspace``
+    (``seccomp_fd``: a descriptor bwrap reads the seccomp program from).
 
     The sandbox's root is an empty tmpfs with only what a shell needs mounted into it: the
     system directories (``SYSTEM_RO``, read-only; merged-/usr links as links), ``/dev`` and
@@ -279,6 +311,8 @@ def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None,
     # the sandbox uid) is entered by the command's shell after the uid switch instead.
     root = status is not None and status.run_as is not None
     args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/" if root else ws, "--setenv", "TMPDIR", "/tmp"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     return args
 
 
@@ -385,9 +419,10 @@ class Sandbox:
         return self.status.available
 
     @contextlib.contextmanager
-    def launch(self, command: str, workspace: Path, env: dict[str, str]) -> Iterator[list[str]]:
+    def launch(self, command: str, workspace: Path, env: dict[str, str]) -> Iterator[tuple[list[str], tuple[int, ...]]]:
         """The argv that starts ``bash -c command`` confined (plain ``bash -c`` where no sandbox
-        is available and ``unconfined_ok``; else ``SandboxRefused``); cleans up after.
+        is available and ``unconfined_ok``; else ``SandboxRefused``) and the descriptors it must
+        inherit (``Popen(pass_fds=...)``: the seccomp program); cleans up after.
 
         When root drops to ``status.run_as``, the workspace and the writable directories are
         handed to that uid for the call and back to their owner after it (``_Handover``)."""
@@ -397,7 +432,7 @@ class Sandbox:
             if not self.unconfined_ok:
                 raise SandboxRefused(f"no sandbox is available ({self.status.reason}) and running unconfined "
                                      "was not allowed; run `mlxterm doctor`")
-            yield [bash, "-c", command]
+            yield [bash, "-c", command], ()
             return
         limits = self.policy.limits
         home = os.path.expanduser("~")  # this process's home (the command's HOME is the workspace)
@@ -406,6 +441,7 @@ class Sandbox:
             handover = _Handover([str(workspace), *self.policy.writable], self.status.run_as,
                                  skip=[*self.policy.hide, home], entries=self.policy.read_only)
         cgroup = _Cgroups.create(limits) if self.status.process_limit == "cgroup" else None
+        fds: tuple[int, ...] = ()
         try:
             if handover is not None:
                 handover.give()
@@ -417,10 +453,15 @@ class Sandbox:
             else:
                 if self.status.run_as is not None:
                     inner = 'cd -- "$2" || exit 126; ' + inner
-                argv = [shutil.which("bwrap") or "bwrap", *bwrap_args(self.policy, workspace, home, self.status),
+                if self.status.seccomp_off is None:
+                    fds = (seccomp.program_fd(),)
+                argv = [shutil.which("bwrap") or "bwrap",
+                        *bwrap_args(self.policy, workspace, home, self.status, fds[0] if fds else None),
                         "--", *_drop_args(self.status), bash, "-c", inner, bash, command, os.path.realpath(workspace)]
-            yield cgroup.wrap(argv) if cgroup is not None else argv
+            yield (cgroup.wrap(argv) if cgroup is not None else argv), fds
         finally:
+            for fd in fds:
+                os.close(fd)
             if cgroup is not None:
                 cgroup.remove()
             if handover is not None:
@@ -557,20 +598,33 @@ def _pids_cgroup_root() -> str | None:
     return _own_cgroup("pids")
 
 
+def cpu_share(limits: Limits) -> float:
+    """The CPUs' worth of time one call may use: ``limits.cpus``, else all but one CPU (at least
+    one), so the model beside it keeps a core."""
+    if limits.cpus is not None:
+        if limits.cpus <= 0:
+            raise ValueError(f"Limits.cpus must be > 0, got {limits.cpus}")
+        return limits.cpus
+    return float(max(1, (os.cpu_count() or 1) - 1))
+
+
 class _Cgroups:
     """Fresh cgroups (v1) for one root-run command: ``pids`` caps its processes (RLIMIT_NPROC
     counts every process of the shared sandbox uid), ``memory`` its memory in all (processes
-    and the pages of its tmpfs files together), where this process may make such groups."""
+    and the pages of its tmpfs files together), ``cpu`` its CPU time per period (a CFS quota),
+    where this process may make such groups."""
 
     def __init__(self, paths: list[str]):
         self.paths = paths
 
     @classmethod
     def create(cls, limits: Limits) -> _Cgroups | None:
-        settings = {"pids": ("pids.max", limits.processes), "memory": ("memory.limit_in_bytes", limits.memory_bytes)}
+        period = 100_000  # µs
+        settings = {"pids": [("pids.max", limits.processes)], "memory": [("memory.limit_in_bytes", limits.memory_bytes)],
+                    "cpu": [("cpu.cfs_period_us", period), ("cpu.cfs_quota_us", round(cpu_share(limits) * period))]}
         paths = []
         name = f"mlxterm-{os.getpid()}-{secrets.token_hex(4)}"
-        for controller, (knob, value) in settings.items():
+        for controller, knobs in settings.items():
             parent = _own_cgroup(controller)
             if parent is None:
                 continue
@@ -581,8 +635,9 @@ class _Cgroups:
                 continue
             paths.append(path)
             try:
-                with open(os.path.join(path, knob), "w") as f:
-                    f.write(str(value))
+                for knob, value in knobs:
+                    with open(os.path.join(path, knob), "w") as f:
+                        f.write(str(value))
             except OSError:
                 cls(paths).remove()
                 return None
@@ -595,8 +650,10 @@ class _Cgroups:
         """``argv`` started from a shell that first moves itself into the groups ("0" is the
         writer) and then execs it, so the limits hold from the first instruction. A shell
         rather than a ``preexec_fn``: with one, Python forks its whole (large) process and
-        runs every library's atfork handlers instead of spawning."""
-        procs = [os.path.join(p, "cgroup.procs") for p in self.paths]
+        runs every library's atfork handlers instead of spawning. The shell is one thread, so
+        it writes ``tasks`` (moves itself only): the kernel then skips the global threadgroup
+        lock whose RCU grace period made each ``cgroup.procs`` write cost milliseconds."""
+        procs = [os.path.join(p, "tasks") for p in self.paths]
         # $0 is the first group's file, $1.. the others; a failed write ends here: never unlimited
         join = "".join(f'echo 0 > "${i}" && ' for i in range(len(procs))) + f'shift {len(procs) - 1} && exec "$@"'
         return ["/bin/sh", "-c", join, *procs, *argv]

@@ -14,7 +14,10 @@ so a crash keeps what was done.
 
 Checks see what ``mlxterm run`` gives them: the card's task folder readable
 (``$MLXTERM_TASK_DIR``: check scripts next to the YAML), an evidence folder writable
-(``$MLXTERM_RUN_DIR``), ``$MLXTERM_WORKSPACE`` and ``$MLXTERM_PYTHON``.
+(``$MLXTERM_RUN_DIR``, ``agents.evidence``: the same mechanism as a task run; the card's own
+folder with the attempt logs stays out of the sandbox, and the host copies ``quality.json``
+out of the evidence folder into it after each attempt), ``$MLXTERM_WORKSPACE`` and
+``$MLXTERM_PYTHON``.
 
 Before the first step, the shared prefix every card starts with (system prompt, tool prelude
 and example turns) is prefilled once per engine (``warm_prefix``): the first step of every
@@ -52,6 +55,7 @@ from agents.events import (
     ToolFinished,
     ToolStarted,
 )
+from agents.evidence import Evidence
 from agents.repair import (
     RepairOutcome,
     changed_paths,
@@ -167,7 +171,8 @@ class AttemptRun:
         try:
             self._open_agent(transcript)
             att.session_id = self.agent.session_id
-            att.evidence_dir = str(ws_mod.evidence_dir(self.board, card.id))
+            att.evidence_dir = str(self.evidence.folder)
+            self.evidence.prepare()
             self.board.save_attempt(att)
             if self.cancelled:
                 self.agent.cancel()
@@ -184,6 +189,7 @@ class AttemptRun:
             att.status, att.error = "error", f"{type(e).__name__}: {e}"
         finally:
             transcript.close()
+        quality = self.evidence.collect() if att.checks else None
         if before is not None:
             try:
                 changed = changed_paths(before, workspace_fingerprint(Path(card.workspace_dir)))
@@ -202,8 +208,15 @@ class AttemptRun:
                        tokens=att.tokens, first_step_cached_ratio=att.first_step_cached_ratio,
                        checks=[{"name": c["name"], "passed": c["passed"]} for c in att.checks],
                        first_try=att.first_try, repair_rounds=len(att.repair_rounds),
-                       corrective_turns=att.corrective_turns, workspace_changed=att.workspace_changed)
+                       corrective_turns=att.corrective_turns, workspace_changed=att.workspace_changed,
+                       **({"quality": quality} if quality else {}))
         return att
+
+    @property
+    def evidence(self) -> Evidence:
+        """The card's evidence folder, collected into the card's own folder (``agents.evidence``)."""
+        folder = ws_mod.evidence_dir(self.board, self.card.id)
+        return Evidence(folder, folder.parent)
 
     def _score(self, outcome: RepairOutcome) -> str:
         """passed only when at least one check ran and all passed; a card without checks whose
@@ -221,7 +234,7 @@ class AttemptRun:
         """What a check script may need, as under ``mlxterm run``: the task folder (when the card
         came from a YAML), the evidence folder, the workspace and the Python running mlxterm."""
         card = self.card
-        env = {"MLXTERM_RUN_DIR": str(ws_mod.evidence_dir(self.board, card.id)),
+        env = {**self.evidence.env(),
                "MLXTERM_WORKSPACE": str(Path(card.workspace_dir).resolve()), "MLXTERM_PYTHON": sys.executable}
         task_dir = ws_mod.task_dir(card)
         if task_dir is not None:
@@ -232,14 +245,14 @@ class AttemptRun:
         """The card's checks in its workspace, in the agent's sandbox; the task folder readable,
         the evidence folder writable."""
         card = self.card
-        evidence = ws_mod.evidence_dir(self.board, card.id)
-        evidence.mkdir(parents=True, exist_ok=True)
+        evidence = self.evidence
+        evidence.folder.mkdir(parents=True, exist_ok=True)
         task_dir = ws_mod.task_dir(card)
         env = self.check_env()
         tool, self.tool = self.tool, "checks"
         try:
             return [run_check(Check(c.name, c.run, c.timeout_s), Path(card.workspace_dir), self.agent.sandbox,
-                              env=env, writable=(str(evidence),), readable=(task_dir,) if task_dir else (),
+                              env=env, evidence=evidence, readable=(task_dir,) if task_dir else (),
                               transcript=transcript)
                     for c in card.checks]
         finally:

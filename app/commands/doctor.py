@@ -71,8 +71,13 @@ def kernels() -> dict[str, Any]:
         return {"ok": False, "detail": f"not available ({e})"}
     except Exception as e:  # a broken build must show up here, not crash the report
         return {"ok": False, "detail": f"fails to import: {type(e).__name__}: {e}"}
-    where = getattr(module, "__file__", None) or "built in"
-    return {"ok": True, "detail": f"present ({where})"}
+    try:
+        state = module.status()  # the runtime's own verdict: built is not the same as used
+    except Exception as e:  # noqa: BLE001 (a broken build must show up here, not crash the report)
+        return {"ok": False, "detail": f"status failed: {type(e).__name__}: {e}"}
+    if not state.get("available"):
+        return {"ok": False, "detail": f"not used: {state.get('reason')}"}
+    return {"ok": True, "detail": f"used ({state.get('isa')}; {getattr(module, '__file__', None) or 'built in'})"}
 
 
 def hugepages() -> dict[str, Any]:
