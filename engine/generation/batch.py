@@ -72,7 +72,7 @@ class RowsKVCache:
         """Write each row's one new key/value at that row's position: on the CPU kernels one
         in-place primitive for both (``kernels.kv_write_rows``, casting float32 rows to a
         float16 buffer itself), else ``put_along_axis``."""
-        kernel = fused_active()  # else put_along_axis (MLXTERM_NO_FUSED=1, not on the CPU)
+        kernel = fused_active()  # else put_along_axis (hook.FUSED off, not on the CPU)
         casts = kernel and self.keys is not None and self.keys.dtype in (mx.float16, mx.bfloat16)
         if not (casts and keys.dtype == values.dtype == mx.float32):
             keys, values = _stored(self.dtype, keys, values)  # the rows' storage (float16, q8 rows)

@@ -30,7 +30,6 @@ something else and are never read as these.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from engine import kernels
@@ -39,9 +38,9 @@ from engine.kernels.hook import fused_active
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, create_causal_mask
 
-# Prompt forwards write their new K/V rows with the kernels' in-place primitive (False, or
-# MLXTERM_NO_PROMPT_KV_WRITE=1: mlx_lm's astype + slice assignment, for A/B runs).
-PROMPT_KV_WRITE = not os.environ.get("MLXTERM_NO_PROMPT_KV_WRITE")
+# Prompt forwards write their new K/V rows with the kernels' in-place primitive (False:
+# mlx_lm's astype + slice assignment, for A/B runs).
+PROMPT_KV_WRITE = True
 
 
 class StaticKVCache(KVCache):

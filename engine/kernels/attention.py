@@ -5,9 +5,9 @@ matmul against a transposed K runs far below sgemm speed, the softmax is a scala
 single-threaded exp over a materialised L x S score matrix, and at decode the K/V stream
 dominates. The default here is the extension's fused attention (``flash``, src/attention.cpp):
 query tiles against K/V blocks read once per KV head, online softmax, float32 or float16 K/V,
-for prefill, verify and decode alike. ``MLXTERM_ATTENTION=softmax`` keeps the previous round's
-path (MLX's matmuls with GQA heads grouped + the fused masked softmax, prefill-sized calls
-only) and ``=mlx`` mlx_lm's own function -- for A/B benchmarks (``IMPLS``; set ``impl``).
+for prefill, verify and decode alike. ``impl = "softmax"`` runs the previous round's path (MLX's
+matmuls with GQA heads grouped + the fused masked softmax, prefill-sized calls only) and
+``"mlx"`` mlx_lm's own function -- for A/B benchmarks (``IMPLS``; mlxterm bench resume).
 
 ``scaled_dot_product_attention`` takes exactly what mlx_lm's does and hands anything it does
 not handle to the original: quantized KV caches, attention sinks, non-float32 queries, masks
@@ -25,7 +25,6 @@ op per layer and token less), with ``q8_rotate`` before any other path.
 
 from __future__ import annotations
 
-import os
 import threading
 from contextlib import contextmanager
 
@@ -40,9 +39,7 @@ _MODULES = ("llama", "qwen2", "gemma3_text")
 # mx.compile): other models in the process keep mlx_lm's attention bit for bit.
 _active = threading.local()
 IMPLS = ("flash", "softmax", "mlx")
-impl = os.environ.get("MLXTERM_ATTENTION", "flash")
-if impl not in IMPLS:
-    impl = "flash"
+impl = "flash"
 
 
 def reads_fp16_kv(model) -> bool:

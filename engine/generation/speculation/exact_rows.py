@@ -25,11 +25,11 @@ rows match the step to float rounding, not bit for bit.
 from __future__ import annotations
 
 import importlib
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from engine import kernels
 from engine.generation.kv_cache import StaticKVCache
 
 import mlx.core as mx
@@ -41,7 +41,7 @@ _lock = threading.Lock()
 
 def kernel_rows() -> int:
     """Rows at which the CPU kernels' quantized matmul leaves the per-row int8 path."""
-    return max(2, int(os.environ.get("MLXTERM_QMM_DENSE_M", "16")))
+    return max(2, kernels.dense_rows())
 
 
 def max_verify_rows() -> int:
