@@ -5,14 +5,7 @@ Decode reads every weight once per token, and at long context every cached K/V r
 hardware prefetchers also stop at page boundaries. Measured on a 2-core Zen 4 VM (SmolLM2, one
 process per arm): decode 1.07-1.10x on a quiet machine, 1.16-1.24x with other work running.
 
-Most Linux systems run THP in ``madvise`` mode: only memory a program marks gets huge pages.
-MLX's CPU buffers (weights, KV caches, activations) come from ``malloc``, and glibc marks its
-heaps itself when the process starts with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``. Tunables
-are read once at process start, so :func:`ensure` re-executes the current command once with the
-tunable added -- called first thing by the ``mlxterm`` command, before any model is loaded. The
-user's own ``GLIBC_TUNABLES`` is restored in the new process, so the tools and shells it starts
-do not inherit the setting. Programs embedding the engine can start with the variable set
-themselves. ``MLXTERM_HUGEPAGES=off`` turns this off.
+Design notes, measurements and history: docs/engine-notes.md (hugepages.py).
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ def parse(env: Mapping[str, str]) -> Settings:
         home=Path(home).expanduser() if home else None,
         kernels=_kernels(env),
         blas=_blas(env),
-        hugepages=switch(env, "MLXTERM_HUGEPAGES"),
+        # "reexec": set by engine.hugepages across its own re-exec (on), until ensure() removes it
+        hugepages=env.get("MLXTERM_HUGEPAGES") == "reexec" or switch(env, "MLXTERM_HUGEPAGES"),
         gguf_cache=switch(env, "MLXTERM_GGUF_CACHE"),
     )
 

@@ -30,7 +30,8 @@ import mlx.core as mx
 a = mx.ones((64 << 20) // 4)
 mx.eval(a)
 print(json.dumps({"status": hugepages.status(), "tunables": os.environ.get("GLIBC_TUNABLES"),
-                  "switch": os.environ.get("MLXTERM_HUGEPAGES")}))
+                  "switch": os.environ.get("MLXTERM_HUGEPAGES"),
+                  "blas": str(__import__("engine.blas").blas.status())}))
 """
 
 
@@ -99,6 +100,7 @@ def test_ensure_puts_mlx_buffers_on_huge_pages_and_restores_the_environment():
     assert out["status"]["anon_huge_mib"] >= 32, out  # most of the 64 MiB buffer
     assert out["tunables"] == "glibc.malloc.arena_max=8"  # the user's value, not ours
     assert out["switch"] is None  # the re-exec mark is gone
+    assert "MLXTERM_HUGEPAGES" not in out["blas"], out  # settings were read mid re-exec
     out = _child({})
     assert out["status"]["active"] is True and out["tunables"] is None, out
 

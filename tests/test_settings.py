@@ -44,6 +44,7 @@ def test_each_variable_reaches_its_field(tmp_path):
                          hugepages=False, gguf_cache=False)
     assert parse({"MLXTERM_KERNELS": "off"}).kernels == Kernels(False, "")
     assert parse({"MLXTERM_OPENBLAS": "off"}).blas == Blas(False, None)
+    assert parse({"MLXTERM_HUGEPAGES": "reexec"}).hugepages  # mid re-exec (engine.hugepages)
     with pytest.raises(SettingsError, match="avx2, avxvnni, avx512vnni"):
         parse({"MLXTERM_KERNELS": "sse"})
 

@@ -9,17 +9,7 @@ position -- the solo compiled step's layout with a batch dimension, so every row
 its solo run's bits (the CPU kernels' matmul and attention results do not depend on the other
 rows). Buffers keep the rows' KV dtype (float16 KV stays float16).
 
-Because the layout is static, the step is one ``mx.compile``d forward (``batched_logits``),
-traced once per (rows, buffer length) and reused as rows join and leave; sampling stays
-per row in the scheduler. Rows join (``add``: a prefilled per-request cache) and leave
-(``take`` then ``keep``) between steps.
-
-``prefill_together`` runs equal-length prompt chunks of several requests as one forward (their
-caches merged for the call, then split back), so newcomers arriving together do not prefill
-one after another.
-
-Sliding-window layers (Gemma) keep every position too, under the window's mask (index =
-position, so the mask is the window); ``take`` turns them back into rings.
+Design notes, measurements and history: docs/engine-notes.md (batch.py).
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ def flash_attention(
     float16 (B, Hk, S, D|Dv), H % Hk == 0, D % 8 == 0, Dv % 16 == 0; float32 (B, H, L, Dv) out.
     ``causal_offset``: query i sees keys j <= i + offset (``window`` > 0: and j > i + offset -
     window); ``mask``: additive float (B or 1, 1, 1 or L, S). ``reference`` runs the scalar
-    reference (tests). ``rotate_q``: q times ``kv_cache.q8_rotate``'s Walsh-Hadamard matrix
+    reference (tests). ``rotate_q``: q times ``kvrows.q8_rotate``'s Walsh-Hadamard matrix
     first, inside the kernel (what q8 K rows, stored rotated, need; up to float rounding the
     same as rotating q with that MLX op, one op per layer less). Fully masked rows give zeros."""
     ext = _required()
@@ -243,7 +243,7 @@ def flash_attention(
 
 def q8_pack(x: mx.array, group: int) -> mx.array:
     """Float (..., D) -> 8-bit KV rows, uint8 (..., D + 4 * D / group), as one CPU op (see
-    engine.generation.kv_cache.q8_pack, whose MLX ops give the same bytes)."""
+    engine.kvrows.q8_pack, whose MLX ops give the same bytes)."""
     ext = _required()
     return ext.q8_pack(x, int(group))
 

@@ -8,21 +8,7 @@ so a model moved to another device, or traced under ``mx.compile`` on one, keeps
 anything the kernel does not handle goes to MLX's own op. Parameters are untouched, so
 checkpoints, ``densify`` and ``deepcopy`` see ordinary modules.
 
-The same goes for ``nn.RMSNorm`` and ``nn.RoPE``: on the CPU they run as one fused primitive
-each (``engine.kernels.rms_norm`` / ``rope``) instead of MLX's multi-op fallbacks, which cost
-more in dispatch than in arithmetic at decode; a SwiGLU MLP (mlx_lm's llama/qwen2 ``MLP``) runs
-its gate and up projections and the activation as one primitive. ``FUSED = False`` keeps MLX's
-ops for them (A/B runs; ``remove_fused`` does it for one model).
-
-A whole llama/qwen2 decoder layer runs as two primitives around its attention
-(``kernels.norm_qkv_rope`` and ``kernels.attn_out_mlp``, src/decoder.h) instead of ~20 MLX ops:
-per-op dispatch and kernel pool hand-offs were a third of a small model's decode step. They
-compute the same bits as the layer op by op; the cache update and the attention stay the
-model's own calls (so ``engine.kernels.attention`` and speculation's row-exact attention still
-apply). Prompt forwards (prefill-sized inputs, whose matmuls run on the many-row paths) take
-them too since round 12: 10-14% less time per SmolLM2 prompt forward of 40-665 tokens, 1-7% for
-Qwen2.5-0.5B (fewer graph nodes, MLX copies and pool hand-offs; docs/benchmarks.md). ``PREFILL_LAYERS = False``
-keeps those op by op (A/B runs).
+Design notes, measurements and history: docs/engine-notes.md (hook.py).
 """
 
 from __future__ import annotations
