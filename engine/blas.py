@@ -12,6 +12,8 @@ import glob
 import os
 import sys
 
+from engine.settings import SettingsError, current
+
 _CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -29,13 +31,18 @@ def preload() -> str | None:
     if sys.platform == "darwin":
         _state["reason"] = "macOS uses Accelerate"
         return None
-    if os.environ.get("MLXTERM_NO_OPENBLAS"):
-        _state["reason"] = "disabled by MLXTERM_NO_OPENBLAS"
+    try:
+        wanted = current().blas
+    except SettingsError as e:  # reported again, as one line, where the caller reads settings
+        _state["reason"] = str(e)
+        return None
+    if not wanted.enabled:
+        _state["reason"] = "turned off by MLXTERM_OPENBLAS=off"
         return None
     if "mlx.core" in sys.modules:
         _state["reason"] = "mlx was imported before OpenBLAS could be loaded"
         return None
-    paths = [os.environ["MLXTERM_OPENBLAS"]] if os.environ.get("MLXTERM_OPENBLAS") else []
+    paths = [wanted.path] if wanted.path else []
     paths += list(_CANDIDATES) + sorted(glob.glob("/usr/lib/*/libopenblas*.so*"))
     # One OpenBLAS thread unless the user asks for more. Debian's OpenBLAS 0.3.21 (pthreads)
     # loses wake-ups between its thread server and a worker going to sleep: a caller then spins

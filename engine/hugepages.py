@@ -5,14 +5,7 @@ Decode reads every weight once per token, and at long context every cached K/V r
 hardware prefetchers also stop at page boundaries. Measured on a 2-core Zen 4 VM (SmolLM2, one
 process per arm): decode 1.07-1.10x on a quiet machine, 1.16-1.24x with other work running.
 
-Most Linux systems run THP in ``madvise`` mode: only memory a program marks gets huge pages.
-MLX's CPU buffers (weights, KV caches, activations) come from ``malloc``, and glibc marks its
-heaps itself when the process starts with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``. Tunables
-are read once at process start, so :func:`ensure` re-executes the current command once with the
-tunable added -- called first thing by the ``mlxterm`` command, before any model is loaded. The
-user's own ``GLIBC_TUNABLES`` is restored in the new process, so the tools and shells it starts
-do not inherit the setting. Programs embedding the engine can start with the variable set
-themselves. ``MLXTERM_HUGEPAGES=0`` turns this off.
+Design notes, measurements and history: docs/engine-notes.md (hugepages.py).
 """
 
 from __future__ import annotations
@@ -20,12 +13,15 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+
+from engine.settings import switch
 
 TUNABLE = "glibc.malloc.hugetlb=1"
-SWITCH = "MLXTERM_HUGEPAGES"  # "0" / "off" / "no" turns the re-exec off
-# Set only across our own re-exec: the user's GLIBC_TUNABLES ("" when they had none).
-_CARRY = "MLXTERM_HUGEPAGES_USER_TUNABLES"
+SWITCH = "MLXTERM_HUGEPAGES"  # engine.settings' on/off rule; off turns the re-exec off
+# SWITCH's value only across our own re-exec: the tunable was appended to the user's
+# GLIBC_TUNABLES (which did not have it), so the new process takes it out again.
+REEXEC = "reexec"
 _THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 _state: dict[str, object] = {"active": False, "reason": "not checked (mlxterm sets it up at start)"}
@@ -44,7 +40,9 @@ def thp_mode(path: str = _THP_ENABLED) -> str | None:
 
 def decide(env: Mapping[str, str], mode: str | None, system: str, libc: str) -> tuple[bool, str]:
     """Whether to re-execute with the tunable, and why (or why not)."""
-    if env.get(SWITCH, "").strip().lower() in ("0", "off", "no", "false"):
+    if env.get(SWITCH) == REEXEC:
+        return False, "the re-exec did not take effect"  # never loop
+    if not switch(env, SWITCH):
         return False, f"off ({SWITCH}={env[SWITCH]})"
     if system != "Linux":
         return False, f"not Linux ({system})"
@@ -58,18 +56,33 @@ def decide(env: Mapping[str, str], mode: str | None, system: str, libc: str) -> 
         return False, "on: the system gives every heap huge pages (mode always)"
     if TUNABLE in env.get("GLIBC_TUNABLES", "").split(":"):
         return False, f"on: GLIBC_TUNABLES has {TUNABLE}"
-    if _CARRY in env:
-        return False, "the re-exec did not take effect"  # never loop
     return True, "re-executing with the malloc tunable"
 
 
 def reexec_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment for the re-exec: the tunable added, the user's value carried aside."""
+    """The environment for the re-exec: the tunable appended to the user's, SWITCH marked."""
     new = dict(env)
     user = env.get("GLIBC_TUNABLES", "")
-    new[_CARRY] = user
+    new[SWITCH] = REEXEC
     new["GLIBC_TUNABLES"] = f"{user}:{TUNABLE}" if user else TUNABLE
     return new
+
+
+def restore_env(env: MutableMapping[str, str]) -> bool:
+    """In the re-executed process: take SWITCH's mark and the appended tunable out of ``env``
+    (the user's GLIBC_TUNABLES as it was); returns whether the tunable was there."""
+    if env.get(SWITCH) != REEXEC:
+        return False
+    del env[SWITCH]  # it was unset or on: the same setting
+    parts = env.get("GLIBC_TUNABLES", "").split(":")
+    if TUNABLE not in parts:
+        return False
+    parts.remove(TUNABLE)
+    if any(parts):
+        env["GLIBC_TUNABLES"] = ":".join(parts)
+    else:
+        env.pop("GLIBC_TUNABLES", None)
+    return True
 
 
 def ensure() -> None:
@@ -79,13 +92,10 @@ def ensure() -> None:
     In the re-executed process it restores the user's ``GLIBC_TUNABLES`` and records the state
     for :func:`status`.
     """
-    if _CARRY in os.environ and TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":"):
-        user = os.environ.pop(_CARRY)
-        if user:
-            os.environ["GLIBC_TUNABLES"] = user
-        else:
-            os.environ.pop("GLIBC_TUNABLES", None)
-        _state.update(active=True, reason=f"on: glibc heaps marked for huge pages ({TUNABLE})")
+    if os.environ.get(SWITCH) == REEXEC:
+        took = restore_env(os.environ)
+        why = f"on: glibc heaps marked for huge pages ({TUNABLE})" if took else "the re-exec did not take effect"
+        _state.update(active=took, reason=why)
         return
     go, why = decide(os.environ, thp_mode(), platform.system(), platform.libc_ver()[0])
     _state.update(active=why.startswith("on:"), reason=why)

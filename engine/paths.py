@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from engine.settings import current
+
 
 def _xdg(var: str, default: str, sub: str) -> Path:
-    home = os.environ.get("MLXTERM_HOME")
-    if home:
-        return Path(home).expanduser() / sub
+    home = current().home
+    if home is not None:
+        return home / sub
     base = os.environ.get(var) or str(Path.home() / default)
     return Path(base).expanduser() / "mlxterm"
 
@@ -39,6 +41,5 @@ def _ensure(p: Path) -> Path:
 
 
 def models_dir() -> Path:
-    """Installed catalogue models. ``$MLXTERM_MODELS_DIR`` overrides (tests share one across runs)."""
-    override = os.environ.get("MLXTERM_MODELS_DIR")
-    return _ensure(Path(override).expanduser() if override else data_dir() / "models")
+    """Installed catalogue models (tests link it to one folder shared across runs)."""
+    return _ensure(data_dir() / "models")

@@ -10,10 +10,17 @@ def _isolated_home(tmp_path_factory, monkeypatch):
     """Every test gets its own $MLXTERM_HOME so nothing touches the user's data."""
     home = tmp_path_factory.mktemp("mlxterm-home")
     monkeypatch.setenv("MLXTERM_HOME", str(home))
-    monkeypatch.setenv("MLXTERM_MODELS_DIR", str(_shared_models_dir()))
+    link_shared_models(home)
     # No converted-GGUF cache per test home (hundreds of MB per real model); its tests turn it on.
     monkeypatch.setenv("MLXTERM_GGUF_CACHE", "0")
     yield home
+
+
+def link_shared_models(home):
+    """``home``'s installed-models folder as a link to the shared one (engine.paths.models_dir)."""
+    models = home / "data" / "models"
+    models.parent.mkdir(parents=True, exist_ok=True)
+    models.symlink_to(_shared_models_dir(), target_is_directory=True)
 
 
 def _shared_models_dir():

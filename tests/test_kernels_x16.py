@@ -1,6 +1,6 @@
-"""16-bit activations for the quantized matmul's int8 paths (``kernels.set_x16``,
-``MLXTERM_QMM_X16=1``): x / d rounds to q16 in [-16256, 16256] per 32-block (d = amax / 16256),
-split as 128 * hi + lo with hi, lo int8, and each block's integer dot is hi's dot * 128 + lo's.
+"""16-bit activations for the quantized matmul's int8 paths (``kernels.set_x16``): x / d rounds
+to q16 in [-16256, 16256] per 32-block (d = amax / 16256), split as 128 * hi + lo with hi, lo
+int8, and each block's integer dot is hi's dot * 128 + lo's.
 Checked: a float64 reference of that scheme; every row alone = the same row among 1..15 others
 = the many-row VNNI GEMM's row (prefill rows equal decode rows); 1 vs 2 threads; AVX2's maddubs
 path = the widest instruction set; the many-row path never hands 16-bit activations to AMX; the

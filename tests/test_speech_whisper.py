@@ -149,7 +149,7 @@ def test_blas_threads_while_transcribing_then_restored():
 
     lib = threads._openblas()
     if lib is None:
-        pytest.skip("no OpenBLAS preloaded (macOS, or MLXTERM_NO_OPENBLAS)")
+        pytest.skip("no OpenBLAS preloaded (macOS, or MLXTERM_OPENBLAS=off)")
     before = lib.openblas_get_num_threads()
     with threads.blas_threads(1):
         assert lib.openblas_get_num_threads() == 1

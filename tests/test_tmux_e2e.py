@@ -73,7 +73,6 @@ class Tmux:
 @pytest.fixture
 def tmux(_isolated_home, tmp_path):
     env = {"MLXTERM_HOME": os.environ["MLXTERM_HOME"],
-           "MLXTERM_MODELS_DIR": os.environ["MLXTERM_MODELS_DIR"],
            "MLXTERM_GGUF_CACHE": os.environ.get("MLXTERM_GGUF_CACHE", "0"),
            "HOME": str(tmp_path), "TERM": "xterm-256color", "LANG": "C.UTF-8"}
     # a server socket per test: kill-server returns before the old server has gone, and a

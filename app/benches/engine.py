@@ -9,7 +9,7 @@ Arms, alternated in order then in reverse each round (medians over rounds):
                 as ``mx.load`` returns them (quantized), no engine policy (MLX's own ops)
   engine_fp32   the engine on fp32 weights + OpenBLAS: the CPU path without engine/kernels
   engine_unfused the engine arm's weights and kernels without the decode-step fusions (MLX's
-                own RMSNorm, RoPE and SiLU*mul, as MLXTERM_NO_FUSED=1 runs it)
+                own RMSNorm, RoPE and SiLU*mul: hook.remove_fused)
   engine_ops    the engine arm's weights and kernels with each decoder layer op by op (the single
                 fused ops, without the decoder-layer primitives of engine/kernels/src/decoder.h)
   engine_float_prefill  the engine arm with the int8 many-row matmul paths (AMX-INT8 tiles, the

@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
 
 
 def _child(argv: list[str], on: bool) -> dict:
-    env = dict(os.environ, MLXTERM_HUGEPAGES="1" if on else "0")
+    env = dict(os.environ, MLXTERM_HUGEPAGES="on" if on else "off")
     proc = subprocess.run([sys.executable, "-m", "app", "bench", *argv, "--json"], env=env,
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:

@@ -5,8 +5,8 @@ For each (M, N, K) -- the weight shapes of SmolLM2-135M and Qwen2.5-0.5B at pref
 (M >= 16) and multi-row step sizes (M < 16) -- the arms this CPU has, on the same random weights,
 alternated in order then reversed (A/B/B/A) in one process:
   amx      engine.kernels.quantized_matmul with the AMX path on and the VNNI GEMM off
-           (MLXTERM_AMX_MIN_M is set to 2 in this process, so M < 16 runs on tiles too)
-  vnni512  the AVX512-VNNI GEMM (src/qmm_gemm512.cpp) on, AMX off: M >= 16 (MLXTERM_QMM_DENSE_M)
+           (kernels.set_amx_min_rows(2) in this process, so M < 16 runs on tiles too)
+  vnni512  the AVX512-VNNI GEMM (src/qmm_gemm512.cpp) on, AMX off: M >= 16 (kernels.dense_rows())
   float    both off (kernels.set_int8_prefill(False)): M >= 16 on the float panels
            (src/qmm_kernel.inc dense_run), M < 16 on the int8 row path (group_rows)
 Reported per arm: the median process CPU time per call (steadier than wall time on a shared
@@ -37,7 +37,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> dict:
-    os.environ.setdefault("MLXTERM_AMX_MIN_M", "2")  # read at the first matmul of the process
     from engine import kernels
 
     import mlx.core as mx
@@ -46,6 +45,7 @@ def run(args) -> dict:
     if not kernels.available():
         return {"bench": "qmm", "skipped": f"CPU kernels unavailable: {kernels.status()['reason']}"}
     kernels.set_threads(args.threads)
+    kernels.set_amx_min_rows(2)
     rows = [int(m) for m in args.rows.split(",")]
     ext = kernels._load()
     # (amx, vnni_gemm) switch settings per arm; only the paths this CPU has.

@@ -11,7 +11,7 @@ docs/benchmarks.md under "## Speech".
 
 ``--kernels-ab N`` (default 1) also measures what the engine's CPU kernels (engine/kernels)
 do for Whisper: each clip's batch transcription in child processes with the kernels and with
-``MLXTERM_NO_KERNELS=1``, arms alternated kernels/off/off/kernels N times; medians and the
+``MLXTERM_KERNELS=off``, arms alternated kernels/off/off/kernels N times; medians and the
 ratio (off / kernels: the kernels' speed-up) per clip.
 """
 
@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="silence after the clip before the take ends (default 1000)")
     parser.add_argument("--clips", default=",".join(CLIPS), help="comma-separated clip names (default all)")
     parser.add_argument("--kernels-ab", type=int, default=1,
-                        help="rounds of kernels vs MLXTERM_NO_KERNELS child runs (A/B/B/A each; 0: none)")
+                        help="rounds of kernels vs MLXTERM_KERNELS=off child runs (A/B/B/A each; 0: none)")
     parser.add_argument("--arm", choices=ARMS, default=None, help=argparse.SUPPRESS)  # child process
 
 
@@ -140,13 +140,13 @@ def run_arm(args) -> dict:
 
 
 def _arm_in_subprocess(args, arm: str) -> dict:
-    """One arm in a fresh process: MLXTERM_NO_KERNELS is read when the kernels are imported."""
+    """One arm in a fresh process: MLXTERM_KERNELS is read when the kernels are imported."""
     import json
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "MLXTERM_NO_KERNELS"}
+    env = {k: v for k, v in os.environ.items() if k != "MLXTERM_KERNELS"}
     if arm == "no_kernels":
-        env["MLXTERM_NO_KERNELS"] = "1"
+        env["MLXTERM_KERNELS"] = "off"
     cmd = [sys.executable, "-m", "app", "bench", "speech", "--json", "--arm", arm, "--clips", args.clips]
     if args.model:
         cmd += ["--model", args.model]
@@ -269,7 +269,7 @@ def _table(result: dict) -> str:
     if ab.get("clips"):
         lines += [
             "",
-            f"CPU kernels (engine/kernels) vs `MLXTERM_NO_KERNELS=1`: batch transcription in child "
+            f"CPU kernels (engine/kernels) vs `MLXTERM_KERNELS=off`: batch transcription in child "
             f"processes, arms alternated kernels/off/off/kernels x {ab['rounds']}, medians of "
             f"{ab['runs_per_arm']} runs per arm; speed-up = off / kernels.",
             "",

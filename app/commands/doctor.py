@@ -1,8 +1,9 @@
 """``mlxterm doctor``: what this machine gives mlxterm, in one screen.
 
-The agent sandbox (bubblewrap / Seatbelt, or why not), the BLAS the CPU backend uses, the
-compiled kernels extension, huge pages for the heap (engine/hugepages.py), espeak-ng (speech tests and voices) and the microphone
-(PortAudio and an input device). Every probe is guarded: a missing piece is reported, never
+The engine's environment settings (engine/settings.py, docs/settings.md), the agent sandbox
+(bubblewrap / Seatbelt, or why not), the BLAS the CPU backend uses, the compiled kernels
+extension, huge pages for the heap (engine/hugepages.py), espeak-ng (speech tests and voices)
+and the microphone (PortAudio and an input device). Every probe is guarded: a missing piece is reported, never
 raised. ``--json`` prints the same facts as one object. Exit code 0 (facts, not a verdict).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 
 def register(sub) -> None:
-    p = sub.add_parser("doctor", help="report the sandbox, BLAS, kernels, huge pages, espeak and microphone status")
+    p = sub.add_parser("doctor", help="report the settings, sandbox, BLAS, kernels, huge pages, espeak and microphone status")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -34,8 +35,25 @@ def run(args) -> int:
 
 
 def collect() -> dict[str, dict[str, Any]]:
-    return {"sandbox": sandbox(), "openblas": openblas(), "kernels": kernels(), "hugepages": hugepages(),
+    return {"settings": settings(), "sandbox": sandbox(), "openblas": openblas(), "kernels": kernels(), "hugepages": hugepages(),
             "espeak": espeak(), "microphone": microphone()}
+
+
+def settings() -> dict[str, Any]:
+    """The engine's ``MLXTERM_*`` settings as parsed (an unreadable value is reported)."""
+    from engine import settings as engine_settings
+
+    try:
+        values = engine_settings.describe(engine_settings.current())
+    except engine_settings.SettingsError as e:
+        return {"ok": False, "values": None, "detail": str(e)}
+    kernels, blas = values["kernels"], values["blas"]
+    parts = [f"home {values['home'] or 'XDG directories'}",
+             f"kernels {(kernels['isa'] or 'on') if kernels['enabled'] else 'off'}",
+             f"openblas {(blas['path'] or 'on') if blas['enabled'] else 'off'}",
+             f"hugepages {'on' if values['hugepages'] else 'off'}",
+             f"gguf cache {'on' if values['gguf_cache'] else 'off'}"]
+    return {"ok": True, "values": values, "detail": "; ".join(parts)}
 
 
 def sandbox() -> dict[str, Any]:

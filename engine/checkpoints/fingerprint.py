@@ -17,6 +17,7 @@ from pathlib import Path
 from engine import paths
 from engine.atomic import atomic_write_text
 from engine.checkpoints.format import VERSION
+from engine.kvrows import Q8_FORMAT
 
 log = logging.getLogger(__name__)
 HASH_CACHE = "weights-sha256.json"
@@ -132,7 +133,6 @@ def live_kv_format(kv_cache_config, backend: str, model=None, weight_format: str
     if fmt not in ("fp16", "q8"):
         return "dense"
     from engine import kernels
-    from engine.generation.kv_cache import Q8_FORMAT
     from engine.kernels.attention import reads_fp16_kv
 
     if model is not None:

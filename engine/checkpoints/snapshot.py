@@ -3,6 +3,8 @@
 A snapshot holds new array handles that view the live buffers (``keys[..., :offset, :]``).
 MLX arrays are values: the live cache's later writes either copy (the buffer is shared, so it
 cannot be donated) or rebind its own handle, so a snapshot never changes after it is taken.
+Caches are read through ``CheckpointCache`` (engine.generation's caches declare their kind), so
+this package imports no cache class of the engine's.
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Protocol
 
 from engine.checkpoints import format as fmt
 from engine.checkpoints.format import HostCheckpoint, HostLayer
-from engine.generation.kv_cache import StaticKVCache, WindowKVCache
 
 import mlx.core as mx
 import numpy as np
@@ -22,6 +24,18 @@ from mlx_lm.models.cache import QuantizedKVCache
 CLASSES = ("StaticKVCache", "WindowKVCache", "QuantizedKVCache")
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16,
            "uint8": mx.uint8}  # uint8: the CPU's 8-bit KV rows (kv_cache.Q8), stored as they are
+
+
+class CheckpointCache(Protocol):
+    """What a layer cache offers to be checkpointed (besides mlx_lm's ``QuantizedKVCache``).
+
+    ``checkpoint_kind`` "StaticKVCache": ``keys``/``values`` buffers (B, H, capacity, D) valid up
+    to ``offset``, growth block ``step``. "WindowKVCache": a ring of ``window`` slots; ``state``
+    gives the last min(offset, window) positions in time order and ``restore_ordered(keys,
+    values, offset)`` refills it."""
+
+    checkpoint_kind: ClassVar[str]
+    offset: int
 
 
 class UnsupportedCache(ValueError):
@@ -58,15 +72,16 @@ class Snapshot:
 
 def layout(cache: list) -> list[tuple[str, int | None]]:
     """(class name, window) per layer: what a checkpoint must match to restore into ``cache``."""
-    return [(_class_name(c), getattr(c, "window", None) if isinstance(c, WindowKVCache) else None)
-            for c in cache]
+    return [(name, getattr(c, "window", None) if name == "WindowKVCache" else None)
+            for c, name in ((c, _class_name(c)) for c in cache)]
 
 
 def _class_name(c) -> str:
-    # WindowKVCache subclasses KVCache, so test the specific classes first.
-    for cls in (WindowKVCache, StaticKVCache, QuantizedKVCache):
-        if isinstance(c, cls):
-            return cls.__name__
+    kind = getattr(type(c), "checkpoint_kind", None)
+    if kind in ("StaticKVCache", "WindowKVCache"):
+        return kind
+    if isinstance(c, QuantizedKVCache):
+        return "QuantizedKVCache"
     raise UnsupportedCache(f"cannot checkpoint a {type(c).__name__}")
 
 

@@ -197,9 +197,6 @@ class SsdTier:
             deleted.append(p)
         return deleted
 
-    def root_bytes(self) -> int:
-        return sum(size for _, size, _ in self._files())
-
     def clear(self) -> int:
         """Delete every checkpoint file of this fingerprint. Returns the count."""
         n = 0

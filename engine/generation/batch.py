@@ -9,17 +9,7 @@ position -- the solo compiled step's layout with a batch dimension, so every row
 its solo run's bits (the CPU kernels' matmul and attention results do not depend on the other
 rows). Buffers keep the rows' KV dtype (float16 KV stays float16).
 
-Because the layout is static, the step is one ``mx.compile``d forward (``batched_logits``),
-traced once per (rows, buffer length) and reused as rows join and leave; sampling stays
-per row in the scheduler. Rows join (``add``: a prefilled per-request cache) and leave
-(``take`` then ``keep``) between steps.
-
-``prefill_together`` runs equal-length prompt chunks of several requests as one forward (their
-caches merged for the call, then split back), so newcomers arriving together do not prefill
-one after another.
-
-Sliding-window layers (Gemma) keep every position too, under the window's mask (index =
-position, so the mask is the window); ``take`` turns them back into rings.
+Design notes, measurements and history: docs/engine-notes.md (batch.py).
 """
 
 from __future__ import annotations
@@ -72,7 +62,7 @@ class RowsKVCache:
         """Write each row's one new key/value at that row's position: on the CPU kernels one
         in-place primitive for both (``kernels.kv_write_rows``, casting float32 rows to a
         float16 buffer itself), else ``put_along_axis``."""
-        kernel = fused_active()  # else put_along_axis (MLXTERM_NO_FUSED=1, not on the CPU)
+        kernel = fused_active()  # else put_along_axis (hook.FUSED off, not on the CPU)
         casts = kernel and self.keys is not None and self.keys.dtype in (mx.float16, mx.bfloat16)
         if not (casts and keys.dtype == values.dtype == mx.float32):
             keys, values = _stored(self.dtype, keys, values)  # the rows' storage (float16, q8 rows)

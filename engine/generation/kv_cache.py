@@ -10,43 +10,30 @@ computes them in: float16 on the CPU halves the bytes the fused attention kernel
 (engine/kernels/src/attention.cpp) streams per decode step at long context. Only the kernel's
 routed attention reads mixed float32 queries / float16 K/V; it is the caller's choice.
 
-``kv_dtype=Q8(group)`` stores each token's K and V per head as one 8-bit row (the live "q8"
-format): the head's D values quantized symmetrically per group of ``group`` dims (int8,
--127..127) followed by the D / group float32 scales, as uint8 (..., D + 4 * D / group). Still
-one array per K and V, so the compiled step, batching, snapshots and checkpoints carry it like
-any other dtype; the fused attention kernel reads the rows directly (0.56 of float16's bytes at
-D = 64, group 32) and ``q8_unpack`` gives the float values anywhere else (pure MLX).
-
-K rows hold the key *rotated*: ``q8_rotate(k)``, an orthonormal Walsh-Hadamard transform of the
-head dims, and attention reads them with q rotated the same way (engine.kernels.attention: the
-fused kernel rotates q itself, ``rotate_q``; other paths call ``q8_rotate(q)``), so
-q . k = (q H) . (k H) -- the scores are unchanged up to float32 rounding. The rotation spreads K's large channels over all dims, so a group's
-int8 step (set by its largest value) shrinks for every channel: SmolLM2's decode KL to fp16
-KV drops 3.2x (docs/benchmarks.md, "Long context, round 6"). V rows are stored as computed
-(8-bit V costs ~14x less than 8-bit K). The checkpoint fingerprint names this format
-"q8hrows-g<group>"; rows of the unrotated format (round 4-5: "q8rows-g<group>") mean
-something else and are never read as these.
+``kv_dtype=Q8(group)`` stores each token's K and V per head as one 8-bit row, K rotated (the
+live "q8" format: engine/kvrows.py).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from engine import kernels
+from engine import kernels, kvrows
 from engine.kernels.hook import fused_active
+from engine.kvrows import Q8_FORMAT, q8_group, q8_rotate, q8_unpack
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, create_causal_mask
 
-# Prompt forwards write their new K/V rows with the kernels' in-place primitive (False, or
-# MLXTERM_NO_PROMPT_KV_WRITE=1: mlx_lm's astype + slice assignment, for A/B runs).
-PROMPT_KV_WRITE = not os.environ.get("MLXTERM_NO_PROMPT_KV_WRITE")
+# Prompt forwards write their new K/V rows with the kernels' in-place primitive (False:
+# mlx_lm's astype + slice assignment, for A/B runs).
+PROMPT_KV_WRITE = True
 
 
 class StaticKVCache(KVCache):
     """Full-attention cache. ``step`` is the growth block (tokens) of the buffer."""
 
+    checkpoint_kind = "StaticKVCache"  # engine.checkpoints.snapshot.CheckpointCache
     step = 512
 
     def __init__(self, dtype: mx.Dtype | None = None) -> None:
@@ -140,6 +127,8 @@ class WindowKVCache(KVCache):
     before keys are stored, so attention does not care about slot order; prefill reorders the
     ring into time order once per call. Not trimmable: checkpoints go at turn boundaries.
     """
+
+    checkpoint_kind = "WindowKVCache"  # engine.checkpoints.snapshot.CheckpointCache
 
     def __init__(self, window: int, dtype: mx.Dtype | None = None) -> None:
         super().__init__()
@@ -254,77 +243,12 @@ class Q8:
         return self.pack(q8_rotate(keys)), self.pack(values)
 
 
-def q8_rotate(x: mx.array) -> mx.array:
-    """``x`` (..., D) times H, the orthonormal Walsh-Hadamard matrix (symmetric, H @ H = I) on
-    blocks of the largest power of two dividing D (all of D for the usual 64/128): how q8 K
-    rows store keys and how attention reads queries against them. One op per call, row by row
-    (a row's result does not depend on how many rows share the call: batches and the
-    compiled step store the bytes a solo prefill does). Exact at D = 64 (scale 1/8)."""
-    D = x.shape[-1]
-    p = D & -D
-    if p == D:
-        return mx.hadamard_transform(x, scale=p**-0.5)
-    blocks = x.reshape(*x.shape[:-1], D // p, p)
-    return mx.hadamard_transform(blocks, scale=p**-0.5).reshape(x.shape)
-
-
 def q8_pack(x: mx.array, group: int, use_kernel: bool = True) -> mx.array:
-    """Float (..., D) -> uint8 (..., D + 4 * D / group): per group, scale = max|x| / 127 and
-    int8 round(x * 127 / max|x|) (0 for an all-zero group), then the float32 scales. On the
-    CPU with the kernels built this is one op (engine.kernels.q8_pack, the same bytes): the
-    MLX ops below are ~15 graph nodes per K and V per layer in every decode step."""
-    if use_kernel and mx.default_device() == mx.cpu:
-        from engine import kernels
-
-        if kernels.available():
-            return kernels.q8_pack(x, group)
-    *lead, D = x.shape
-    g = x.astype(mx.float32).reshape(*lead, D // group, group)
-    amax = mx.max(mx.abs(g), axis=-1, keepdims=True)
-    inv = mx.where(amax > 0, 127.0 / mx.where(amax > 0, amax, 1.0), 0.0)
-    q = mx.clip(mx.round(g * inv), -127, 127).astype(mx.int8).reshape(*lead, D)
-    scales = (amax / 127.0).reshape(*lead, D // group)
-    return mx.concatenate([q.view(mx.uint8), scales.view(mx.uint8)], axis=-1)
-
-
-def q8_unpack(x: mx.array, dtype: mx.Dtype = mx.float32, D: int | None = None) -> mx.array:
-    """The values of q8 rows (uint8 (..., D + 4 * D / G)); without ``D`` the dims come from
-    the row width (group size in ``GROUPS``)."""
-    W = x.shape[-1]
-    if D is None:
-        D, group = q8_dims(W)
-    else:
-        group = q8_group(D, W)
-    q = mx.contiguous(x[..., :D]).view(mx.int8).astype(mx.float32)
-    s = mx.contiguous(x[..., D:]).view(mx.float32)
-    *lead, _ = x.shape
-    out = q.reshape(*lead, D // group, group) * s[..., None]
-    return out.reshape(*lead, D).astype(dtype)
-
-
-GROUPS = (32, 64, 128)
-
-
-def q8_group(D: int, width: int) -> int:
-    """The group size of q8 rows ``width`` bytes wide holding ``D`` values (D int8 bytes, then
-    one float32 scale per group); 0 when no whole number of groups fits."""
-    scales = (width - D) // 4
-    if width <= D or (width - D) % 4 or D % scales:
-        return 0
-    return D // scales
-
-
-def q8_dims(width: int, group: int | None = None) -> tuple[int, int]:
-    """(D, group) of a q8 row ``width`` bytes wide (the largest D when several fit)."""
-    for g in (group,) if group else GROUPS:
-        if width * g % (g + 4) == 0 and (width * g // (g + 4)) % g == 0:
-            return width * g // (g + 4), g
-    raise ValueError(f"no q8 row layout is {width} bytes wide")
-
-
-# The fingerprint's name of live q8 rows (K rotated, see the module docstring): "-g<group>"
-# follows. A new rule for what the rows hold gets a new name, so older checkpoints miss.
-Q8_FORMAT = "q8hrows"
+    """``engine.kvrows.q8_pack``: on the CPU with the kernels built as one op
+    (engine.kernels.q8_pack, the same bytes), else its MLX ops."""
+    if use_kernel and mx.default_device() == mx.cpu and kernels.available():
+        return kernels.q8_pack(x, group)
+    return kvrows.q8_pack(x, group)
 
 
 def live_kv_dtype(kv_format: str) -> mx.Dtype | Q8 | None:

@@ -77,7 +77,7 @@ def greedy_tokens(logits: mx.array) -> mx.array:
     """Each row's argmax as int32 (``mx.argmax``'s index: the first of equal values): on the
     CPU kernels one vectorised primitive for all rows (MLX's CPU argmax is a scalar loop,
     ~0.4 ms for the 8 rows of a batched SmolLM2 step); elsewhere, or with
-    ``MLXTERM_NO_FUSED=1``, MLX's argmax."""
+    ``hook.FUSED`` off, MLX's argmax."""
     logits = logits.astype(mx.float32)
     if fused_active():
         return kernels.argmax_rows(logits)
@@ -87,7 +87,7 @@ def greedy_tokens(logits: mx.array) -> mx.array:
 def log_softmax(logits: mx.array) -> mx.array:
     """``logits - logsumexp(logits)``: on the CPU kernels one primitive with a vectorised exp
     (MLX's CPU logsumexp is a scalar exp over the whole vocabulary, ~3% of a small model's
-    decode step); elsewhere, or with ``MLXTERM_NO_FUSED=1``, MLX's ops."""
+    decode step); elsewhere, or with ``hook.FUSED`` off, MLX's ops."""
     if logits.dtype == mx.float32 and fused_active():
         return kernels.log_softmax(logits)
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)

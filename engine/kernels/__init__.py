@@ -4,17 +4,18 @@ MLX's CPU backend on x86 runs scalar, single-threaded kernels; this extension ad
 primitives with AVX2/FMA kernels (VNNI where the CPU has it) on a small persistent thread
 pool. They are used only when all of these hold, else MLX's own ops run (``status()`` says
 why, once): the default device is the CPU, the CPU has AVX2+FMA (checked here, before the
-module is loaded, since it is built with those instructions), ``MLXTERM_NO_KERNELS`` is
-unset, and the module was built (``python -m engine.kernels.build``; setup.sh does it).
+module is loaded, since it is built with those instructions), ``MLXTERM_KERNELS`` is not
+off (engine.settings), and the module was built (``python -m engine.kernels.build``; setup.sh does it).
 Layouts, dispatch and how to add a kernel: docs/kernels.md.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import Any
+
+from engine.settings import current
 
 import mlx.core as mx
 
@@ -42,8 +43,9 @@ def _load() -> Any:
     if _state["checked"]:
         return _state["ext"]
     _state["checked"] = True
-    if os.environ.get("MLXTERM_NO_KERNELS"):
-        _state["reason"] = "disabled by MLXTERM_NO_KERNELS"
+    wanted = current().kernels
+    if not wanted.enabled:
+        _state["reason"] = "turned off by MLXTERM_KERNELS=off"
         return None
     flags = _cpu_flags()
     if not {"avx2", "fma", "f16c", "bmi2"} <= flags:
@@ -56,6 +58,11 @@ def _load() -> Any:
             "the kernel extension is not built (run ./setup.sh or "
             f"python -m engine.kernels.build): {e}"
         )
+        return None
+    if hasattr(ext, "configure"):
+        ext.configure(isa=wanted.isa)  # before any kernel call fixes the instruction set
+    elif wanted.isa:  # a build from before configure(): rebuild to narrow it
+        _state["reason"] = "the kernel extension is out of date (python -m engine.kernels.build)"
         return None
     _state["ext"] = ext
     return ext
@@ -113,7 +120,7 @@ def set_amx(on: bool) -> bool:
 def set_shared_job(on: bool) -> bool:
     """Hand the many-row q/k/v (gate/up) matmuls on one input to the kernel pool as one job (the
     same bits, fewer waits) or one job per matmul (A/B measurements); returns the previous
-    setting. ``MLXTERM_NO_SHARED_JOB=1`` starts with it off."""
+    setting; on by default."""
     ext = _load()
     return bool(ext.set_shared_job(on)) if ext is not None else False
 
@@ -121,7 +128,7 @@ def set_shared_job(on: bool) -> bool:
 def set_vnni_gemm(on: bool) -> bool:
     """Run non-exact many-row matmuls that AMX does not take on the AVX512-VNNI GEMM (int8
     activations, the row path's bits) or on the float panels (A/B measurements); returns the
-    previous setting. ``MLXTERM_NO_VNNI_GEMM=1`` starts with it off."""
+    previous setting; on by default."""
     ext = _load()
     return bool(ext.set_vnni_gemm(on)) if ext is not None else False
 
@@ -133,10 +140,16 @@ def set_x16(on: bool) -> bool:
     mean, +-0.35% over rounding-noise realisations on a 338-token text); 16 bits removes it, at
     ~2x the integer work (prefill is compute-bound: ~-30% tok/s; decode streams weights: a few
     %). Rows stay bit-identical to solo rows and prefill rows to decode rows; AMX steps aside
-    (its tiles take int8 only). ``MLXTERM_QMM_X16=1`` starts with it on. Returns the previous
-    setting; off by default."""
+    (its tiles take int8 only). Returns the previous setting; off by default."""
     ext = _load()
     return bool(ext.set_x16(on)) if ext is not None else False
+
+
+def set_amx_min_rows(rows: int) -> int:
+    """Rows from which non-exact matmuls run on AMX tiles (default 16, at least 2; the qmm
+    bench lowers it); returns the previous value, 0 without the kernels."""
+    ext = _load()
+    return int(ext.set_amx_min_rows(int(rows))) if ext is not None else 0
 
 
 def set_int8_prefill(on: bool) -> tuple[bool, bool]:
@@ -216,7 +229,7 @@ def flash_attention(
     float16 (B, Hk, S, D|Dv), H % Hk == 0, D % 8 == 0, Dv % 16 == 0; float32 (B, H, L, Dv) out.
     ``causal_offset``: query i sees keys j <= i + offset (``window`` > 0: and j > i + offset -
     window); ``mask``: additive float (B or 1, 1, 1 or L, S). ``reference`` runs the scalar
-    reference (tests). ``rotate_q``: q times ``kv_cache.q8_rotate``'s Walsh-Hadamard matrix
+    reference (tests). ``rotate_q``: q times ``kvrows.q8_rotate``'s Walsh-Hadamard matrix
     first, inside the kernel (what q8 K rows, stored rotated, need; up to float rounding the
     same as rotating q with that MLX op, one op per layer less). Fully masked rows give zeros."""
     ext = _required()
@@ -230,7 +243,7 @@ def flash_attention(
 
 def q8_pack(x: mx.array, group: int) -> mx.array:
     """Float (..., D) -> 8-bit KV rows, uint8 (..., D + 4 * D / group), as one CPU op (see
-    engine.generation.kv_cache.q8_pack, whose MLX ops give the same bytes)."""
+    engine.kvrows.q8_pack, whose MLX ops give the same bytes)."""
     ext = _required()
     return ext.q8_pack(x, int(group))
 
@@ -259,10 +272,12 @@ def quantized_swiglu(x: mx.array, gate: Any, up: Any, exact: bool = False) -> mx
     return ext.quantized_swiglu(x, *qparams(gate), *qparams(up), gate.group_size, gate.bits, exact)
 
 
+DENSE_ROWS = 16  # the extension's kDenseMinRows (src/ops.cpp)
+
+
 def dense_rows() -> int:
-    """Rows at which the quantized matmul leaves its per-row int8 path for the float-panel
-    path (``MLXTERM_QMM_DENSE_M``, as the extension reads it)."""
-    return max(1, int(os.environ.get("MLXTERM_QMM_DENSE_M", "16")))
+    """Rows at which the quantized matmul leaves its per-row int8 path for the many-row paths."""
+    return DENSE_ROWS
 
 
 def half_scales(lin: Any) -> bool:

@@ -5,51 +5,36 @@ matmul against a transposed K runs far below sgemm speed, the softmax is a scala
 single-threaded exp over a materialised L x S score matrix, and at decode the K/V stream
 dominates. The default here is the extension's fused attention (``flash``, src/attention.cpp):
 query tiles against K/V blocks read once per KV head, online softmax, float32 or float16 K/V,
-for prefill, verify and decode alike. ``MLXTERM_ATTENTION=softmax`` keeps the previous round's
-path (MLX's matmuls with GQA heads grouped + the fused masked softmax, prefill-sized calls
-only) and ``=mlx`` mlx_lm's own function -- for A/B benchmarks (``IMPLS``; set ``impl``).
+for prefill, verify and decode alike. ``impl = "softmax"`` runs the previous round's path (MLX's
+matmuls with GQA heads grouped + the fused masked softmax, prefill-sized calls only) and
+``"mlx"`` mlx_lm's own function -- for A/B benchmarks (``IMPLS``; mlxterm bench resume).
 
-``scaled_dot_product_attention`` takes exactly what mlx_lm's does and hands anything it does
-not handle to the original: quantized KV caches, attention sinks, non-float32 queries, masks
-that differ per head, head sizes the kernel does not tile, other devices. Masks handled: None,
-"causal" (queries at the end of the keys, as during prefill/verify at an offset), and arrays
-broadcastable to (B or 1, 1, L, S), boolean (True = attend) or additive -- which covers the
-static caches' key-validity masks in the compiled decode step, sliding windows, and per-row
-masks of a batch. float16 K/V (``kv_cache`` on CPU) go to the original widened to float32;
-8-bit K/V rows (the live "q8" format, engine.generation.kv_cache.Q8) go to the fused kernel,
-which reads them as stored, and anywhere else are unpacked to the queries' dtype first. Their
-K rows hold rotated keys (``kv_cache.q8_rotate``), so the queries are rotated the same way
-first, on every path: (q H) . (k H) = q . k -- inside the fused kernel (``rotate_q``: one MLX
-op per layer and token less), with ``q8_rotate`` before any other path.
+Design notes, measurements and history: docs/engine-notes.md (attention.py).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from contextlib import contextmanager
 
-from engine import kernels
+from engine import kernels, mlx_patches
+from engine.kvrows import q8_group, q8_rotate, q8_unpack
 
 import mlx.core as mx
-from mlx_lm.models import base
 
-_original = base.scaled_dot_product_attention
-_MODULES = ("llama", "qwen2", "gemma3_text")
+_original = mlx_patches.ORIGINAL
 # Set while a model routed by engine.kernels.hook runs its forward pass (or is traced by
 # mx.compile): other models in the process keep mlx_lm's attention bit for bit.
 _active = threading.local()
 IMPLS = ("flash", "softmax", "mlx")
-impl = os.environ.get("MLXTERM_ATTENTION", "flash")
-if impl not in IMPLS:
-    impl = "flash"
+impl = "flash"
 
 
 def reads_fp16_kv(model) -> bool:
     """True when ``model``'s attention runs here (a routed model of a patched mlx_lm module),
     so its caches may hold float16 K/V: the fused kernel widens them in registers."""
     base = type(model).__dict__.get("_routed_base")
-    return base is not None and base.__module__.rsplit(".", 1)[-1] in _MODULES and kernels.available()
+    return base is not None and mlx_patches.routes(base.__module__) and kernels.available()
 
 
 def routed(cls: type) -> type:
@@ -96,16 +81,12 @@ def _mask_array(mask: mx.array, B: int, L: int, S: int) -> mx.array | None:
 def q8_readable(D: int, k_width: int, v_width: int) -> bool:
     """True when the fused kernel reads q8 rows of these widths for head dim ``D`` (V rows
     as wide as K rows: Dv = D)."""
-    from engine.generation.kv_cache import q8_group
-
     group = q8_group(D, k_width)
     return group > 0 and group % 32 == 0 and v_width == k_width
 
 
 def _widened(queries, keys, values):
     if keys.dtype == mx.uint8:  # q8 rows: their float values
-        from engine.generation.kv_cache import q8_unpack
-
         D = queries.shape[-1]
         return q8_unpack(keys, queries.dtype, D), q8_unpack(values, queries.dtype, D)
     if keys.dtype != queries.dtype:
@@ -151,8 +132,6 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sink
 
 def _fallback(queries, keys, values, cache, scale, mask, sinks):
     if isinstance(keys, mx.array) and keys.dtype == mx.uint8:  # q8 rows: K stored rotated
-        from engine.generation.kv_cache import q8_rotate
-
         queries = q8_rotate(queries)
     if not hasattr(cache, "bits"):
         keys, values = _widened(queries, keys, values)
@@ -187,18 +166,10 @@ def _softmax_path(queries, keys, values, cache, scale, mask, sinks):
 
 
 def install() -> None:
-    """Point the mlx_lm model modules at this attention (they import it by name)."""
-    import importlib
-
-    for name in _MODULES:
-        mod = importlib.import_module(f"mlx_lm.models.{name}")
-        mod.scaled_dot_product_attention = scaled_dot_product_attention
+    """Point the mlx_lm model modules at this attention (engine.mlx_patches)."""
+    mlx_patches.install_attention(scaled_dot_product_attention)
 
 
 def uninstall() -> None:
     """Back to mlx_lm's own attention (for A/B benchmarks)."""
-    import importlib
-
-    for name in _MODULES:
-        mod = importlib.import_module(f"mlx_lm.models.{name}")
-        mod.scaled_dot_product_attention = _original
+    mlx_patches.install_attention(_original)

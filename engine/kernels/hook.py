@@ -8,26 +8,11 @@ so a model moved to another device, or traced under ``mx.compile`` on one, keeps
 anything the kernel does not handle goes to MLX's own op. Parameters are untouched, so
 checkpoints, ``densify`` and ``deepcopy`` see ordinary modules.
 
-The same goes for ``nn.RMSNorm`` and ``nn.RoPE``: on the CPU they run as one fused primitive
-each (``engine.kernels.rms_norm`` / ``rope``) instead of MLX's multi-op fallbacks, which cost
-more in dispatch than in arithmetic at decode; a SwiGLU MLP (mlx_lm's llama/qwen2 ``MLP``) runs
-its gate and up projections and the activation as one primitive. ``MLXTERM_NO_FUSED=1`` keeps MLX's ops for
-them (A/B benchmarks).
-
-A whole llama/qwen2 decoder layer runs as two primitives around its attention
-(``kernels.norm_qkv_rope`` and ``kernels.attn_out_mlp``, src/decoder.h) instead of ~20 MLX ops:
-per-op dispatch and kernel pool hand-offs were a third of a small model's decode step. They
-compute the same bits as the layer op by op; the cache update and the attention stay the
-model's own calls (so ``engine.kernels.attention`` and speculation's row-exact attention still
-apply). Prompt forwards (prefill-sized inputs, whose matmuls run on the many-row paths) take
-them too since round 12: 10-14% less time per SmolLM2 prompt forward of 40-665 tokens, 1-7% for
-Qwen2.5-0.5B (fewer graph nodes, MLX copies and pool hand-offs; docs/benchmarks.md). ``PREFILL_LAYERS = False``
-(or ``MLXTERM_NO_PREFILL_LAYERS=1``) keeps those op by op (A/B runs).
+Design notes, measurements and history: docs/engine-notes.md (hook.py).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 from engine import kernels
@@ -127,7 +112,7 @@ _block_classes: dict[type, type] = {}
 
 
 # Prefill-sized layer inputs run the decoder primitives too (False: op by op, for A/B runs).
-PREFILL_LAYERS = not os.environ.get("MLXTERM_NO_PREFILL_LAYERS")
+PREFILL_LAYERS = True
 
 
 def _block_fits(block: nn.Module, x: mx.array, cache) -> bool:
@@ -186,14 +171,18 @@ def _routed_block(base: type) -> type:
     return cls
 
 
+# The fused norm, RoPE, SwiGLU and decoder-layer primitives (False: MLX's own ops, A/B runs).
+FUSED = True
+
+
 def fused_enabled() -> bool:
-    """False when ``MLXTERM_NO_FUSED`` asks for MLX's own norm and RoPE ops."""
-    return not os.environ.get("MLXTERM_NO_FUSED")
+    """False when ``FUSED`` is off: MLX's own norm and RoPE ops."""
+    return FUSED
 
 
 def fused_active() -> bool:
     """Whether the kernels' fused primitives run here: the kernels serve the default device
-    (the CPU) and ``MLXTERM_NO_FUSED`` does not ask for MLX's own ops."""
+    (the CPU) and ``FUSED`` is on."""
     return kernels.available() and fused_enabled()
 
 

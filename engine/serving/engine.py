@@ -7,7 +7,6 @@ Callers build prompts with ``chat_prompt`` / ``raw_prompt`` (token ids) and ``su
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -16,7 +15,7 @@ from typing import Any
 from engine.errors import MlxtermError
 from engine.generation.sampling import SamplingParams
 from engine.profiles import Profile, load_profile
-from engine.serving.events import Done, Event, TextDelta, Timings, Usage
+from engine.serving.events import Done, Timings, Usage
 from engine.serving.worker import EngineWorker, RequestHandle
 
 log = logging.getLogger(__name__)
@@ -179,8 +178,4 @@ class Engine:
         self.close()
 
 
-def collect_text(events: Sequence[Event]) -> str:
-    return "".join(e.text for e in events if isinstance(e, TextDelta))
-
-
-__all__ = ["Engine", "GenerationRequest", "Priority", "Done", "Usage", "Timings", "time"]
+__all__ = ["Engine", "GenerationRequest", "Priority", "Done", "Usage", "Timings"]

@@ -4,32 +4,7 @@ A :class:`DictationSession` is one take (push-to-talk press to release). ``feed(
 only copies the chunk onto a queue, so it is safe to call from the audio callback thread.
 Two worker threads do the rest:
 
-- the *listener* appends audio, runs the VAD per 32-ms frame and cuts the take into
-  utterances at pauses of ``min_silence_ms`` (level and speech start/end events come
-  from here, so the meter keeps moving while Whisper works);
-- the *transcriber* runs Whisper's seek loop on each utterance, exactly as batch
-  transcription does: complete 30-s windows are decoded (and become final) while the
-  user is still talking, and whenever it is idle it decodes the rest of the open
-  utterance ahead of time (shown as a partial). Once the utterance's end is known (a
-  pause has begun and the trailing pad has arrived) that look-ahead is done on exactly
-  the audio the utterance will end with and is adopted when the utterance closes, so
-  ``finish()`` returns soon after the last chunk. Look-ahead work that a later boundary
-  makes stale is abandoned mid-way. Every look-ahead's tokens (even those of abandoned
-  work) draft the next decode of the same window, which then mostly verifies tokens in
-  batched decoder passes, and the last, partial window is encoded with a trimmed
-  context (as batch transcription does), so the work left once the end is known is
-  small.
-
-Events (:class:`DictationEvent`, passed to ``on_event`` on a worker thread, or put on
-``session.events``, a ``queue.Queue``):
-
-- ``level``: ``level`` = RMS of the latest chunk (for a meter);
-- ``speech_start`` / ``speech_end``: VAD boundaries, ``time`` in seconds into the take;
-- ``partial``: ``text`` = current guess for the not-yet-final rest of the utterance
-  (replaces the previous partial);
-- ``final``: ``text`` = newly committed text, to append (the partial is then empty);
-- ``error``: ``text`` = one-sentence message; transcription stops;
-- ``done``: both workers have stopped; ``text`` = the whole take's text.
+Design notes, measurements and history: docs/engine-notes.md (stream.py).
 """
 
 from __future__ import annotations

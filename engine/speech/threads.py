@@ -9,11 +9,7 @@ from 14 ms to 110-200 ms in long phases, and a 12-s clip took 10-12 s instead of
 (encoder), so one thread loses little when the machine is idle (tiny.en encoder window
 0.57 -> 0.84 s, decoder step 11 -> 13 ms) and avoids the stalls.
 
-The thread count is a process-wide OpenBLAS setting: :func:`blas_threads` sets it while at
-least one user is inside and restores the previous value after the last one leaves, so
-other MLX work in the process (a chat model) runs single-threaded while speech work is
-running. The thread count also changes the last bits of results (the work is split
-differently), so batch and streaming transcription use the same setting.
+Design notes, measurements and history: docs/engine-notes.md (threads.py).
 """
 
 from __future__ import annotations

@@ -224,7 +224,3 @@ class Whisper(nn.Module):
         self.dims = dims
         self.encoder = AudioEncoder(dims)
         self.decoder = TextDecoder(dims)
-
-    @property
-    def is_multilingual(self) -> bool:
-        return self.dims.n_vocab >= 51865

@@ -7,13 +7,7 @@ draft model's compiled greedy step ``k`` times as one lazy chain, then cuts the 
 the draft model's top probability falls below ``min_prob`` (a guess it is unsure of will
 most likely be rejected, and each rejected row still costs verification work).
 
-With a checkpoint store (``use_store``; the speculator opens one under the draft model's own
-fingerprint) the draft KV is checkpointed with the session's: ``release`` saves exactly the
-tokens the target committed (the cache cut back past rejected drafts) when the session's
-turn is checkpointed, and the longest stored prefix of a request's prompt is restored at its
-first draft (e.g. in a fresh process), so the draft model does not re-read the restored context.
-A corrupt file is discarded with the store's warning, a missing one logs a warning; either
-way the draft model re-prefills and the output does not change.
+Design notes, measurements and history: docs/engine-notes.md (draft_model.py).
 """
 
 from __future__ import annotations

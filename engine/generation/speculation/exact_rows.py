@@ -4,44 +4,27 @@ Greedy speculation is only identical to plain decoding if the target's logits fo
 position are the ones plain decoding would have produced there. On the CPU kernels that takes
 two things (checked bit for bit in tests/test_speculation_kernels.py):
 
-* Linears: the int8-activation matmul quantizes and accumulates each row on its own for
-  M < ``kernel_rows()`` rows; at more rows it switches to a float GEMM with other rounding.
-  So a verify forward stays below that many rows (``max_verify_rows``).
-* Attention: one query attending over L keys and L queries attending causally take different
-  paths in MLX (and in engine.kernels.attention), and the int8 quantization of the next layer's
-  input turns their last-bit differences into logit differences of ~0.5. Inside
-  ``step_shaped()`` a verify forward's full-attention layers instead attend the way the
-  compiled decode step does -- each query alone, over the cache's whole buffer with the step's
-  key-validity mask -- which gives the step's bits. A single multi-row call cannot: the fused
-  kernel's last key block has another length per row, and its vector and scalar exp paths
-  round differently (measured: up to ~4e-9 per attention output, enough after int8 rounding).
-  One call per row reads the buffer in place; the previous batch-of-L-rows form had to copy
-  K/V L times (the kernel takes contiguous K/V), which cost ~2x the attention at 3k tokens.
-
-Sliding-window layers (Gemma) and quantized KV caches keep the multi-row attention: their
-rows match the step to float rounding, not bit for bit.
+Design notes, measurements and history: docs/engine-notes.md (exact_rows.py).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from engine import kernels, mlx_patches
 from engine.generation.kv_cache import StaticKVCache
 
 import mlx.core as mx
 
-_MODULES = ("llama", "qwen2", "gemma3_text")  # mlx_lm model modules that import the attention by name
 _local = threading.local()
 _lock = threading.Lock()
 
 
 def kernel_rows() -> int:
     """Rows at which the CPU kernels' quantized matmul leaves the per-row int8 path."""
-    return max(2, int(os.environ.get("MLXTERM_QMM_DENSE_M", "16")))
+    return max(2, kernels.dense_rows())
 
 
 def max_verify_rows() -> int:
@@ -73,12 +56,9 @@ def _step_attention(inner):
 @contextmanager
 def step_shaped() -> Iterator[None]:
     """Within this block, forwards on this thread attend row by row as the decode step does."""
-    mods = [importlib.import_module(f"mlx_lm.models.{name}") for name in _MODULES]
     with _lock:
-        for mod in mods:
-            # wrap whatever is installed now (engine.kernels.attention re-installs on load)
-            if not hasattr(mod.scaled_dot_product_attention, "_step_inner"):
-                mod.scaled_dot_product_attention = _step_attention(mod.scaled_dot_product_attention)
+        # wrap whatever is installed now (engine.kernels.attention re-installs on load)
+        mlx_patches.wrap_attention(_step_attention, lambda f: hasattr(f, "_step_inner"))
     prev, prev_masks = getattr(_local, "on", False), getattr(_local, "masks", None)
     _local.on, _local.masks = True, {}
     try:

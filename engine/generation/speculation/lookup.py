@@ -10,12 +10,7 @@ follow it, and looks up n-grams again only when they part: code repeats near-ide
 blocks, and the latest occurrence of a short n-gram is often the block just written rather
 than the one being copied.
 
-An agent copies file text into a tool call as a JSON string (``"old_text": "def f():\\n
-return \\"x\\""``): escaped newlines and quotes tokenize differently from the raw file the
-model read, so the raw context rarely matches. ``LookupDrafter`` therefore keeps a second,
-read-only index over the tokens of the context's JSON-escaped text (built once per request,
-at the first miss of the main index, so replies that never miss never pay for it) and drafts
-from whichever index matches the longer n-gram.
+Design notes, measurements and history: docs/engine-notes.md (lookup.py).
 """
 
 from __future__ import annotations

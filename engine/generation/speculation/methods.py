@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from engine.checkpoints import CheckpointStore, make_fingerprint, ssd_root
 from engine.errors import ProfileError
+from engine.generation.kv_cache import make_cache
 from engine.generation.speculation.base import DraftPolicy, SpecStats, Speculation
 from engine.generation.speculation.draft_model import DraftModelDrafter
 from engine.generation.speculation.lookup import LookupDrafter, json_escaper
@@ -25,8 +27,6 @@ def _draft_store(profile, path, weight_format: str, model):
     """The draft model's checkpoint store: the profile's RAM/SSD settings, the draft model's own
     fingerprint (so its files sit in their own directory under the same SSD root; the KV tag
     "draft" keeps them apart from the same model's checkpoints as a target)."""
-    from engine.checkpoints import CheckpointStore, make_fingerprint, ssd_root
-    from engine.generation.kv_cache import make_cache
 
     cache = profile.cache
     return CheckpointStore(make_fingerprint(path, weight_format, "draft", "same"), lambda: make_cache(model),

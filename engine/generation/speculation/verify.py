@@ -8,14 +8,7 @@ the new pending token. Because each position is drawn as plain decoding would dr
 output is the plain output -- token for token under greedy decoding, and for a given seed
 at temperature > 0 (so the output distribution is exactly the model's).
 
-With a grammar constraint (engine.generation.constraints) each verified position is sampled
-under its own mask: a fork of the constraint walks the draft to produce them, and the real
-constraint advances over what was kept. Constraints without ``fork`` turn speculation off.
-
-Before each yielded token the caches are set to hold exactly the tokens yielded so far
-(``Round.keep``), so a consumer may stop, checkpoint or migrate the request between yields.
-Positions without a draft take the ordinary compiled single-token step. Each verified row
-computes the step's exact logits (``exact_rows``), so identity does not rest on near-ties.
+Design notes, measurements and history: docs/engine-notes.md (verify.py).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class FlashAttention : public mx::UnaryPrimitive {
 };
 
 // Decode-sized float / float16 scores on AVX-512 (attention_decode512.cpp, two keys per zmm; the
-// AVX2 tiles' bits): on where the CPU has it unless MLXTERM_NO_DECODE512=1; the switch is for A/B.
+// AVX2 tiles' bits): on where the CPU has it; set_decode512(false) is for A/B runs.
 bool decode512_on();
 bool set_decode512(bool on);  // returns the previous setting
 

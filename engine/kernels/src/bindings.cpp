@@ -121,6 +121,12 @@ NB_MODULE(_ext, m) {
       },
       "buf"_a, "x"_a, "pos"_a,
       "Each row's L new keys (or values) from its own position on in a (B, H, S, D) buffer, in place when MLX allows (src/kv_write.h).");
+  m.def("configure", [](const std::string& isa) { mlxterm::configure(isa); }, "isa"_a = "",
+        "The extension's settings (engine.settings), before the first kernel call: isa \"\" picks the best this CPU has, \"avx2\" or \"avxvnni\" narrow it.");
+  m.def("set_amx_min_rows", [](int rows) { return mlxterm::set_amx_min_rows(rows); }, "rows"_a,
+        "Rows from which non-exact matmuls run on AMX tiles (default 16, at least 2); returns the previous value.");
+  m.def("dense_rows", [] { return mlxterm::qmm_dense_min_rows(); },
+        "Rows at which non-exact matmuls leave the int8 row path for the many-row paths.");
   m.def("set_threads", [](int n) { mlxterm::Pool::get().set_threads(n); }, "n"_a);
   m.def("threads", [] { return mlxterm::Pool::get().threads(); });
   m.def("isa", [] { return std::string(mlxterm::isa_name(mlxterm::best_isa())); });

@@ -42,12 +42,30 @@ QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& 
   return p;
 }
 
+namespace {
+// configure()'s instruction-set request ("" = the best the CPU has) and whether best_isa()
+// has fixed the choice already.
+std::string& isa_request() {
+  static std::string want;
+  return want;
+}
+std::atomic<bool> isa_fixed{false};
+}  // namespace
+
+void configure(const std::string& isa) {
+  if (isa != "" && isa != "avx2" && isa != "avxvnni" && isa != "avx512vnni")
+    throw std::invalid_argument("[mlxterm.configure] isa must be avx2, avxvnni, avx512vnni or empty, not " + isa);
+  if (isa_fixed.load() && isa != isa_request())
+    throw std::runtime_error("[mlxterm.configure] the instruction set is fixed by the first kernel call");
+  isa_request() = isa;
+}
+
 Isa best_isa() {
   static const Isa isa = [] {
     __builtin_cpu_init();
-    // MLXTERM_KERNEL_ISA=avx2|avxvnni narrows the choice (tests run every path on one CPU).
-    const char* env = std::getenv("MLXTERM_KERNEL_ISA");
-    const std::string want = env ? env : "";
+    isa_fixed.store(true);
+    // configure(isa="avx2"|"avxvnni") narrows the choice (tests run every path on one CPU).
+    const std::string& want = isa_request();
     if (want == "avx2") return Isa::avx2;
     if (want == "avxvnni" && __builtin_cpu_supports("avxvnni")) return Isa::avxvnni;
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
@@ -236,36 +254,22 @@ void prepare_x(const QmmProblem& p, bool quantize, PreparedX& out) {
   prepare_rows(p, quantize, out, 0, p.M);
 }
 
-bool starts_on(const char* off) {
-  const char* e = std::getenv(off);
-  return !(e && e[0] == '1');
-}
-
 namespace {
 
 using Kernel = void (*)(const QmmProblem&, const XView&, int, int);
 
 std::atomic<bool>& rows512_switch() {
-  static std::atomic<bool> on{starts_on("MLXTERM_NO_ROWS512")};
+  static std::atomic<bool> on{true};
   return on;
 }
 
 std::atomic<bool>& rows512_pipe_switch() {
-  static std::atomic<bool> on{starts_on("MLXTERM_NO_ROWS512_PIPE")};
+  static std::atomic<bool> on{true};
   return on;
 }
 
-// A row-count threshold: environment variable `name` (at least `lo`) if set, else `fallback`.
-int env_rows(const char* name, int lo, int fallback) {
-  const char* env = std::getenv(name);
-  return env ? std::max(lo, std::atoi(env)) : fallback;
-}
-
-// Rows from which the row path runs on the VNNI GEMM's 16-column zmm tiles (MLXTERM_ROWS512_M).
-int rows512_min() {
-  static const int m = env_rows("MLXTERM_ROWS512_M", 2, 2);
-  return m;
-}
+// Rows from which the row path runs on the VNNI GEMM's 16-column zmm tiles.
+constexpr int kRows512Min = 2;
 
 // The AVX512-VNNI row path's columns: 2..15 rows (a batch's decode step) on the VNNI GEMM's
 // register tiles (qmm_gemm512.cpp: 16 weight rows per zmm, 8 `vpdpbusd` per activation row and
@@ -273,7 +277,7 @@ int rows512_min() {
 // bits: the GEMM runs group_rows' arithmetic per output. Why: on Sapphire Rapids a zmm
 // `vpdpbusd` does twice a ymm one's work per cycle; on Zen 4 it is double-pumped (the same).
 void int8_columns_512(const QmmProblem& p, const XView& x, int n0, int n1) {
-  if (p.M >= rows512_min() && rows512_switch().load(std::memory_order_relaxed)) gemm512::qmm_gemm(p, x, n0, n1);
+  if (p.M >= kRows512Min && rows512_switch().load(std::memory_order_relaxed)) gemm512::qmm_gemm(p, x, n0, n1);
   else avx512vnni::qmm_int8(p, x, n0, n1);
 }
 
@@ -295,10 +299,9 @@ DenseKernel pick_dense() {
   }
 }
 
-int dense_min_rows() {
-  static const int m = env_rows("MLXTERM_QMM_DENSE_M", 1, 16);
-  return m;
-}
+// Rows at which non-exact matmuls leave the int8 row path for the many-row paths.
+constexpr int kDenseMinRows = 16;
+int dense_min_rows() { return kDenseMinRows; }
 
 // The CPU has AMX-TILE and AMX-INT8 (CPUID.(7,0):EDX bits 24, 25) and Linux granted this
 // process the tile data state: since 5.16 a process must ask once (ARCH_REQ_XCOMP_PERM for
@@ -306,7 +309,7 @@ int dense_min_rows() {
 // The grant covers every thread of the process, the pool's included.
 bool amx_capable() {
   static const bool ok = [] {
-    if (best_isa() != Isa::avx512vnni) return false;  // MLXTERM_KERNEL_ISA narrows AMX away too
+    if (best_isa() != Isa::avx512vnni) return false;  // configure(isa=...) narrows AMX away too
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
     if (!(d & (1u << 24)) || !(d & (1u << 25))) return false;
@@ -317,14 +320,16 @@ bool amx_capable() {
 }
 
 std::atomic<bool>& amx_switch() {
-  static std::atomic<bool> on{starts_on("MLXTERM_NO_AMX")};
+  static std::atomic<bool> on{true};
   return on;
 }
 
-int amx_rows() {
-  static const int m = env_rows("MLXTERM_AMX_MIN_M", 2, 16);
+// Rows from which non-exact matmuls run on AMX tiles (set_amx_min_rows; the qmm bench lowers it).
+std::atomic<int>& amx_rows_setting() {
+  static std::atomic<int> m{16};
   return m;
 }
+int amx_rows() { return amx_rows_setting().load(std::memory_order_relaxed); }
 
 // The int8 many-row paths' output columns: chunks of whole 16-column panels, about four per
 // pool thread (a busy core takes fewer).
@@ -339,7 +344,7 @@ int panel_chunk(const QmmProblem& p) {
 // end of q for the slowest chunk before k starts. Each output's chunk is computed alone, so
 // the same bits as one job per problem.
 std::atomic<bool>& shared_job_switch() {
-  static std::atomic<bool> on{starts_on("MLXTERM_NO_SHARED_JOB")};
+  static std::atomic<bool> on{true};
   return on;
 }
 
@@ -396,12 +401,12 @@ void prepare_gemm512(const QmmProblem& p, PreparedX& x) {
 }
 
 std::atomic<bool>& x16_switch() {
-  static std::atomic<bool> on{!starts_on("MLXTERM_QMM_X16")};
+  static std::atomic<bool> on{false};
   return on;
 }
 
 std::atomic<bool>& vnni_gemm_switch() {
-  static std::atomic<bool> on{starts_on("MLXTERM_NO_VNNI_GEMM")};
+  static std::atomic<bool> on{true};
   return on;
 }
 
@@ -578,6 +583,7 @@ int qmm_chunk_cols(int n, int rows) {
 }
 bool amx_on() { return amx_capable() && amx_switch().load(std::memory_order_relaxed); }
 bool set_amx(bool on) { return amx_switch().exchange(on); }
+int set_amx_min_rows(int rows) { return amx_rows_setting().exchange(std::max(2, rows)); }
 bool rows512_on() { return best_isa() == Isa::avx512vnni && rows512_switch().load(std::memory_order_relaxed); }
 bool set_rows512(bool on) { return rows512_switch().exchange(on); }
 bool rows512_pipe_on() { return rows512_pipe_switch().load(std::memory_order_relaxed); }

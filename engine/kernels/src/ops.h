@@ -32,8 +32,6 @@ mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op);
 
 // Every primitive's eval_gpu: the kernels have no GPU implementation (runtime_error).
 [[noreturn]] void gpu_unsupported();
-// A path's run-time switch starts on unless its environment variable `off` is "1".
-bool starts_on(const char* off);
 
 // `a` as a row-contiguous primitive input: `a` itself when it is already evaluated and row
 // contiguous (weights, scales) or an output of this extension's primitives, else

@@ -9,34 +9,18 @@ namespace mlxterm {
 namespace {
 // How long an idle worker spins before sleeping. Measured: past ~20 us a spinning worker
 // competes with the thread that runs the ops between two matmuls (norms, RoPE, softmax).
-// MLXTERM_POOL_SPIN_US overrides it (A/B measurements).
-std::chrono::microseconds spin_time() {
-  static const auto us = [] {
-    const char* env = std::getenv("MLXTERM_POOL_SPIN_US");
-    return std::chrono::microseconds(env ? std::max(0, std::atoi(env)) : 20);
-  }();
-  return us;
-}
+constexpr std::chrono::microseconds kSpin{20};
 
-// After the spin, how long an idle worker keeps polling with sched_yield() before it sleeps
-// (MLXTERM_POOL_YIELD_US, default 500). A yield hands the core to any other runnable thread,
-// so unlike a longer spin it does not steal the core the ops between two kernels need, and
-// the next job finds the worker awake instead of paying a futex wake-up and the scheduler's
-// latency (a decode step's ~150 jobs mostly come < 500 us apart). Measured on SmolLM2 decode
-// under load ~2-3: 0 us 58-62 tok/s, 500 us 69-77 tok/s, with less CPU per token.
-std::chrono::microseconds yield_time() {
-  static const auto us = [] {
-    const char* env = std::getenv("MLXTERM_POOL_YIELD_US");
-    return std::chrono::microseconds(env ? std::max(0, std::atoi(env)) : 500);
-  }();
-  return us;
-}
+// After the spin, how long an idle worker keeps polling with sched_yield() before it sleeps.
+// A yield hands the core to any other runnable thread, so unlike a longer spin it does not
+// steal the core the ops between two kernels need, and the next job finds the worker awake
+// instead of paying a futex wake-up and the scheduler's latency (a decode step's ~150 jobs
+// mostly come < 500 us apart). Measured on SmolLM2 decode under load ~2-3: 0 us 58-62 tok/s,
+// 500 us 69-77 tok/s, with less CPU per token.
+constexpr std::chrono::microseconds kYield{500};
 
+// The CPUs this process may use (taskset narrows them; set_threads changes the pool later).
 int default_threads() {
-  if (const char* env = std::getenv("MLXTERM_KERNEL_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) return n;
-  }
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) {
     int n = CPU_COUNT(&set);
@@ -116,7 +100,7 @@ void Pool::run(int n_chunks, const std::function<void(int)>& fn) {
 
 void Pool::worker() {
   uint64_t seen = 0;
-  const auto spin = spin_time(), yield = yield_time();
+  const auto spin = kSpin, yield = kYield;
   for (;;) {
     auto t0 = std::chrono::steady_clock::now();
     uint64_t gen;

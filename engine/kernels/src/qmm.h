@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace mlxterm {
@@ -62,23 +63,23 @@ inline XView x_view(const PreparedX& x, const float* d) {
 }
 inline XView x_view(const PreparedX& x) { return x_view(x, x.d.data()); }
 
-// Whether quantized matmuls with int8 paths prepare 16-bit activations (MLXTERM_QMM_X16=1,
-// set_x16): two integer dot products per block instead of one, no activation rounding error
+// Whether quantized matmuls with int8 paths prepare 16-bit activations (set_x16,
+// off by default): two integer dot products per block instead of one, no activation rounding error
 // to speak of. The float panels and exact matmuls do not change.
 bool x16_on();
 bool set_x16(bool on);
 
 // Output columns [n0, n1) for all M rows. One function per instruction set; each output
 // element is computed by the same instruction sequence whatever the split.
-#define MLXTERM_DECLARE_ISA(ns)                                                        \
+#define QMM_DECLARE_ISA(ns)                                                        \
   namespace ns {                                                                       \
   void qmm_int8(const QmmProblem& p, const XView& x, int n0, int n1);             \
   void qmm_exact(const QmmProblem& p, const XView& x, int n0, int n1);            \
   void qmm_dense(const QmmProblem& p, float* scratch, int n0, int n1);              \
   }
-MLXTERM_DECLARE_ISA(avx2)
-MLXTERM_DECLARE_ISA(avxvnni)
-MLXTERM_DECLARE_ISA(avx512vnni)
+QMM_DECLARE_ISA(avx2)
+QMM_DECLARE_ISA(avxvnni)
+QMM_DECLARE_ISA(avx512vnni)
 
 // The many-row path on AMX-INT8 tiles (qmm_amx.cpp), output columns [n0, n1) for all M rows,
 // the row path's bits. x as prepare_x makes it, but q padded with zero rows to whole 16-row
@@ -115,29 +116,34 @@ int qmm_dense_min_rows();
 // (run_qmm, the SwiGLU and the decoder primitives cut alike; the split changes no result).
 int qmm_chunk_cols(int n, int rows);
 // AMX-INT8 usable in this process: the CPU has it, the OS granted the tile state
-// (arch_prctl), best_isa() is avx512vnni and it is switched on (MLXTERM_NO_AMX=1 or set_amx).
+// (arch_prctl), best_isa() is avx512vnni and it is switched on (set_amx).
 bool amx_on();
 // Turn the AMX path on or off at run time (A/B in one process); returns the old setting.
 // Has no effect on a machine without AMX.
 bool set_amx(bool on);
+// Rows from which AMX takes a non-exact matmul (default 16, at least 2); returns the old value.
+int set_amx_min_rows(int rows);
+// The extension's settings from Python (engine.settings), before the first kernel call: the
+// instruction set ("" = the best this CPU has; "avx2" or "avxvnni" narrow it).
+void configure(const std::string& isa);
 // Int8 matmuls of 2..15 rows (a batch's decode step, a verify) run on the AVX512-VNNI GEMM's
 // 16-column register tiles where best_isa() is avx512vnni (the same bits as the 8-column row
-// path); MLXTERM_NO_ROWS512=1 or set_rows512(false) keep them on the row path (A/B).
+// path); set_rows512(false) keeps them on the row path (A/B).
 bool rows512_on();
 // Turn it on or off at run time; returns the old setting.
 bool set_rows512(bool on);
 // The 16-column tiles decode the next weight panel between a panel's block dots (the same
-// values, so the same bits); MLXTERM_NO_ROWS512_PIPE=1 or set_rows512_pipe(false) decode each
+// values, so the same bits); set_rows512_pipe(false) decodes each
 // panel whole before its dots (A/B).
 bool rows512_pipe_on();
 bool set_rows512_pipe(bool on);
 // Non-exact matmuls of qmm_dense_min_rows() rows or more run on the AVX512-VNNI GEMM
 // (qmm_gemm512.cpp) where AMX does not take them: best_isa() is avx512vnni and it is switched
-// on (MLXTERM_NO_VNNI_GEMM=1 or set_vnni_gemm turn it off: the float panels run).
+// on (set_vnni_gemm(false) turns it off: the float panels run).
 bool vnni_gemm_on();
 // Turn the VNNI GEMM on or off at run time (A/B in one process); returns the old setting.
 bool set_vnni_gemm(bool on);
-// qmm_run_shared_x's matmuls go to the pool as one job (on unless MLXTERM_NO_SHARED_JOB=1);
+// qmm_run_shared_x's matmuls go to the pool as one job (on by default);
 // off: one job per matmul (A/B). set_shared_job returns the old setting.
 bool shared_job_on();
 bool set_shared_job(bool on);

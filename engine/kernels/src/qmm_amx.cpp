@@ -18,8 +18,8 @@
 // Built with AVX-512 besides -mamx-tile -mamx-int8 (every AMX CPU has it; ops.cpp dispatches
 // here only when best_isa() is avx512vnni) and including qmm_kernel.inc as the avx512vnni
 // build does, for its pack_group/pack_scales: the same weight bytes, scales and bias terms.
-#define MLXTERM_ISA amx
-#define MLXTERM_VNNI 2
+#define QMM_ISA amx
+#define QMM_VNNI 2
 #include "qmm_kernel.inc"
 
 namespace mlxterm {

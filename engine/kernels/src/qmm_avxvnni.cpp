@@ -1,4 +1,4 @@
 // The quantized matmul kernels for avxvnni (flags set in CMakeLists.txt).
-#define MLXTERM_ISA avxvnni
-#define MLXTERM_VNNI 1
+#define QMM_ISA avxvnni
+#define QMM_VNNI 1
 #include "qmm_kernel.inc"

@@ -17,8 +17,8 @@
 //   - at the end the bias chain over groups, + acc, as group_rows does.
 // The integer dot is exact in any order, and the float operations per output lane are the row
 // path's in the same order, so the results are identical whatever the tile, slice or chunk.
-#define MLXTERM_ISA gemm512
-#define MLXTERM_VNNI 2
+#define QMM_ISA gemm512
+#define QMM_VNNI 2
 #include "qmm_kernel.inc"
 
 namespace mlxterm {

@@ -8,7 +8,7 @@ version, so an edited/replaced GGUF or a changed converter misses and reconverts
 an older key for the same file is removed when the new one is written (one per file and mode).
 Writes are atomic (engine.atomic). A cache file that cannot be read back (truncated, corrupt,
 wrong tensors) is removed with one warning and the GGUF converted again.
-``MLXTERM_GGUF_CACHE=0`` turns the cache off (benchmarks of the conversion itself).
+``MLXTERM_GGUF_CACHE=off`` turns the cache off (benchmarks of the conversion itself).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 
 from engine.atomic import atomic_write
 from engine.paths import cache_dir
+from engine.settings import current
 
 import mlx.core as mx
 
@@ -33,7 +33,7 @@ Converted = tuple[dict[str, mx.array], dict[str, int]]  # arrays by mlx_lm name,
 
 
 def enabled() -> bool:
-    return os.environ.get("MLXTERM_GGUF_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return current().gguf_cache
 
 
 def mode(weights: str) -> str | None:

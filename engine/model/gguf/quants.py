@@ -1,22 +1,11 @@
 """Vectorised numpy decoding of ggml block formats, and lossless MLX affine triples.
 
-Block layouts (ggml-common.h; little-endian, ``d``/``m``/``dmin`` are float16):
-  Q4_0  d, qs[16]                     w = d*(q-8)     q: low nibbles = values 0..15, high = 16..31
-  Q4_1  d, m, qs[16]                  w = d*q + m
-  Q5_0  d, qh[4], qs[16]              w = d*(q-16)    bit j of qh (u32) is bit 4 of value j
-  Q5_1  d, m, qh[4], qs[16]           w = d*q + m
-  Q8_0  d, qs[32] (int8)              w = d*q
-  Q4_K  d, dmin, scales[12], qs[128]  8 sub-blocks of 32 with 6-bit scale/min:
-                                      w = (d*sc)*q - dmin*mn; each 32 bytes of qs hold two
-                                      sub-blocks (low nibbles, then high nibbles)
-  Q5_K  d, dmin, scales[12], qh[32], qs[128]   as Q4_K, bit k of qh[l] is bit 4 of
-                                      value l in sub-block k
-  Q6_K  ql[128], qh[64], scales[16] (int8), d  16 sub-blocks of 16: w = (d*sc)*(q-32)
-
 Every type whose blocks are "scale*q + bias over 32 consecutive values" maps exactly onto
 MLX's affine quantization (``mx.quantize`` with group_size 32): ``to_affine`` returns
 the packed uint32 weights with float32 scales/biases, and ``mx.dequantize`` of that triple
 reproduces ``dequantize`` bit for bit. Q6_K (groups of 16) only dequantizes.
+
+Block layouts (Q4_0 ... Q6_K, from ggml-common.h) and notes: docs/engine-notes.md (quants.py).
 """
 
 from __future__ import annotations
