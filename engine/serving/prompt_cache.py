@@ -52,6 +52,7 @@ class PromptCache:
         return found
 
     def release(self, tokens: list[int], cache: list, session_id: str | None = None) -> None:
+        _fit(cache, len(tokens))
         self.store.release(tokens, cache, session_id)
         if self.companion is not None:
             self.companion.release(tokens, session_id)
@@ -64,3 +65,17 @@ class PromptCache:
     def close(self, timeout: float | None = None) -> DurabilityReport:
         theirs = self.companion.close(timeout) if self.companion is not None else None
         return self.store.close(timeout).joined(theirs)
+
+
+def _fit(cache: list, n: int) -> None:
+    """A cancelled reply's cache may have fed a token past the last one it streamed (the step
+    after it was in flight): trim it to the ``n`` tokens the caller knows, so the checkpoint is
+    stored (the store refuses a cache longer than its tokens) and the next turn restores it."""
+    if not cache or n <= 0:
+        return
+    excess = int(cache[0].offset) - n
+    if excess <= 0:
+        return
+    if all(c.is_trimmable() and getattr(c, "_pos", None) is None for c in cache):
+        for c in cache:
+            c.trim(excess)
