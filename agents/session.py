@@ -200,6 +200,7 @@ class AgentSession:
         # a step whose calls all wrote files ends the run ("wrote"): set by run_with_repair when the
         # checks run right after each write (profile agent.test_after_write)
         self.end_on_write = False
+        self._last_written: list[str] = []  # files of the last run that ended at its write
         self._seen_calls: dict[tuple[str, str], int] = {}
         self._commands_run = 0
         self._targets: list[str] | None = None  # files the task names (set by the first run)
@@ -389,6 +390,7 @@ class AgentSession:
                     reason = "repeated"
                 elif wrote:
                     reason = "wrote"  # the step wrote the files: the checks take over
+                    self._last_written = list(dict.fromkeys(self.changed_files))
         except MlxtermError as e:
             reason, error = "error", str(e)
         except Exception as e:  # a bug must end the run with a record, not a silent stop
@@ -481,6 +483,9 @@ class AgentSession:
 
     def _generate(self, step: int, max_new: int, temperature: float | None = None) -> Iterator[AgentEvent]:
         prompt_ids = self.store.context_tokens(self.session_id)
+        opening = self._file_opening() if step == 1 else ""
+        opening_ids = self.engine.tokenizer.encode(opening) if opening else []
+        prompt_ids = prompt_ids + opening_ids
         force = step == 1 and self.engine.profile.agent.first_step_tool_call
         constraint = ToolCallConstraint(self.masks, force_call=force, max_tokens=max_new) if self.masks else None
         mask_ms0 = self.masks.mask_ms if self.masks else 0.0
@@ -502,9 +507,11 @@ class AgentSession:
             self._handle = handle = self.engine.submit(request)
             if self._cancel.is_set():
                 handle.cancel()
-        partial = PartialReply(self.store, self.session_id, handle, meta={"step": step})
+        partial = PartialReply(self.store, self.session_id, _Opened(handle, opening_ids), meta={"step": step})
         done: Done | None = None
-        guard, raw, early = LoopGuard(), "", None
+        guard, raw, early = LoopGuard(), opening, None
+        for pe in parser.feed(opening):
+            yield _event(step, pe)
         try:
             for ev in handle:
                 if isinstance(ev, EngineTextDelta):
@@ -526,6 +533,9 @@ class AgentSession:
             if done is None:
                 partial.close()
         assert done is not None
+        if opening_ids:  # the reply is the opening and what the model wrote after it
+            done = replace(done, text=opening + done.text,
+                           completion_token_ids=opening_ids + list(done.completion_token_ids))
         if early is not None and done.finish_reason == "cancelled" and not self._cancel.is_set():
             reason, note = early
             done = replace(done, finish_reason=reason)
@@ -692,6 +702,20 @@ class AgentSession:
                 out.append(name)
         return out
 
+    def _file_opening(self) -> str:
+        """In a run that ends at its write (``end_on_write``), the reply's first step opens the
+        one file to write: a path line and the fence, so it cannot answer in prose instead (the
+        1.5B did in 1 of 3 exercises) and the block's header is well-formed. The file: the one
+        the last run wrote, else the one task file; none (free reply) when that is not one file."""
+        if not self.end_on_write or self.edit_format != "whole":
+            return ""
+        files = self._last_written or self._targets or []
+        if len(files) != 1:
+            return ""
+        ext = files[0].rsplit(".", 1)[-1].lower() if "." in files[0] else ""
+        lang = next((lang for lang, exts in LANG_EXTS.items() if ext in exts and len(lang) > 2), "")
+        return f"{files[0]}\n```{lang}\n"
+
     def _infer_path(self, lang: str) -> str | None:
         """The one task file a ``lang`` fenced block can be, or None."""
         exts = LANG_EXTS.get(lang.lower(), ())
@@ -829,6 +853,10 @@ def _top_level_names(source: str) -> list[str]:
 def _pending_key(p: _Pending) -> tuple[str, str]:
     """What makes two calls the same: name and arguments (a malformed one: its error and raw text;
     the 1.5B started the protected test file 20 times in a row, each stopped at its first line)."""
+    if p.call is None and p.name in ("write_file", "edit_file"):
+        # a file block cut off (by a loop or a protected path): how far it streamed before the
+        # stop landed varies, and so does the note on the error; the file and the cause do not
+        return f"malformed:{p.name}", (p.error or "").split(" (")[0]
     if p.call is None:
         return f"malformed:{p.name}", f"{p.error}\n{p.raw}"
     return p.call.name, json.dumps(p.call.arguments, sort_keys=True, ensure_ascii=False)
@@ -850,3 +878,18 @@ def _event(step: int, pe: ParseEvent) -> AgentEvent:
         return ToolCallParsed(step, pe.call)
     assert isinstance(pe, Malformed)
     return ToolCallMalformed(step, pe.id, pe.raw, pe.error)
+
+
+class _Opened:
+    """A generation handle whose ``token_ids`` start with the reply's forced opening, so a
+    partial reply saved mid-stream holds the exact tokens that were fed."""
+
+    def __init__(self, handle, opening_ids: list[int]):
+        self._handle, self._opening = handle, opening_ids
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._opening + list(self._handle.token_ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self._handle, name)

@@ -22,6 +22,11 @@ def edit(body):
     return f"solver.py\n```python\ndef double(x):\n    return {body}\n```"
 
 
+def rest(body):
+    """A reply after the forced opening of a test-after-write step (``solver.py`` + fence)."""
+    return f"def double(x):\n    return {body}\n```"
+
+
 def make_task(tmp_path, extra=""):
     (tmp_path / "tmpl").mkdir()
     (tmp_path / "tmpl" / "solver.py").write_text("def double(x):\n    pass\n")
@@ -118,7 +123,7 @@ def test_a_round_that_changes_nothing_ends_the_repairs(tmp_path):
 
 def test_test_after_write_ends_the_turn_at_the_write_and_asks_for_the_file_again(tmp_path):
     # no "Done." replies: each write ends the run and the checks run at once
-    result, engine = run(tmp_path, [edit("x + 5"), edit("x * 2")], test_after_write=True)
+    result, engine = run(tmp_path, [rest("x + 5"), rest("x * 2")], test_after_write=True)
     assert result["status"] == "passed" and result["first_try"]["status"] == "failed"
     assert result["stop_reason"] == "wrote" and len(engine.requests) == 2
     assert result["repair_rounds"][0]["stop_reason"] == "wrote"
@@ -130,7 +135,7 @@ def test_test_after_write_ends_the_turn_at_the_write_and_asks_for_the_file_again
 
 
 def test_test_after_write_says_when_the_file_did_not_change(tmp_path):
-    result, engine = run(tmp_path, [edit("x + 5"), edit("x + 5"), edit("x * 2")], test_after_write=True)
+    result, engine = run(tmp_path, [rest("x + 5"), rest("x + 5"), edit("x * 2")], test_after_write=True)
     assert result["status"] == "passed" and len(engine.requests) == 3
     text = engine.tokenizer.decode(engine.requests[2].prompt_ids)
     assert "content unchanged. This is the same code that failed the checks" in text
@@ -146,7 +151,7 @@ def test_without_a_test_command_a_write_does_not_end_the_turn(tmp_path):
 
 
 def test_candidates_follow_a_run_that_ended_at_its_write(tmp_path):
-    replies = [edit("x + 5"), edit("x + 3"), edit("2 * x")]
+    replies = [rest("x + 5"), edit("x + 3"), edit("2 * x")]
     result, engine = run(tmp_path, replies, candidates=2, test_after_write=True)
     assert result["status"] == "passed" and result["first_try"]["status"] == "failed"
     assert result["repair_rounds"][0]["candidates"]["chosen"] == 1 and len(engine.requests) == 3
@@ -156,7 +161,18 @@ def test_candidates_follow_a_run_that_ended_at_its_write(tmp_path):
 
 
 def test_a_refused_test_file_beside_the_solution_still_ends_the_run_at_the_write(tmp_path):
-    both = edit("x * 2") + "\n\nsolver_test.py\n```python\nimport solver\nassert solver.double(1) == 2\n```"
+    both = rest("x * 2") + "\n\nsolver_test.py\n```python\nimport solver\nassert solver.double(1) == 2\n```"
     result, engine = run(tmp_path, [both], extra="protected: [solver_test.py]\n", test_after_write=True)
     assert result["status"] == "passed" and result["stop_reason"] == "wrote" and len(engine.requests) == 1
     assert not (tmp_path / "run" / "workspace" / "solver_test.py").exists()
+
+
+def test_a_test_after_write_step_opens_the_file_and_the_context_keeps_its_exact_tokens(tmp_path):
+    result, engine = run(tmp_path, [rest("x + 5"), rest("x * 2")], test_after_write=True)
+    assert result["status"] == "passed"
+    tok = engine.tokenizer
+    first, second = engine.requests[0].prompt_ids, engine.requests[1].prompt_ids
+    assert tok.decode(first).endswith("solver.py\n```python\n")  # the opening is fed, not generated
+    assert second[: len(first)] == first  # the stored reply is the opening + the generated tokens
+    assert tok.decode(second).endswith("solver.py\n```python\n")  # the repair round opens the written file
+    assert (tmp_path / "run" / "workspace" / "solver.py").read_text() == "def double(x):\n    return x * 2\n"
