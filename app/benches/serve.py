@@ -19,8 +19,8 @@ tokens of all requests / wall time from the start to the last reply's end; ``ttf
 
 Follow-up turn: a client sends a --conversation-tokens conversation (16 reply tokens), another
 client then sends its own prompt (a quarter as long) on the same slot (llama.cpp: ``id_slot``
-0 for both), then the first client sends the conversation again with ~32 new tokens and the
-time to its first token is measured. The follow-up repeats the conversation's tokens but not
+0 for both), then the first client sends the conversation again with a short new message (at
+most 32 tokens) and the time to its first token is measured. The follow-up repeats the conversation's tokens but not
 the 16 reply tokens (neither server streams the reply's token ids the same way); what each
 server reused is reported (mlxterm: ``usage.prompt_tokens_details.cached_tokens``, llama.cpp:
 ``timings.cache_n``).
