@@ -192,6 +192,18 @@ def test_tool_call_in_openai_shape(client):
     assert follow.usage.prompt_tokens > r.usage.prompt_tokens
 
 
+def test_tools_with_any_parameter_types(client):
+    """Number, object, untyped and type-list properties: offered in the prompt and answered
+    (decoded unconstrained, arguments taken as the model writes them), never a 500."""
+    search = {"type": "function", "function": {"name": "search", "description": "search the web", "parameters": {
+        "type": "object", "required": ["query"], "properties": {
+            "query": {"description": "anything"}, "ratio": {"type": "number"},
+            "filters": {"type": "object"}, "limit": {"type": ["integer", "null"]}}}}}
+    r = _chat(client, "find cats", tools=[search, WEATHER], max_tokens=12)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert r.usage.prompt_tokens > _chat(client, "find cats", max_tokens=1).usage.prompt_tokens  # tools offered
+
+
 def test_disconnect_cancels_the_request(server):
     before = server.wait_idle()
     body = {"model": "tiny", "stream": True, "max_tokens": CONTEXT, "ignore_eos": True,

@@ -97,3 +97,33 @@ def test_remote_profile_validation(tmp_path):
         with pytest.raises(ProfileValidationError) as info:
             load_profile(str(path))
         assert message in "\n".join(info.value.problems), name
+
+
+def test_doctor_checks_a_remote_profiles_server(server, tmp_path, capsys, monkeypatch, tiny_profile):
+    from app.cli import main
+    from app.commands import doctor
+
+    monkeypatch.setenv("REMOTE_TEST_KEY", "k3y")
+    prof = _remote_profile(tmp_path / "far.yaml", server.base_url, api_key_env="REMOTE_TEST_KEY")
+    assert main(["doctor", "--profile", prof, "--json"]) == 0
+    fact = json.loads(capsys.readouterr().out)["remote"]
+    assert fact["ok"] and fact["models"] == ["tiny"] and fact["model_listed"]
+    assert fact["detail"] == f"{server.base_url} answers; serves tiny"
+    other = doctor.remote(_remote_profile(tmp_path / "other.yaml", server.base_url, model="big",
+                                          api_key_env="REMOTE_TEST_KEY"))
+    assert other["ok"] and not other["model_listed"] and "lists tiny, not big" in other["detail"]
+    monkeypatch.setenv("REMOTE_TEST_KEY", "wrong")
+    refused = doctor.remote(prof)
+    assert not refused["ok"] and "401" in refused["detail"]
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = doctor.remote(_remote_profile(tmp_path / "down.yaml", f"http://127.0.0.1:{port}/v1"))
+    assert not down["ok"] and "connection refused" in down["detail"]
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        mute = doctor.remote(_remote_profile(tmp_path / "mute.yaml", url), timeout=0.5)
+    assert not mute["ok"] and mute["detail"] == f"{url}: no answer within 0.5 s"
+    local = doctor.remote(str(tiny_profile))
+    assert local["ok"] and "runs its model here" in local["detail"]
+    assert not doctor.remote(str(tmp_path / "missing.yaml"))["ok"]

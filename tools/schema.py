@@ -4,6 +4,11 @@ Supported: a top-level ``{"type": "object", "properties": ..., "required": [...]
 "additionalProperties": false}`` whose properties have ``type`` string / integer / boolean /
 array (with ``items``), plus ``enum``, ``minimum``, ``maximum``, ``default`` and
 ``description``. Keeping to this subset keeps the schemas readable by small chat templates.
+
+Schemas written elsewhere (the tools a client offers ``mlxterm serve``) go through
+``signature`` and ``validate_args`` as well, so those two accept any property: a ``type`` of
+number, object or null, a list of types, an array without ``items``, or no ``type`` at all
+(any value). They check what such a property states and let the rest through.
 """
 
 from __future__ import annotations
@@ -43,11 +48,11 @@ def check_schema(name: str, schema: dict[str, Any]) -> None:
 
 def signature(name: str, schema: dict[str, Any]) -> str:
     """A one-line shape such as ``bash(command: string, timeout_s?: integer 1..600 = 30)``."""
-    required = set(schema.get("required", []))
+    required = set(_required(schema))
     parts = []
-    for key, prop in schema.get("properties", {}).items():
+    for key, prop in _properties(schema).items():
         kind = _type_name(prop)
-        if "enum" in prop:
+        if isinstance(prop.get("enum"), list):
             kind = " | ".join(json.dumps(v) for v in prop["enum"])
         if "minimum" in prop or "maximum" in prop:
             kind += f" {prop.get('minimum', '')}..{prop.get('maximum', '')}"
@@ -55,6 +60,19 @@ def signature(name: str, schema: dict[str, Any]) -> str:
             kind += f" = {json.dumps(prop['default'])}"
         parts.append(f"{key}{'' if key in required else '?'}: {kind}")
     return f"{name}({', '.join(parts)})"
+
+
+def _properties(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``properties``, each a dict (a property given as ``true`` or junk allows any value)."""
+    props = schema.get("properties")
+    if not isinstance(props, dict):
+        return {}
+    return {k: p if isinstance(p, dict) else {} for k, p in props.items()}
+
+
+def _required(schema: dict[str, Any]) -> list[str]:
+    req = schema.get("required")
+    return [k for k in req if isinstance(k, str)] if isinstance(req, list) else []
 
 
 def validate_args(name: str, schema: dict[str, Any], args: Any) -> dict[str, Any]:
@@ -68,11 +86,11 @@ def validate_args(name: str, schema: dict[str, Any], args: Any) -> dict[str, Any
         args = {}
     if not isinstance(args, dict):
         raise ArgumentError(f"{name}: arguments must be a JSON object, got {_json_type(args)}; expected {shape}")
-    props = schema.get("properties", {})
+    props = _properties(schema)
     unknown = [k for k in args if k not in props]
     if unknown:
         raise ArgumentError(f"{name}: unknown argument {unknown[0]!r}; expected {shape}")
-    for key in schema.get("required", []):
+    for key in _required(schema):
         if key not in args or args[key] is None:
             raise ArgumentError(f"{name}: missing required argument {key!r}; expected {shape}")
     out: dict[str, Any] = {}
@@ -92,9 +110,11 @@ def _check_value(name: str, key: str, prop: dict[str, Any], value: Any, shape: s
             f"{name}: argument {key!r} must be {_type_name(prop)}, got {_json_type(value)} "
             f"{_preview(value)}; expected {shape}"
         )
-    if "enum" in prop and value not in prop["enum"]:
+    if isinstance(prop.get("enum"), list) and value not in prop["enum"]:
         allowed = ", ".join(json.dumps(v) for v in prop["enum"])
         raise ArgumentError(f"{name}: argument {key!r} must be one of {allowed}, got {_preview(value)}")
+    if not (_is_number(value) and all(_is_number(prop.get(k, 0)) for k in ("minimum", "maximum"))):
+        return value
     if "minimum" in prop and value < prop["minimum"]:
         raise ArgumentError(f"{name}: argument {key!r} must be >= {prop['minimum']}, got {value}")
     if "maximum" in prop and value > prop["maximum"]:
@@ -102,29 +122,63 @@ def _check_value(name: str, key: str, prop: dict[str, Any], value: Any, shape: s
     return value
 
 
+def _kinds(prop: Any) -> list[str] | None:
+    """The JSON types a property allows; None when it does not say (any value)."""
+    kind = prop.get("type") if isinstance(prop, dict) else None
+    if isinstance(kind, str):
+        return [kind]
+    if isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind):
+        return kind
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _coerce(prop: dict[str, Any], value: Any) -> Any:
-    if prop["type"] == "integer" and isinstance(value, float) and value.is_integer():
+    kinds = _kinds(prop) or []
+    if "integer" in kinds and "number" not in kinds and isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 
 
-def _is_type(prop: dict[str, Any], value: Any) -> bool:
-    kind = prop["type"]
+def _is_type(prop: Any, value: Any) -> bool:
+    kinds = _kinds(prop)
+    return kinds is None or any(_is_kind(kind, prop, value) for kind in kinds)
+
+
+def _is_kind(kind: str, prop: dict[str, Any], value: Any) -> bool:
     if kind == "string":
         return isinstance(value, str)
     if kind == "boolean":
         return isinstance(value, bool)
     if kind == "integer":  # bool is an int subclass in Python but not in JSON
         return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return _is_number(value)
+    if kind == "object":
+        return isinstance(value, dict)
+    if kind == "null":
+        return value is None
     if kind == "array":
-        return isinstance(value, list) and all(_is_type(prop["items"], v) for v in value)
-    return False
+        items = prop.get("items")
+        return isinstance(value, list) and (not isinstance(items, dict) or all(_is_type(items, v) for v in value))
+    return True  # a type keyword this subset does not know: not ours to reject
 
 
-def _type_name(prop: dict[str, Any]) -> str:
-    if prop["type"] == "array":
-        return f"array of {prop['items']['type']}"
-    return prop["type"]
+def _type_name(prop: Any) -> str:
+    kinds = _kinds(prop)
+    if kinds is None:
+        return "any"
+    names = []
+    for kind in kinds:
+        items = prop.get("items")
+        if kind == "array" and isinstance(items, dict):
+            names.append(f"array of {_type_name(items)}")
+        else:
+            names.append(kind)
+    return " | ".join(names)
 
 
 def _json_type(value: Any) -> str:

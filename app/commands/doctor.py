@@ -3,7 +3,9 @@
 The engine's environment settings (engine/settings.py, docs/settings.md), the agent sandbox
 (bubblewrap / Seatbelt, or why not), the BLAS the CPU backend uses, the compiled kernels
 extension, huge pages for the heap (engine/hugepages.py), espeak-ng (speech tests and voices)
-and the microphone (PortAudio and an input device). Every probe is guarded: a missing piece is reported, never
+and the microphone (PortAudio and an input device); with ``--profile P`` also the profile's
+model server when P is a remote profile (``GET /v1/models`` within a few seconds). Every probe
+is guarded: a missing piece is reported, never
 raised. ``--json`` prints the same facts as one object. Exit code 0 (facts, not a verdict).
 """
 
@@ -19,11 +21,14 @@ from typing import Any
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="report the settings, sandbox, BLAS, kernels, huge pages, espeak and microphone status")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--profile", metavar="NAME|PATH", help="also check this profile's remote model server")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     facts = collect()
+    if getattr(args, "profile", None):
+        facts["remote"] = remote(args.profile)
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0
@@ -126,3 +131,35 @@ def microphone() -> dict[str, Any]:
     except Exception as e:  # never let a sound-stack problem hide the rest of the report
         return {"ok": False, "portaudio": False, "detail": f"cannot probe: {type(e).__name__}: {e}"}
     return {"ok": True, "portaudio": True, "detail": f"input device: {name}"}
+
+
+REMOTE_PROBE_S = 5.0
+
+
+def remote(profile_name: str, timeout: float = REMOTE_PROBE_S) -> dict[str, Any]:
+    """Whether a remote profile's server answers ``GET /models`` within ``timeout`` seconds and
+    lists the profile's model (a one-model server, such as llama.cpp's, may list another name
+    and still answer to any)."""
+    from engine.errors import MlxtermError
+    from engine.profiles import load_profile
+    from engine.serving.remote import RemoteChat
+
+    try:
+        profile = load_profile(profile_name)
+    except MlxtermError as e:
+        return {"ok": False, "base_url": None, "detail": str(e)}
+    spec = profile.model.remote
+    if spec is None:
+        return {"ok": True, "base_url": None, "detail": f"profile {profile.name} runs its model here "
+                "(no server to check)"}
+    try:
+        ids = RemoteChat(profile).models(timeout=timeout)
+    except MlxtermError as e:
+        return {"ok": False, "base_url": spec.base_url, "detail": str(e)}
+    except Exception as e:  # a probe never crashes the report
+        return {"ok": False, "base_url": spec.base_url, "detail": f"cannot probe: {type(e).__name__}: {e}"}
+    served = spec.model in ids
+    listed = ", ".join(str(i) for i in ids[:5]) or "none"
+    detail = f"{spec.base_url} answers; serves {spec.model}" if served else (
+        f"{spec.base_url} answers, but lists {listed}, not {spec.model}")
+    return {"ok": True, "base_url": spec.base_url, "models": ids, "model_listed": served, "detail": detail}

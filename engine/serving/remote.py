@@ -58,9 +58,10 @@ class RemoteChat:
         return base.with_overrides(**overrides)
 
     # -- requests ------------------------------------------------------------------------------
-    def models(self) -> list[str]:
-        """The server's model ids (``GET /models``); raises MlxtermError when it cannot answer."""
-        conn = self._conn()
+    def models(self, timeout: float | None = None) -> list[str]:
+        """The server's model ids (``GET /models``); raises MlxtermError when it cannot answer
+        (within ``timeout`` seconds when given, else model.remote.timeout_s)."""
+        conn = self._conn(timeout)
         try:
             conn.request("GET", f"{self._path}/models", headers=self._headers())
             resp = conn.getresponse()
@@ -69,7 +70,9 @@ class RemoteChat:
                 raise MlxtermError(f"{self.remote.base_url}: {_error_line(resp.status, body)}")
             return [m.get("id") for m in json.loads(body).get("data", [])]
         except (OSError, http.client.HTTPException, ValueError) as e:
-            raise MlxtermError(f"{self.remote.base_url}: {_reason(e)}") from None
+            why = (f"no answer within {timeout:g} s" if timeout is not None
+                   and isinstance(e, socket.timeout | TimeoutError) else _reason(e))
+            raise MlxtermError(f"{self.remote.base_url}: {why}") from None
         finally:
             conn.close()
 
@@ -145,9 +148,9 @@ class RemoteChat:
             ),
         )
 
-    def _conn(self) -> http.client.HTTPConnection:
+    def _conn(self, timeout: float | None = None) -> http.client.HTTPConnection:
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=self.remote.timeout_s)
+        return cls(self._host, self._port, timeout=self.remote.timeout_s if timeout is None else timeout)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
