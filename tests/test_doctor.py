@@ -61,11 +61,11 @@ def test_kernels_probe_is_guarded(monkeypatch):
     assert not doctor.kernels()["ok"]
 
 
-def test_doctor_says_kernels_are_off_when_mlxterm_no_kernels_is_set():
-    """A module that imports is not a kernel that runs: with MLXTERM_NO_KERNELS=1 the engine
+def test_doctor_says_kernels_are_off_when_mlxterm_kernels_is_off():
+    """A module that imports is not a kernel that runs: with MLXTERM_KERNELS=off the engine
     uses MLX's own ops, and doctor says so."""
-    off = _doctor(MLXTERM_NO_KERNELS="1")["kernels"]
-    assert off == {"ok": False, "detail": "not used: disabled by MLXTERM_NO_KERNELS"}
+    off = _doctor(MLXTERM_KERNELS="off")["kernels"]
+    assert off == {"ok": False, "detail": "not used: turned off by MLXTERM_KERNELS=off"}
 
 
 def test_espeak_and_microphone_probes(monkeypatch):
