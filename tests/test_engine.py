@@ -18,6 +18,17 @@ def tiny_engine(tmp_path_factory, tiny_llama_dir):
     eng.close()
 
 
+@pytest.fixture(scope="module")
+def long_engine(tmp_path_factory, tiny_llama_dir):
+    """The tiny model with a context no test reply reaches (a budget is cut to the context)."""
+    from tests.tiny_models import write_profile
+
+    path = tmp_path_factory.mktemp("p") / "long.yaml"
+    eng = Engine.load(str(write_profile(path, tiny_llama_dir, context={"max_context": 1 << 20})))
+    yield eng
+    eng.close()
+
+
 def _chat(eng, text, **kw):
     return eng.chat_prompt([{"role": "user", "content": text}])
 
@@ -57,11 +68,11 @@ def _until(cond, timeout: float = 30.0) -> None:
 
 
 @pytest.mark.parametrize("lane", ["serial", "batched"])
-def test_cancel_stops_within_a_token(tiny_engine, lane):
+def test_cancel_stops_within_a_token(long_engine, lane):
     """A reply that cannot end by itself (EOS ignored, a budget it never reaches) ends by the
     cancel, with at most one token after ``cancel()`` returns (two in the batched lane, whose
     next step is already launched while one streams)."""
-    eng = tiny_engine
+    eng = long_engine
     params = eng.sampling(max_tokens=1_000_000, temperature=1.0, seed=1, ignore_eos=True)
     running = []
     try:
