@@ -375,7 +375,9 @@ def profile_to_dict(profile: Profile, sizes_as_text: bool = False) -> dict[str, 
     The result loads back as an equivalent profile. ``sizes_as_text`` writes byte counts
     as ``2GiB`` where exact (for people); otherwise they stay integers (for programs).
     """
-    out: dict[str, Any] = {"name": profile.name, "description": profile.description}
+    out: dict[str, Any] = {"name": profile.name}
+    if profile.description:  # an empty one is absent (a present one must not be empty)
+        out["description"] = profile.description
     for section in SECTIONS:
         values = {}
         for f in dataclasses.fields(getattr(profile, section)):

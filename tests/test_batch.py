@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 from engine.runtime import Engine, GenerationRequest, Priority
 from engine.serving.events import Done, Queued, TextDelta
@@ -76,6 +75,23 @@ class GateAfter:
         if self.n == 0:
             self.reached.set()
             self.release.wait(60)
+
+
+class OnToken:
+    """``inner``'s constraint that calls ``fn`` on the engine thread at its first token: the
+    test acts at a known point of the run, not after a race with the engine."""
+
+    def __init__(self, inner, fn):
+        self.inner, self.fn = inner, fn
+
+    def allowed(self):
+        return self.inner.allowed()
+
+    def advance(self, token: int) -> None:
+        self.inner.advance(token)
+        if self.fn is not None:
+            self.fn, fn = None, self.fn
+            fn()
 
 
 def _prompt(eng, text: str) -> list[int]:
@@ -650,7 +666,12 @@ def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, e
     )
     try:
         s = spec_eng.sampling
-        blocker = dict(prompt=_prompt(spec_eng, "blocker"), params=s(max_tokens=24), no_eos=True)
+        # The blocker holds the engine thread at its first token (serial lane) while the tail
+        # and short rows are submitted, so both arrive while it decodes; it cannot end by
+        # itself (no EOS, a budget it does not reach first): the short row cancels it at its
+        # own first token, when the tail is batched; then the short row leaves and the tail
+        # decodes alone. Every step is a token boundary, none a race with the engine thread.
+        blocker = dict(prompt=_prompt(spec_eng, "blocker"), params=s(max_tokens=400), no_eos=True)
         short = dict(prompt=_prompt(spec_eng, "short one"), params=s(max_tokens=4), no_eos=True)
         tails = [
             dict(
@@ -669,22 +690,39 @@ def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, e
         ]  # no constraint: speculation needs one that can fork
         for tail in tails:
             ref = _solo(solo, tail)
-            first = spec_eng.submit(_request(spec_eng, blocker))
-            while not first.token_ids:  # the blocker decodes in the serial lane...
-                time.sleep(0.001)
-            # ...so the tail row cannot start alone: it joins the batch (the blocker migrates)
-            handles = [
-                spec_eng.submit(_request(spec_eng, tail)),
-                spec_eng.submit(_request(spec_eng, short)),
-            ]
+            gate = GateAfter(NoEos(spec_eng), 1)
+            first = spec_eng.submit(
+                GenerationRequest(
+                    list(blocker["prompt"]), blocker["params"], constraint=gate, split_reasoning=False
+                )
+            )
+            try:
+                assert gate.reached.wait(60)
+                handles = [
+                    spec_eng.submit(_request(spec_eng, tail)),
+                    spec_eng.submit(
+                        GenerationRequest(
+                            list(short["prompt"]),
+                            short["params"],
+                            constraint=OnToken(NoEos(spec_eng), first.cancel),
+                            split_reasoning=False,
+                        )
+                    ),
+                ]
+            finally:
+                gate.release.set()
             done = handles[0].result(60)
             assert done.completion_token_ids == ref.completion_token_ids
             assert done.text == ref.text
-            assert done.lane == "batched" and done.batch_max >= 2
+            assert done.lane == "batched" and done.batch_max == 3  # with the blocker
             # Speculation only exists in the serial lane: rounds mean the row went back there.
             assert done.speculation is not None and done.speculation["rounds"] > 0, done.speculation
+            stopped = first.result(60)
+            n = len(stopped.completion_token_ids)
+            assert stopped.finish_reason == "cancelled" and stopped.batch_max == 3, stopped
             assert (
-                first.result(60).completion_token_ids == _solo(solo, blocker).completion_token_ids
+                stopped.completion_token_ids
+                == _solo(solo, dict(blocker, params=s(max_tokens=n))).completion_token_ids
             )
             assert (
                 handles[1].result(60).completion_token_ids

@@ -1,6 +1,5 @@
 """The Engine facade on a tiny random model: events, cancellation, stops, reuse, async."""
 
-import threading
 import time
 
 from engine.runtime import Engine, GenerationRequest
@@ -15,6 +14,17 @@ def tiny_engine(tmp_path_factory, tiny_llama_dir):
 
     profile = write_profile(tmp_path_factory.mktemp("p") / "tiny.yaml", tiny_llama_dir)
     eng = Engine.load(str(profile))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def long_engine(tmp_path_factory, tiny_llama_dir):
+    """The tiny model with a context no test reply reaches (a budget is cut to the context)."""
+    from tests.tiny_models import write_profile
+
+    path = tmp_path_factory.mktemp("p") / "long.yaml"
+    eng = Engine.load(str(write_profile(path, tiny_llama_dir, context={"max_context": 1 << 20})))
     yield eng
     eng.close()
 
@@ -50,25 +60,42 @@ def test_same_seed_same_text(tiny_engine):
     assert a.completion_token_ids == b.completion_token_ids
 
 
-def test_cancel_stops_within_a_token(tiny_engine):
-    ids = _chat(tiny_engine, "long one")
-    # A budget far beyond what the tiny model decodes while this thread is starved on a loaded
-    # machine, so the run can only end by the cancel (400 ran out once at load 6).
-    params = tiny_engine.sampling(max_tokens=3500, temperature=1.0, seed=1)
-    handle = tiny_engine.submit(GenerationRequest(ids, params, split_reasoning=False))
-    seen = 0
-    for ev in handle:
-        if isinstance(ev, TextDelta):
-            seen += 1
-            if seen == 3:
-                t_cancel = time.perf_counter()
-                threading.Thread(target=handle.cancel).start()
-        if isinstance(ev, Done):
-            done = ev
-    assert done.finish_reason == "cancelled"
-    assert 3 <= done.usage.completion_tokens < 3500
+def _until(cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("lane", ["serial", "batched"])
+def test_cancel_stops_within_a_token(long_engine, lane):
+    """A reply that cannot end by itself (EOS ignored, a budget it never reaches) ends by the
+    cancel, with at most one token after ``cancel()`` returns (two in the batched lane, whose
+    next step is already launched while one streams)."""
+    eng = long_engine
+    params = eng.sampling(max_tokens=1_000_000, temperature=1.0, seed=1, ignore_eos=True)
+    running = []
+    try:
+        if lane == "batched":  # a running row: the reply joins it in the batch
+            running.append(eng.submit(GenerationRequest(_chat(eng, "beside"), params)))
+            _until(lambda: running[0].token_ids)
+        handle = eng.submit(GenerationRequest(_chat(eng, "long one"), params, split_reasoning=False))
+        running.append(handle)
+        _until(lambda: len(handle.token_ids) >= 3)
+        handle.cancel()
+        at_cancel = len(handle.token_ids)
+        done = handle.result(10)
+    finally:  # nothing left decoding in the shared engine, whatever failed
+        for h in running:
+            h.cancel()
+            assert h.result(10).finish_reason == "cancelled"
+    assert done.finish_reason == "cancelled" and done.lane == lane
+    # Serial: the cancel is read before each token is accepted, so at most the one being
+    # accepted follows it. Batched: the step being streamed and the one launched after it.
+    after = done.usage.completion_tokens - at_cancel
+    assert after <= {"serial": 1, "batched": 2}[lane], (at_cancel, done.usage.completion_tokens)
     assert done.text  # the partial reply is kept
-    assert time.perf_counter() - t_cancel < 5
+    assert done.text == "".join(e.text for e in handle if isinstance(e, TextDelta))
 
 
 def test_stop_string_ends_generation(tiny_engine):

@@ -165,6 +165,13 @@ def test_profile_to_dict_round_trips(tmp_path):
     assert json.loads(json.dumps(profile_to_dict(original)))["cache"]["ram_bytes"] == 2 * 1024**3
 
 
+def test_profile_without_description_round_trips(tmp_path):
+    bare = load_profile(str(write(tmp_path, "model: {source: smollm2-135m}\n")))
+    assert bare.description == ""
+    again = parse_profile(yaml.safe_dump(profile_to_dict(bare)), tmp_path / "again.yaml")
+    assert profile_to_dict(again) == profile_to_dict(bare)
+
+
 def test_user_profile_overrides_shipped_by_name():
     user = paths.config_dir() / "profiles"
     user.mkdir(parents=True)

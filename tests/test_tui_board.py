@@ -269,8 +269,17 @@ def test_board_snapshot(snap_compare):
     _snapshot_board(app.board.board)
 
     async def ready(pilot):
-        await open_board(pilot)
-        await pilot.pause(0.3)
+        screen = await open_board(pilot)
+        # on_mount ends by starting the dispatcher (nothing queued: it stays idle); by then
+        # every card is drawn and no redraw is pending
+        await wait_for(
+            pilot,
+            lambda: app.board.dispatcher is not None
+            and len(screen.query(BoardCard)) == 5
+            and not screen._refresh_pending,
+            what="the board drawn",
+        )
+        await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=ready)
 

@@ -1,0 +1,164 @@
+"""The benches' ``run()`` on tiny random models at their smallest sizes (a few seconds each):
+the JSON each returns has its arms, and ratios computed from them. Timings are not checked;
+the structure and the arithmetic between the fields are. Benches whose arms are child
+processes (hugepages, board) get their children's JSON from a stub at that boundary."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+
+import pytest
+
+
+@pytest.fixture
+def profile_path(tmp_path, tiny_llama_dir):
+    from tests.tiny_models import write_profile
+
+    def make(name: str = "tiny", **sections) -> str:
+        sections.setdefault("cache", {})["ssd_dir"] = str(tmp_path / name / "ckpt")
+        return str(write_profile(tmp_path / f"{name}.yaml", tiny_llama_dir, **sections))
+
+    return make
+
+
+def test_bench_engine_run_reports_each_arm_and_ratios(profile_path):
+    from app.benches import engine as bench
+
+    arms = ["engine", "engine_fp32", "stock_same"]
+    out = bench.run(Namespace(profile=profile_path(), prompt_tokens=16, max_tokens=4, rounds=1,
+                              arms=",".join(arms), threads=1))
+    assert out["bench"] == "engine" and out["prompt_tokens"] == 16 and out["max_tokens"] == 4
+    assert set(out["arms"]) == set(arms)
+    for name, r in out["arms"].items():
+        assert r["decode_tps"] > 0 and r["prefill_tps"] > 0 and r["ttft_ms"] > 0, name
+    assert out["ratios"], out["ratios"]
+    for key, value in out["ratios"].items():
+        assert value > 0, key
+    assert out["weight_format_engine"] == "fp32" and out["load_ms"]["engine"] >= 0
+    assert "| engine |" in out["summary"]
+
+
+def test_bench_batch_run_compares_serial_and_batched(profile_path):
+    from app.benches import batch as bench
+
+    out = bench.run(Namespace(profiles=profile_path(), sessions="2", max_tokens=4, rounds=1, seed=3,
+                              ignore_eos=True))
+    (model,) = out["models"]
+    (row,) = model["rows"]
+    assert row["sessions"] == 2 and row["replies_match"] is True
+    for arm in ("serial", "batched"):
+        assert row[arm]["tokens"] == 2 * 4, arm  # ignore_eos: every reply runs to max_tokens
+        assert row[arm]["tok_s"] > 0 and row[arm]["decode_tok_s"] > 0, arm
+    assert row["batched"]["batch_max"] == 2 and row["serial"]["batch_max"] == 1
+    assert row["speedup"] == round(row["batched"]["tok_s"] / row["serial"]["tok_s"], 2)
+    assert row["decode_speedup"] == round(
+        row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2
+    )
+    assert set(model["interactive"]) and out["targets"]["speedup_at_4"] > 0
+
+
+def test_bench_spec_run_reports_scenarios_and_the_verify_curve(profile_path):
+    from app.benches import spec as bench
+
+    # The scenarios' prompts (a 300-line file) need more than the tiny profile's 512 tokens.
+    prof = profile_path(
+        "lookup",
+        speculation={"mode": "lookup", "lookup_ngram": 1, "num_draft_tokens": 4},
+        context={"max_context": 1 << 15},
+    )
+    out = bench.run(Namespace(profile=prof, pair_profile="", edit_profile="", max_tokens=4,
+                              pair_max_tokens=4, rounds=1, curve_rows="1,2"))
+    assert out["bench"] == "spec" and set(out["curves"]) == {prof}
+    assert set(out["curves"][prof]["rows"]) == {"1", "2"}
+    assert set(out["scenarios"]) >= {"copy_rewrite_300_lines", "free_form_story"}
+    for name, r in out["scenarios"].items():
+        assert r["identical"] is True, name  # speculation never changes the tokens
+        assert r["tokens"] > 0 and r["plain_tps"] > 0 and r["spec_tps"] > 0, name
+        assert r["speedup"] == pytest.approx(r["spec_tps"] / r["plain_tps"], rel=0.02, abs=0.01)
+
+
+def test_bench_hugepages_run_takes_medians_and_on_off_ratios(monkeypatch):
+    from app.benches import hugepages as bench
+
+    calls = []
+
+    def child(argv, on):  # a child process's JSON: decode 20 tok/s with huge pages, 10 without
+        calls.append((argv[0], on))
+        if argv[0] == "resume":
+            return {"arms": {"engine": {"decode_tps_at_context": 8.0 if on else 4.0}},
+                    "hugepages": {"anon_huge_mib": 12 if on else 0}}
+        return {"arms": {"engine": {"prefill_tps": 100.0, "decode_tps": 20.0 if on else 10.0}},
+                "hugepages": {"anon_huge_mib": 30 if on else 0}}
+
+    monkeypatch.setattr(bench, "_child", child)
+    out = bench.run(Namespace(profile="p", rounds=1, prompt_tokens=8, max_tokens=4, arms="engine",
+                              long_context=64))
+    # on, off, off, on; each with the long-context child after the engine one
+    assert [on for name, on in calls if name == "engine"] == [True, False, False, True]
+    assert len(calls) == 8 and out["long_context_argv"][:2] == ["resume", "--profile"]
+    assert out["medians"]["on"]["engine.decode_tps"] == 20.0
+    assert out["medians"]["off"]["engine.decode_tps"] == 10.0
+    assert out["ratios"] == {
+        "engine.prefill_tps": 1.0,
+        "engine.decode_tps": 2.0,
+        "engine.decode_tps_at_context": 2.0,
+    }
+    assert "[30, 12, 30, 12] / [0, 0, 0, 0]" in out["summary"]
+
+
+def test_bench_board_run_compares_serial_and_concurrent_arms(monkeypatch, tmp_path):
+    from app.benches import board as bench
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.yaml").write_text("title: x\n")
+    order = []
+
+    def arm(profile, tasks, n):  # a child's JSON: the concurrent arm takes half the time
+        order.append(n)
+        card = {"state": "review", "checks_passed": n == 1 or len(order) < 3}
+        return {"concurrency": n, "wall_s": 10.0 if n == 1 else 5.0, "cards": [card]}
+
+    monkeypatch.setattr(bench, "_arm_in_subprocess", arm)
+    out = bench.run(Namespace(profile="p", tasks=str(tmp_path), concurrency=3, rounds=1, arm=None))
+    assert order == out["order"] == [1, 3, 3, 1]
+    assert out["tasks"] == ["a.yaml", "b.yaml"] and len(out["arms"]) == 4
+    assert out["speedup"] == 2.0 and out["serial_wall_s_median"] == 10.0
+    assert out["all_cards_passed"] is False  # one concurrent arm's card failed its checks
+
+
+def test_bench_qmm_run_reports_each_arm_against_float():
+    from engine import kernels
+
+    from app.benches import qmm as bench
+
+    if not kernels.available():
+        pytest.skip(f"CPU kernels not built: {kernels.status()['reason']}")  # fails CI strict
+    threads = kernels.status()["threads"]
+    rows = kernels.set_amx_min_rows(16)
+    try:
+        out = bench.run(Namespace(rows="2,16", models="smollm2-135m", bits=4, reps=1, threads=1))
+    finally:  # the bench leaves its settings behind (it runs in its own process)
+        kernels.set_amx_min_rows(rows)
+        kernels.set_threads(threads)
+    assert out["arms"][-1] == "float"
+    assert len(out["results"]) == len(bench.SHAPES["smollm2-135m"]) * 2
+    for r in out["results"]:
+        for arm in out["arms"]:
+            assert r[f"{arm}_ms"] > 0 and r[f"{arm}_gops"] > 0
+        for arm in out["arms"][:-1]:
+            assert r[f"{arm}_speedup"] == pytest.approx(r["float_ms"] / r[f"{arm}_ms"], rel=0.05)
+
+
+def test_bench_sandbox_run_times_both_arms():
+    from app.benches import sandbox as bench
+    from tests.ci_strict import sandbox_skip_reason
+    from tools import sandbox as sb
+
+    status = sb.probe()
+    if not status.available:
+        pytest.skip(sandbox_skip_reason(status))
+    out = bench.run(Namespace(rounds=1))
+    assert out["available"] is True and set(out["commands"]) == set(bench.COMMANDS)
+    for name, r in out["commands"].items():
+        assert r["n"] == 2 and r["plain_ms"] > 0 and r["sandboxed_ms"] > 0, name
+        assert r["overhead_ms"] == pytest.approx(r["sandboxed_ms"] - r["plain_ms"], abs=0.11)
