@@ -515,10 +515,17 @@ class AgentSession:
         try:
             for ev in handle:
                 if isinstance(ev, EngineTextDelta):
+                    closed = False
                     for pe in parser.feed(ev.text):
+                        closed = closed or (bool(opening) and isinstance(pe, Parsed))
                         yield _event(step, pe)
                     partial.update(parser.visible_text)  # a kill keeps the step's reply so far
                     raw += ev.text
+                    if early is None and closed:
+                        # the opened file's block closed: the checks take over; what the model
+                        # would add (an explanation, the test file) costs decode time for nothing
+                        early = ("stop", None)
+                        handle.cancel()
                     if early is None:
                         early = self._stop_early(parser, guard, raw)
                         if early is not None:
@@ -536,6 +543,9 @@ class AgentSession:
         if opening_ids:  # the reply is the opening and what the model wrote after it
             done = replace(done, text=opening + done.text,
                            completion_token_ids=opening_ids + list(done.completion_token_ids))
+        if early == ("stop", None) and done.finish_reason == "cancelled" and not self._cancel.is_set():
+            done = replace(done, finish_reason="stop")
+            early = None
         if early is not None and done.finish_reason == "cancelled" and not self._cancel.is_set():
             reason, note = early
             done = replace(done, finish_reason=reason)

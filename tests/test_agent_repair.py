@@ -176,3 +176,13 @@ def test_a_test_after_write_step_opens_the_file_and_the_context_keeps_its_exact_
     assert second[: len(first)] == first  # the stored reply is the opening + the generated tokens
     assert tok.decode(second).endswith("solver.py\n```python\n")  # the repair round opens the written file
     assert (tmp_path / "run" / "workspace" / "solver.py").read_text() == "def double(x):\n    return x * 2\n"
+
+
+def test_a_test_after_write_step_stops_when_the_opened_file_closes(tmp_path):
+    from agents.scripted import Reply
+    chatter = rest("x * 2") + "\n\nThis doubles x." + " It returns twice the input." * 200
+    result, engine = run(tmp_path, [Reply(chatter, delay_s=0.001)], test_after_write=True)
+    assert result["status"] == "passed" and result["stop_reason"] == "wrote"
+    records = read_transcript(tmp_path / "run" / "transcript.jsonl")
+    (resp,) = [r for r in records if r["type"] == "response"]
+    assert resp["finish_reason"] == "stop" and resp["usage"]["completion_tokens"] < 200
