@@ -51,7 +51,6 @@ def _messages(args) -> list[dict]:
 def run(args) -> int:
     from engine.profiles import DEFAULT_PROFILE, load_profile
     from engine.runtime import Engine, GenerationRequest
-    from engine.serving.events import Done, ReasoningDelta, TextDelta
 
     profile = load_profile(args.profile or DEFAULT_PROFILE)
     if profile.model.remote is not None:
@@ -80,31 +79,17 @@ def run(args) -> int:
                     split_reasoning=engine.profile.chat.reasoning,
                 )
             )
-        done: Done | None = None
         try:
-            for ev in turn:
-                if isinstance(ev, Done):
-                    done = ev
-                elif not args.json and isinstance(ev, TextDelta):
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
-                elif not args.json and isinstance(ev, ReasoningDelta):
-                    sys.stderr.write(ev.text)
+            done = _stream(turn, args.json)
         except KeyboardInterrupt:
             turn.cancel()
             done = turn.result()
-        assert done is not None
+        out = None
         if args.json:
             out = _result_json(engine, done)
             if args.session:
                 out["session"] = turn.session_id
-            print(json.dumps(out, ensure_ascii=False))
-        else:
-            sys.stdout.write("\n")
-        if done.error:
-            print(f"mlxterm: {done.error}", file=sys.stderr)
-            return 1
-        return 0
+        return _finish(done, out)
     finally:
         engine.close()
 
@@ -112,7 +97,6 @@ def run(args) -> int:
 def _run_remote(args, profile) -> int:
     """A remote profile: the turn runs on its OpenAI-compatible server (engine.serving.remote)."""
     from engine.errors import MlxtermError
-    from engine.serving.events import Done, ReasoningDelta, TextDelta
     from engine.serving.remote import RemoteChat
 
     if args.raw or args.session or args.logprobs:
@@ -124,16 +108,8 @@ def _run_remote(args, profile) -> int:
         messages.insert(0, {"role": "system", "content": args.system})
     params = chat.sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                            seed=args.seed, stop=tuple(args.stop) if args.stop else None)
-    done: Done | None = None
-    for ev in chat.stream(messages, params):
-        if isinstance(ev, Done):
-            done = ev
-        elif not args.json and isinstance(ev, TextDelta):
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
-        elif not args.json and isinstance(ev, ReasoningDelta):
-            sys.stderr.write(ev.text)
-    assert done is not None
+    done = _stream(chat.stream(messages, params), args.json)
+    out = None
     if args.json:
         out = {"text": done.text, "reasoning": done.reasoning, "finish_reason": done.finish_reason,
                "usage": {"prompt_tokens": done.usage.prompt_tokens, "cached_tokens": done.usage.cached_tokens,
@@ -143,6 +119,30 @@ def _run_remote(args, profile) -> int:
                "profile": profile.name, "model": chat.model_name, "remote": profile.model.remote.base_url}
         if done.error:
             out["error"] = done.error
+    return _finish(done, out)
+
+
+def _stream(events, quiet: bool):
+    """Print a turn's text (stdout) and reasoning (stderr) as it streams, unless ``quiet``
+    (``--json``); returns its ``Done``."""
+    from engine.serving.events import Done, ReasoningDelta, TextDelta
+
+    done = None
+    for ev in events:
+        if isinstance(ev, Done):
+            done = ev
+        elif not quiet and isinstance(ev, TextDelta):
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+        elif not quiet and isinstance(ev, ReasoningDelta):
+            sys.stderr.write(ev.text)
+    assert done is not None
+    return done
+
+
+def _finish(done, out: dict | None) -> int:
+    """The JSON result (``out``) or the streamed text's newline; exit code 1 on an error."""
+    if out is not None:
         print(json.dumps(out, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
