@@ -57,9 +57,9 @@ class TokenLedger:
         ``history_prompted``: whether the fed history ends in a generation prompt (None: when
         its last message is a user or tool turn)."""
         tok = self.engine.tokenizer
-        prev_gp = bool(history) and history[-1]["role"] in ("user", "tool")
-        if history_prompted is not None:
-            prev_gp = bool(history) and history_prompted
+        if history_prompted is None:
+            history_prompted = bool(history) and history[-1]["role"] in ("user", "tool")
+        prev_gp = bool(history) and history_prompted
         before = self.render(history, prev_gp)
         tail = junction_tail(before, tok.decode(list(fed_ids))) if fed_ids else ""
         out: list[list[int]] = []

@@ -430,11 +430,7 @@ class AgentSession:
     # -- drafts from outside the loop (agents.candidates) ---------------------------------------
     def prompt_with(self, message: str) -> list[int]:
         """The context as it would be after a user ``message`` (nothing is stored)."""
-        history = self.store.messages(self.session_id)
-        fed = [t for m in history for t in m.token_ids]
-        prompted = None if not history or not history[-1].meta.get("ends_run") else False
-        new = self.ledger.tokens_for([render_dict(m) for m in history], fed, [{"role": "user", "content": message}],
-                                     True, prompted)
+        fed, new = self._tokens_after([{"role": "user", "content": message}], True)
         return fed + new[0]
 
     def ends_with_answer(self) -> bool:
@@ -509,7 +505,7 @@ class AgentSession:
                 handle.cancel()
         partial = PartialReply(self.store, self.session_id, _Opened(handle, opening_ids), meta={"step": step})
         done: Done | None = None
-        guard, raw, early = LoopGuard(), opening, None
+        guard, raw, early, file_closed = LoopGuard(), opening, None, False
         for pe in parser.feed(opening):
             yield _event(step, pe)
         try:
@@ -521,12 +517,12 @@ class AgentSession:
                         yield _event(step, pe)
                     partial.update(parser.visible_text)  # a kill keeps the step's reply so far
                     raw += ev.text
-                    if early is None and closed:
+                    if closed and early is None and not file_closed:
                         # the opened file's block closed: the checks take over; what the model
                         # would add (an explanation, the test file) costs decode time for nothing
-                        early = ("stop", None)
+                        file_closed = True
                         handle.cancel()
-                    if early is None:
+                    if early is None and not file_closed:
                         early = self._stop_early(parser, guard, raw)
                         if early is not None:
                             handle.cancel()  # the rest of the budget would be wasted
@@ -543,10 +539,9 @@ class AgentSession:
         if opening_ids:  # the reply is the opening and what the model wrote after it
             done = replace(done, text=opening + done.text,
                            completion_token_ids=opening_ids + list(done.completion_token_ids))
-        if early == ("stop", None) and done.finish_reason == "cancelled" and not self._cancel.is_set():
+        if file_closed and done.finish_reason == "cancelled" and not self._cancel.is_set():
             done = replace(done, finish_reason="stop")
-            early = None
-        if early is not None and done.finish_reason == "cancelled" and not self._cancel.is_set():
+        elif early is not None and done.finish_reason == "cancelled" and not self._cancel.is_set():
             reason, note = early
             done = replace(done, finish_reason=reason)
             parser.malformed = [replace(m, error=f"{m.error} ({note})") for m in parser.malformed]
@@ -774,10 +769,7 @@ class AgentSession:
     # -- messages -----------------------------------------------------------------------------
     def _append(self, messages: list[dict[str, Any]], *, generation_prompt: bool, metas: list[dict[str, Any]],
                 step: int = 0, tool_calls: list | None = None) -> list[Message]:
-        history = self.store.messages(self.session_id)
-        fed = [t for m in history for t in m.token_ids]
-        prompted = None if not history or not history[-1].meta.get("ends_run") else False
-        ids = self.ledger.tokens_for([render_dict(m) for m in history], fed, messages, generation_prompt, prompted)
+        _, ids = self._tokens_after(messages, generation_prompt)
         stored = []
         for i, (m, tokens, meta) in enumerate(zip(messages, ids, metas, strict=True)):
             calls = tool_calls[i] if tool_calls else None
@@ -787,6 +779,15 @@ class AgentSession:
             self.transcript.message(msg, step)
             stored.append(msg)
         return stored
+
+    def _tokens_after(self, messages: list[dict[str, Any]], generation_prompt: bool) -> tuple[list[int], list[list[int]]]:
+        """(the stored context's tokens, each of ``messages``' tokens appended after it). A run
+        that ended at its write (``ends_run``) left no generation prompt after its results."""
+        history = self.store.messages(self.session_id)
+        fed = [t for m in history for t in m.token_ids]
+        prompted = False if history and history[-1].meta.get("ends_run") else None
+        return fed, self.ledger.tokens_for([render_dict(m) for m in history], fed, messages, generation_prompt,
+                                           prompted)
 
     def _close_interrupted_turn(self) -> None:
         """A run stopped after tool results (or a crash after the user message) leaves the

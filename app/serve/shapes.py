@@ -51,15 +51,15 @@ def chat_completion(cid: str, model: str, done: Done, content: str, calls: list[
     }
 
 
+def _chunk(cid: str, obj: str, model: str, created: int, choice: dict[str, Any]) -> dict[str, Any]:
+    """One streamed object: a single choice at index 0."""
+    return {"id": cid, "object": obj, "created": created, "model": model, "choices": [{"index": 0, **choice}]}
+
+
 def chat_chunk(cid: str, model: str, created: int, delta: dict[str, Any], finish: str | None = None,
                logprobs: dict | None = None) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-    }
+    return _chunk(cid, "chat.completion.chunk", model, created,
+                  {"delta": delta, "logprobs": logprobs, "finish_reason": finish})
 
 
 def usage_chunk(cid: str, kind: str, model: str, created: int, done: Done) -> dict[str, Any]:
@@ -82,13 +82,7 @@ def text_completion(cid: str, model: str, done: Done, text: str, logprobs: dict 
 
 def text_chunk(cid: str, model: str, created: int, text: str, finish: str | None = None,
                logprobs: dict | None = None) -> dict[str, Any]:
-    return {
-        "id": cid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
-    }
+    return _chunk(cid, "text_completion", model, created, {"text": text, "logprobs": logprobs, "finish_reason": finish})
 
 
 # -- logprobs ----------------------------------------------------------------------------------
