@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from engine.errors import MlxtermError
+
 from agents.board.dispatcher import Dispatcher
 from agents.board.model import ACTIVE
 from agents.board.store import BoardStore, default_path
@@ -41,6 +43,9 @@ class BoardService:
     def engine_for(self, profile: str):
         eng = self.controller.engine
         if eng is not None and eng.profile.name == profile:
+            if self.controller.remote:  # cards are agent runs: token-id prompts for a local engine
+                raise MlxtermError(f"board cards need a model loaded here; profile {profile} runs on "
+                                   f"{eng.base_url}")
             return eng
         with self._lock:
             if profile not in self._engines:
@@ -58,7 +63,7 @@ class BoardService:
         from agents.choose import best_agent_profile
 
         eng = self.controller.engine
-        if eng is not None and eng.profile.agent.capable:
+        if eng is not None and eng.profile.agent.capable and not self.controller.remote:
             return eng.profile.name
         return best_agent_profile()
 

@@ -38,6 +38,7 @@ class ModelInfo:
     kv_format: str
     max_context: int
     load_ms: float
+    remote: str = ""  # a remote profile's server (base_url); "" for a model loaded here
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,19 @@ class ChatController:
             return None
         p = eng.profile
         return ModelInfo(p.name, self.profile_spec, eng.model_name, eng.weight_format,
-                         p.kv_cache.format, p.context.max_context, eng.load_ms)
+                         p.kv_cache.format, p.context.max_context, eng.load_ms,
+                         remote=getattr(eng, "base_url", "") if is_remote(eng) else "")
+
+    @property
+    def remote(self) -> bool:
+        """The loaded profile runs on a remote server (chat only; no agents, no board cards)."""
+        return is_remote(self.engine)
+
+    def probe(self) -> str | None:
+        """For a remote profile: None when its server answers and lists the model, else one
+        line saying which URL and what went wrong (blocking, a few seconds at most)."""
+        eng = self.engine
+        return eng.probe() if is_remote(eng) else None
 
     def active_requests(self) -> int:
         """Requests in flight on the engine (chat turns and agent steps share its batch)."""
@@ -98,18 +111,19 @@ class ChatController:
 
     def load(self, spec: str | None = None) -> ModelInfo:
         """Load a profile's model on a new engine thread (blocking), then drop the old one."""
-        from engine.runtime import Engine
+        from engine.serving.remote_engine import load_engine
         from engine.sessions.chat import ChatService
+        from engine.sessions.remote_chat import RemoteChatService
 
         spec = spec or self.profile_spec
         with self._lock:
             if self.engine_factory is None:
                 self.check(spec)
-                new = Engine.load(spec)
+                new = load_engine(spec)  # a RemoteEngine for a profile with model.remote
             else:
                 new = self.engine_factory(spec)
             old, self.engine = self.engine, new
-            self.service = ChatService(new, self.store)
+            self.service = (RemoteChatService if is_remote(new) else ChatService)(new, self.store)
             self.profile_spec = spec
         if old is not None:
             old.close()
@@ -159,8 +173,25 @@ class ChatController:
         return self.store.messages(session_id, tokens=False)
 
     def new_session(self, title: str | None = None):
-        info = self.info()
-        return self.store.create(title=title, profile=info.profile if info else "", kind="chat")
+        if self.service is not None:
+            return self.service.create(title=title)  # a remote one is marked remote
+        return self.store.create(title=title, profile="", kind="chat")
+
+    def context_used(self, session_id: str | None) -> int:
+        """Tokens in the session's context: its stored token ids, or for a remote session the
+        last reply's prompt + completion tokens as the server counted them."""
+        if not session_id:
+            return 0
+        from engine.sessions.chat import remote_mark
+
+        session = self.store.get(session_id)
+        if remote_mark(session) is None:
+            return session.token_count
+        for m in reversed(self.store.messages(session_id, tokens=False)):
+            usage = m.meta.get("usage") if m.role == "assistant" else None
+            if usage and not m.meta.get("error"):
+                return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+        return 0
 
     def rename(self, session_id: str, title: str):
         return self.store.rename(session_id, title)
@@ -238,7 +269,7 @@ class ChatController:
 
         from agents.session import AgentSession
 
-        engine = self._engine()
+        engine = self._local_engine("agent mode")
         if workspace is not None:
             return AgentSession.create(engine, self.store, Path(workspace).expanduser(),
                                        title=AGENT_TITLE)
@@ -255,7 +286,7 @@ class ChatController:
         """Continue a stored agent session with the loaded model (``AgentSession.open``)."""
         from agents.session import AgentSession
 
-        return AgentSession.open(self._engine(), self.store, session_id)
+        return AgentSession.open(self._local_engine("agent mode"), self.store, session_id)
 
     def name_agent(self, session_id: str, task: str) -> None:
         """Title a new agent session after its first task."""
@@ -268,6 +299,18 @@ class ChatController:
         if self.engine is None or self.service is None:
             raise ChatError("no model is loaded yet; wait for it or pick a profile with /profile.")
         return self.engine
+
+    def _local_engine(self, what: str):
+        engine = self._engine()
+        if is_remote(engine):
+            raise ChatError(f"{what} needs a model loaded here; profile {engine.profile.name} runs on "
+                            f"{engine.base_url} (pick a local profile with /profile).")
+        return engine
+
+
+def is_remote(engine) -> bool:
+    """Whether ``engine`` is a remote profile's server (engine.serving.remote_engine)."""
+    return bool(getattr(engine, "remote", False))
 
 
 def latest_session(store=None) -> str | None:

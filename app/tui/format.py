@@ -46,7 +46,10 @@ def turn_summary(meta: Mapping[str, Any]) -> str:
     parts = []
     cached = int(usage.get("cached_tokens") or 0)
     source = str(cache.get("source") or "none")
-    if cached and source != "none":
+    if cached and source == "server":  # a remote profile's server reused its own prefix cache
+        parts.append(f"server reused {tokens(cached)}/{tokens(int(usage.get('prompt_tokens') or 0))} "
+                     "prompt tokens")
+    elif cached and source != "none":
         restore = float(cache.get("restore_ms") or timings.get("restore_ms") or 0.0)
         parts.append(f"restored {tokens(cached)} tokens from {source.upper()} in {restore:.0f} ms")
     else:

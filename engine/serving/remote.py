@@ -6,6 +6,9 @@ come from the stream (time to first token, decode rate), cached tokens from ``us
 the server reports ``prompt_tokens_details.cached_tokens``. A server that cannot be reached,
 times out or answers with an error ends in ``Done(finish_reason="error")`` with one clear line.
 The client is the standard library's http.client: one POST, server-sent events read line by line.
+A ``Hangup`` passed to ``stream`` lets another thread cancel the turn at once: it shuts the
+socket down, so a read blocked on a slow server returns and the turn ends as "cancelled"
+(the server sees the client hang up and stops generating).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import http.client
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -23,6 +27,41 @@ from engine.errors import MlxtermError
 from engine.generation.sampling import SamplingParams
 from engine.profiles import Profile
 from engine.serving.events import Done, Event, ReasoningDelta, TextDelta, Timings, Usage
+
+SERVER_CACHE = "server"  # Done.cache_source when the server reports cached prompt tokens
+
+
+class Hangup:
+    """Cancels one streaming request from any thread by shutting its connection down."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
+        self.requested = False
+
+    def attach(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._conn = conn
+
+    def connected(self) -> None:
+        """Called once the request is sent: a hang-up asked for while connecting happens now."""
+        with self._lock:
+            if self.requested:
+                _shutdown(self._conn)
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.requested = True
+            _shutdown(self._conn)
+
+
+def _shutdown(conn: http.client.HTTPConnection | None) -> None:
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
 
 
 class RemoteChat:
@@ -77,8 +116,13 @@ class RemoteChat:
             conn.close()
 
     def stream(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams,
-               should_stop=None) -> Iterator[Event]:
-        """One streamed chat turn; the last event is always a ``Done``."""
+               should_stop=None, hangup: Hangup | None = None) -> Iterator[Event]:
+        """One streamed chat turn; the last event is always a ``Done``. ``hangup()`` (from
+        another thread) or ``should_stop()`` (checked per chunk) ends it as "cancelled"."""
+
+        def stopped() -> bool:
+            return (hangup is not None and hangup.requested) or (should_stop is not None and should_stop())
+
         msgs = list(messages)
         sys_prompt = self.profile.chat.system_prompt
         if sys_prompt and not any(m.get("role") == "system" for m in msgs):
@@ -93,14 +137,20 @@ class RemoteChat:
         finish = "stop"
         chunks = 0
         conn = self._conn()
+        if hangup is not None:
+            hangup.attach(conn)
         try:
             conn.request("POST", f"{self._path}/chat/completions", body=json.dumps(body),
                          headers={**self._headers(), "Content-Type": "application/json"})
+            if hangup is not None:
+                hangup.connected()
             resp = conn.getresponse()
-            if resp.status != 200:
+            if stopped():
+                finish = "cancelled"
+            elif resp.status != 200:
                 yield _failed(f"{self.remote.base_url}: {_error_line(resp.status, resp.read())}", t0)
                 return
-            for data in _sse_data(resp):
+            for data in _sse_data(resp) if finish != "cancelled" else ():
                 if data == "[DONE]":
                     break
                 obj = json.loads(data)
@@ -124,12 +174,16 @@ class RemoteChat:
                         yield TextDelta(piece)
                     if choice.get("finish_reason"):
                         finish = "length" if choice["finish_reason"] == "length" else "stop"
-                if should_stop is not None and should_stop():
+                if stopped():
                     finish = "cancelled"
                     break
+            if stopped():  # a hang-up ends the read early: the stream is cut, not finished
+                finish = "cancelled"
         except (OSError, http.client.HTTPException, ValueError) as e:
-            yield _failed(f"{self.remote.base_url}: {_reason(e)}", t0, "".join(text))
-            return
+            if not stopped():
+                yield _failed(f"{self.remote.base_url}: {_reason(e)}", t0, "".join(text))
+                return
+            finish = "cancelled"  # the read failed because we hung up
         finally:
             conn.close()
         t_end = time.perf_counter()
@@ -141,6 +195,7 @@ class RemoteChat:
             reasoning="".join(reasoning),
             finish_reason=finish,
             usage=usage,
+            cache_source=SERVER_CACHE if usage.cached_tokens else "none",
             timings=Timings(
                 ttft_ms=round((t_first - t0) * 1000, 1),
                 decode_tps=round(max(usage.completion_tokens - 1, 0) / max(t_end - t_first, 1e-9), 1),

@@ -28,8 +28,18 @@ log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New chat"
 
 
+REMOTE_KEY = "remote"  # session meta: {"base_url", "model"} of the server a remote session ran on
+
+
 class ChatError(MlxtermError):
     """A chat action that cannot be done in the session's current state."""
+
+
+def remote_mark(session: Session) -> dict[str, Any] | None:
+    """The server a session's turns ran on (``engine.sessions.remote_chat``), else None: such a
+    session keeps messages without token ids, so no local model and no KV checkpoint resumes it."""
+    mark = session.meta.get(REMOTE_KEY)
+    return mark if isinstance(mark, dict) else None
 
 
 def message_dicts(messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -77,7 +87,7 @@ class ChatTurn:
         self.done: Done | None = None
         self.message: Message | None = None
         # The reply is saved as it streams (a kill loses at most ~1 s of it).
-        self.partial = PartialReply(service.store, session_id, handle)
+        self.partial = PartialReply(service.store, session_id, handle, tokens=service.keeps_tokens)
         self._text: list[str] = []
         self._reasoning: list[str] = []
 
@@ -120,6 +130,8 @@ class ChatTurn:
 class ChatService:
     """Runs chat turns of stored sessions on an ``Engine``."""
 
+    keeps_tokens = True  # messages carry their exact token ids (RemoteChatService: False)
+
     def __init__(self, engine: Engine, store: SessionStore):
         self.engine = engine
         self.store = store
@@ -151,6 +163,7 @@ class ChatService:
     def retry(self, session_id: str, **overrides) -> ChatTurn:
         """Drop the last assistant reply and generate it again from the same context."""
         recover_interrupted(self.store, session_id)
+        self._check_session(self.store.get(session_id))  # before the reply is dropped
         msgs = self.store.messages(session_id, tokens=False)
         if msgs and msgs[-1].role == "assistant":
             self.store.delete_last(session_id, 1)
@@ -162,6 +175,7 @@ class ChatService:
 
     # -- internals ---------------------------------------------------------------------------
     def _generate(self, session_id: str, **overrides) -> ChatTurn:
+        self._check_session(self.store.get(session_id))
         prompt = self.store.context_tokens(session_id)
         params = self.engine.sampling(**overrides)
         request = GenerationRequest(
@@ -180,6 +194,8 @@ class ChatService:
             # Its token ids belong to another model's tokenizer: never feed them to this one.
             raise ChatError(f"session {session.id} was made with profile {session.profile}; "
                             f"load that profile to continue it (this is {eng.profile.name}).")
+        if history:
+            self._check_session(session)
         fed = [t for m in history for t in m.token_ids]
         if eng.completion_mode:
             ids = eng.raw_prompt(message["content"]) if not fed else eng.tokenizer.encode(message["content"])
@@ -202,6 +218,14 @@ class ChatService:
             before = os.path.commonprefix([before, after])
         ids = eng.tokenizer.encode(tail + after[len(before) :])
         self.store.add_message(session.id, message["role"], message["content"], token_ids=ids)
+
+    def _check_session(self, session: Session) -> None:
+        """Refuse a session this service cannot continue (here: one that ran remotely)."""
+        mark = remote_mark(session)
+        if mark is not None:
+            raise ChatError(f"session {session.id} ran on a remote server ({mark.get('base_url')}): it "
+                            "keeps messages, not token ids, so a local model cannot continue it; load "
+                            f"profile {session.profile or 'the remote profile'} to continue it.")
 
     def _record_reply(self, session_id: str, done: Done, partial: PartialReply | None = None) -> Message:
         meta = {

@@ -37,10 +37,13 @@ class PartialReply:
     """The assistant message of one streaming generation, saved as it grows."""
 
     def __init__(self, store: SessionStore, session_id: str, handle: Any, *,
-                 meta: Mapping[str, Any] | None = None, clock=time.monotonic):
+                 meta: Mapping[str, Any] | None = None, clock=time.monotonic, tokens: bool = True):
         self.store = store
         self.session_id = store.get(session_id).id
         self.handle = handle  # exposes ``token_ids``: the ids generated so far (engine thread appends)
+        # False for a remote turn: no token ids; progress is counted in updates (streamed pieces)
+        self.tokens = tokens
+        self._updates = 0
         self.meta = dict(meta or {})
         self.clock = clock
         self.saves = 0
@@ -54,17 +57,18 @@ class PartialReply:
 
     def update(self, content: str, reasoning: str = "") -> None:
         """Called after each streamed event; saves when a second or enough tokens have passed."""
-        n = len(self.handle.token_ids)
+        self._updates += 1
+        n = len(self.handle.token_ids) if self.tokens else self._updates
         if n == self._saved_tokens:
             return
         if n - self._saved_tokens >= SAVE_EVERY_TOKENS or self.clock() - self._saved_at >= SAVE_EVERY_S:
             self.save(content, reasoning)
 
     def save(self, content: str, reasoning: str = "") -> None:
-        ids = list(self.handle.token_ids)  # a copy: the engine thread keeps appending
+        ids = list(self.handle.token_ids) if self.tokens else []  # a copy: the engine thread appends
         meta = {**self.meta, "streaming": {"pid": os.getpid(), "started": self._started}}
         self._write(content, reasoning or None, ids, meta, None)
-        self._saved_tokens, self._saved_at = len(ids), self.clock()
+        self._saved_tokens, self._saved_at = (len(ids) if self.tokens else self._updates), self.clock()
         self.saves += 1
 
     def finish(self, content: str, *, token_ids: Iterable[int], meta: Mapping[str, Any],

@@ -212,7 +212,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
 
     def update_context(self) -> None:
         info = self.controller.info()
-        used = self.controller.session(self.session_id).token_count if self.session_id else 0
+        used = self.controller.context_used(self.session_id)
         self.status.set_context(used, info.max_context if info else None)
 
     async def open_session(self, session_id: str, switch_profile: bool = True) -> None:
@@ -351,6 +351,8 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self._loading = None
         self.status.set_model(info)
         self.update_context()
+        if info.remote:
+            self._probe_remote()
         if self.session_id:
             session = self.controller.session(self.session_id)
             if session.message_count and session.profile and session.profile != info.profile:
@@ -364,6 +366,14 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         pending, self._agent_after_load = self._agent_after_load, None
         if pending is not None and info.profile == self.controller.engine.profile.name:
             await self.action_agent(pending)
+
+    @work(thread=True, exclusive=True, group="probe", exit_on_error=False)
+    def _probe_remote(self) -> None:
+        """A remote profile: say at once when its server does not answer (turns would fail)."""
+        problem = self.controller.probe()
+        if problem:
+            self.app.call_from_thread(self.notify, f"The server does not answer: {problem}. Chats "
+                                      "stay here; send again once it is up.", severity="warning", timeout=10)
 
     def _load_failed(self, spec: str, message: str) -> None:
         self._loading = None

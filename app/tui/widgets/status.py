@@ -57,6 +57,9 @@ class StatusBar(Horizontal):
         label = self.query_one("#status-model", Label)
         if info is None:
             label.update("no model")
+        elif info.remote:
+            label.update(f"{info.profile} · remote")
+            label.tooltip = f"{info.model} on {info.remote}"
         else:
             label.update(f"{info.profile} · KV {info.kv_format}")
             label.tooltip = f"{info.model} ({info.weight_format} weights, loaded in {info.load_ms:.0f} ms)"
