@@ -189,3 +189,21 @@ def test_remote_profiles_do_not_run_agents(server, tmp_path):
     down.load()  # nothing is contacted to load
     assert "connection refused" in down.probe()
     down.close()
+
+
+def test_cancel_while_the_server_has_not_answered_yet(tmp_path):
+    """A server that accepts and stays silent (a long prefill, a stall): cancel still ends the
+    turn at once instead of waiting model.remote.timeout_s for the first byte."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        with RemoteEngine.load(remote_profile(tmp_path / "mute.yaml", url, timeout_s=60)) as eng:
+            handle = eng.submit_messages([{"role": "user", "content": "hi"}], eng.sampling())
+            time.sleep(0.3)  # the request is sent; the read waits for an answer
+            assert eng.active_requests == 1
+            t0 = time.perf_counter()
+            handle.cancel()
+            done = handle.result(timeout=5)
+            assert time.perf_counter() - t0 < 0.5
+            assert done.finish_reason == "cancelled" and done.error is None and done.text == ""
+            handle.thread.join(1)
+            assert eng.active_requests == 0

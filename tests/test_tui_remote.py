@@ -1,0 +1,96 @@
+"""The chat TUI on a remote profile (``model.remote``) under Textual's pilot: streaming, Esc,
+timings in the status bar, the session store, and a server that is down. The server is a real
+``mlxterm serve`` on loopback with the tiny random model."""
+
+from __future__ import annotations
+
+from engine.sessions.chat import remote_mark
+
+import pytest
+
+from tests.serve_server import running_server
+from tests.test_remote_chat import closed_port, remote_profile
+from tests.test_tui_app import SIZE, idle, loaded, main_screen, make_app, send, views, wait_for
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_llama_dir):
+    from tests.tiny_models import write_profile
+
+    prof = write_profile(tmp_path_factory.mktemp("tui-remote") / "tiny.yaml", tiny_llama_dir,
+                         context={"max_context": 4096})
+    with running_server(prof, tmp_path_factory.mktemp("tui-remote-home")) as s:
+        yield s
+
+
+def notes(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def test_tui_chat_streams_from_the_server_and_saves_the_session(server, tmp_path):
+    app = make_app(remote_profile(tmp_path / "far.yaml", server.base_url))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        screen = main_screen(app)
+        label = screen.status.query_one("#status-model")
+        assert label.render().plain == "far · remote" and server.base_url in str(label.tooltip)
+        await send(pilot, "hi there")
+        user, reply = views(app)
+        assert reply.state == "done" and reply.number == 2 and reply.content
+        stored = app.controller.messages(screen.session_id)
+        assert [m.role for m in stored] == ["user", "assistant"]
+        assert remote_mark(app.controller.session(screen.session_id))["base_url"] == server.base_url
+        first = screen.status.turn_text
+        assert "TTFT" in first and "tok/s" in first and first.startswith("prefilled ")
+        await send(pilot, "and then?")
+        assert len(views(app)) == 4 and views(app)[3].state == "done"
+        meta = app.controller.messages(screen.session_id)[3].meta
+        assert meta["usage"]["cached_tokens"] > 0
+        assert screen.status.turn_text.startswith(
+            f"server reused {meta['usage']['cached_tokens']:,}/{meta['usage']['prompt_tokens']:,} prompt tokens")
+        used = meta["usage"]["prompt_tokens"] + meta["usage"]["completion_tokens"]
+        limit = app.controller.info().max_context  # the profile's context.max_context
+        assert screen.status.query_one("#status-context").render().plain == f"ctx {used:,}/{limit:,}"
+        assert not any("does not answer" in n for n in notes(app))
+
+
+async def test_escape_hangs_up_a_remote_reply(server, tmp_path):
+    app = make_app(remote_profile(tmp_path / "long.yaml", server.base_url, max_tokens=3000))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        screen = main_screen(app)
+        before = server.health()["disconnected"]
+        await pilot.press(*"go", "enter")
+        await wait_for(pilot, lambda: len(views(app)) == 2 and views(app)[1].content,
+                       what="the first streamed text")
+        await pilot.press("escape")
+        await idle(pilot)
+        reply = views(app)[1]
+        assert reply.state == "stopped"
+        last = app.controller.messages(screen.session_id)[-1]
+        assert last.meta["finish_reason"] == "cancelled" and last.meta["usage"]["completion_tokens"] < 3000
+        assert screen.status.turn_text.startswith("stopped · ")
+        health = server.wait_for(lambda h: h["disconnected"] > before and h["active"] == 0)
+        assert health["disconnected"] == before + 1 and health["active"] == 0
+
+
+async def test_a_server_that_is_down_is_named_and_the_chat_is_kept(tmp_path):
+    down = f"http://127.0.0.1:{closed_port()}/v1"
+    app = make_app(remote_profile(tmp_path / "gone.yaml", down))
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await wait_for(pilot, lambda: any("does not answer" in n for n in notes(app)),
+                       what="the server check")
+        assert any(f"{down}: connection refused" in n for n in notes(app))
+        screen = main_screen(app)
+        await send(pilot, "anyone?")
+        user, reply = views(app)
+        assert reply.state == "error"
+        assert f"The model could not answer: {down}: connection refused (is the server running?)" in notes(app)
+        stored = app.controller.messages(screen.session_id)
+        assert [m.content for m in stored if m.role == "user"] == ["anyone?"]
+        assert [s.title for s in app.controller.sessions()] == ["anyone?"]
+        await pilot.press(*"/agent", "enter")  # agents need a model loaded here
+        await pilot.pause()
+        assert any(n.startswith("Agent mode needs a model loaded here; profile gone runs on "
+                                f"{down}") for n in notes(app))
