@@ -207,3 +207,20 @@ def test_cancel_while_the_server_has_not_answered_yet(tmp_path):
             assert done.finish_reason == "cancelled" and done.error is None and done.text == ""
             handle.thread.join(1)
             assert eng.active_requests == 0
+
+
+def test_generate_session_on_a_remote_profile(server, tmp_path, capsys):
+    import json
+
+    from app.cli import main
+
+    prof = remote_profile(tmp_path / "far.yaml", server.base_url)
+    outs = []
+    for prompt in ("hello there", "go on"):
+        assert main(["generate", "--profile", prof, "--session", "talk", "--prompt", prompt, "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert [o["session"] for o in outs] == ["talk", "talk"]
+    msgs = SessionStore().messages("talk")
+    assert [m.content for m in msgs] == ["hello there", outs[0]["text"], "go on", outs[1]["text"]]
+    assert remote_mark(SessionStore().get("talk"))["base_url"] == server.base_url
+    assert outs[1]["usage"]["cached_tokens"] >= outs[0]["usage"]["prompt_tokens"]

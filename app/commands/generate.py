@@ -97,18 +97,27 @@ def run(args) -> int:
 def _run_remote(args, profile) -> int:
     """A remote profile: the turn runs on its OpenAI-compatible server (engine.serving.remote)."""
     from engine.errors import MlxtermError
-    from engine.serving.remote import RemoteChat
+    from engine.serving.remote_engine import RemoteEngine
 
-    if args.raw or args.session or args.logprobs:
-        raise MlxtermError(f"profile {profile.name} is remote: --raw, --session and --logprobs need a local model")
-    chat = RemoteChat(profile)
-    messages = _messages(args)
-    if args.system is not None:
-        messages = [m for m in messages if m.get("role") != "system"]
-        messages.insert(0, {"role": "system", "content": args.system})
-    params = chat.sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                           seed=args.seed, stop=tuple(args.stop) if args.stop else None)
-    done = _stream(chat.stream(messages, params), args.json)
+    if args.raw or args.logprobs:
+        raise MlxtermError(f"profile {profile.name} is remote: --raw and --logprobs need a local model")
+    chat = RemoteEngine.load(profile)
+    overrides = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                     seed=args.seed, stop=tuple(args.stop) if args.stop else None)
+    with chat:
+        if args.session:  # a stored chat: messages only, marked remote (engine.sessions.remote_chat)
+            turn = _session_turn(chat, args, overrides)
+        else:
+            messages = _messages(args)
+            if args.system is not None:
+                messages = [m for m in messages if m.get("role") != "system"]
+                messages.insert(0, {"role": "system", "content": args.system})
+            turn = chat.submit_messages(messages, chat.sampling(**overrides))
+        try:
+            done = _stream(turn, args.json)
+        except KeyboardInterrupt:
+            turn.cancel()  # hangs up the stream: the server stops generating too
+            done = turn.result()
     out = None
     if args.json:
         out = {"text": done.text, "reasoning": done.reasoning, "finish_reason": done.finish_reason,
@@ -117,6 +126,8 @@ def _run_remote(args, profile) -> int:
                "timings": {"ttft_ms": done.timings.ttft_ms, "decode_tps": done.timings.decode_tps,
                            "total_ms": done.timings.total_ms},
                "profile": profile.name, "model": chat.model_name, "remote": profile.model.remote.base_url}
+        if args.session:
+            out["session"] = turn.session_id
         if done.error:
             out["error"] = done.error
     return _finish(done, out)
@@ -167,6 +178,7 @@ def _session_turn(engine, args, overrides):
     from engine.errors import MlxtermError
     from engine.sessions import SessionNotFound, SessionStore
     from engine.sessions.chat import ChatService
+    from engine.sessions.remote_chat import RemoteChatService
 
     if args.prompt is None:
         raise MlxtermError("--session takes the new message with --prompt")
@@ -175,7 +187,7 @@ def _session_turn(engine, args, overrides):
         session = store.get(args.session)
     except SessionNotFound:
         session = store.create(profile=engine.profile.name, session_id=args.session)
-    chat = ChatService(engine, store)
+    chat = (RemoteChatService if getattr(engine, "remote", False) else ChatService)(engine, store)
     if args.system is not None and session.message_count == 0:
         chat.set_system(session.id, args.system)
     return chat.send(session.id, args.prompt, **overrides)
