@@ -127,7 +127,10 @@ def test_cancel_hangs_up_the_stream_at_once(server, tmp_path):
         for ev in turn:
             if isinstance(ev, TextDelta):
                 pieces += 1
-                if pieces == 5:
+                if pieces == 40:  # past SAVE_EVERY_TOKENS: the reply was saved while streaming
+                    assert turn.partial.saves >= 1
+                    (_, saving) = store.messages(session.id)
+                    assert "streaming" in saving.meta and saving.token_ids == () and saving.content
                     t_cancel = time.perf_counter()
                     turn.cancel()
             elif isinstance(ev, Done):
@@ -140,7 +143,7 @@ def test_cancel_hangs_up_the_stream_at_once(server, tmp_path):
     assert health["active"] == 0 and health["disconnected"] == before + 1  # the server stopped too
     (user, reply) = store.messages(session.id)
     assert reply.meta["finish_reason"] == "cancelled" and reply.content == done.text
-    assert 5 <= done.usage.completion_tokens < 3000 and reply.content
+    assert 40 <= done.usage.completion_tokens < 3000 and reply.token_ids == ()
 
 
 def test_server_down_or_erroring_is_one_line_and_the_session_survives(server, tmp_path):

@@ -5,7 +5,8 @@ keys on, busy timeout; safe for several processes at once). A session is a list 
 each message keeps, besides its text, the exact token ids the model was fed (user, system,
 tool) or produced (assistant) for it, so a session's context is the concatenation of its
 messages' ``token_ids`` (``SessionStore.context_tokens``) and ``Message.context_start`` is the
-offset of a message in that context.
+offset of a message in that context. A session that ran on a remote profile's server keeps
+messages without token ids and says so in its meta (engine.sessions.remote_chat).
 
 JSON export (``SessionStore.export(id, "json")``), ``format_version`` 1::
 
