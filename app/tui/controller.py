@@ -79,7 +79,7 @@ class ChatController:
         p = eng.profile
         return ModelInfo(p.name, self.profile_spec, eng.model_name, eng.weight_format,
                          p.kv_cache.format, p.context.max_context, eng.load_ms,
-                         remote=getattr(eng, "base_url", "") if is_remote(eng) else "")
+                         remote=eng.base_url if is_remote(eng) else "")
 
     @property
     def remote(self) -> bool:
