@@ -401,3 +401,57 @@ def test_a_server_and_a_client_inside_one_call_still_talk(ws):
                "for i in $(seq 50); do python3 -c \"import urllib.request as u; "
                "print(u.urlopen('http://127.0.0.1:8791/').status)\" 2>/dev/null && exit 0; sleep 0.2; done; exit 1", ws)
     assert out["exit_code"] == 0 and "200" in out["stdout"], out
+
+
+# -- the workspace size cap -------------------------------------------------------------------
+
+CAP = 24 << 20
+
+
+def capped_sandbox(**limits) -> sb.Sandbox:
+    box = agent_sandbox()
+    return sb.Sandbox(replace(box.policy, limits=replace(box.policy.limits, workspace_bytes=CAP, **limits)), box.status)
+
+
+def test_filling_the_disk_past_the_workspace_cap_is_stopped_and_reported(ws, base):
+    """Many files each under the per-file limit, written as fast as the disk takes them: the call
+    is killed soon after the workspace passes the cap, the agent is told why, nothing beside the
+    workspace changed, and a following ``rm`` (which shrinks it) runs normally."""
+    before = {p: p.read_bytes() for p in base.rglob("*") if p.is_file()}
+    ws_ = default_registry(ws, sandbox=capped_sandbox())
+    # bounded (800 MB) so that a broken cap fails this test instead of filling the disk
+    result = ws_.run("bash", {"command": "for i in $(seq 200); do head -c 4000000 /dev/zero > f$i || exit 3; done",
+                              "timeout_s": 120})
+    assert not result.ok, result.content
+    assert result.content.startswith("stopped: the workspace grew to"), result.content
+    assert "past its size cap of 24.0 MiB" in result.content and "killed" in result.content
+    assert result.data["over_cap_stopped"] and result.data["duration_ms"] < 60_000
+    # stopped within a few polls of passing the cap: what a fast disk writes in well under a second
+    from tools.space import usage
+    assert CAP < usage(str(ws)) < CAP + (1 << 30)
+    assert {p: p.read_bytes() for p in base.rglob("*") if p.is_file() and not p.is_relative_to(ws)} == before
+    ok = ws_.run("bash", {"command": "rm -f f*; echo cleaned"})
+    assert ok.ok and "cleaned" in ok.content and not ok.data["over_cap"], ok.content
+
+
+def test_one_file_past_the_workspace_cap_stops_in_the_kernel(ws):
+    """RLIMIT_FSIZE is never above the cap: one big file stops at it, and the call says the
+    workspace went over."""
+    data = execute("head -c 60000000 /dev/zero > big; echo wrote $?", ws, 60, None, capped_sandbox())
+    assert (ws / "big").stat().st_size <= CAP
+    assert "File size limit exceeded" in data["stderr"]
+
+
+def test_file_tools_refuse_a_write_past_the_cap_but_may_shrink(ws):
+    reg = default_registry(ws, sandbox=capped_sandbox())
+    big = "x" * (CAP // 2)
+    assert reg.run("write_file", {"path": "a.txt", "content": big}).ok
+    refused = reg.run("write_file", {"path": "b.txt", "content": big + "y"})
+    assert not refused.ok and "write refused: the workspace would use" in refused.content
+    assert "past its size cap of 24.0 MiB" in refused.content and not (ws / "b.txt").exists()
+    # an edit that grows past the cap is refused too; one that shrinks a file always works
+    (ws / "c.txt").write_text("z" * (7 << 20) + "END")
+    grown = reg.run("edit_file", {"path": "c.txt", "old_text": "END", "new_text": "E" * (6 << 20)})
+    assert not grown.ok and "write refused" in grown.content and (ws / "c.txt").read_text().endswith("zEND")
+    assert reg.run("write_file", {"path": "a.txt", "content": "small"}).ok
+    assert reg.run("write_file", {"path": "b.txt", "content": big}).ok

@@ -496,3 +496,29 @@ def test_the_seccomp_program_is_handed_to_bwrap_whole_on_a_fresh_descriptor():
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_workspace_usage_counts_blocks_once_per_inode_and_bounds_without_a_walk(tmp_path):
+    from tools import space
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a").write_bytes(b"x" * 100_000)
+    os.link(tmp_path / "d" / "a", tmp_path / "b")  # a hard link: counted once
+    (tmp_path / "l").symlink_to("/usr")  # a symlink: not followed
+    one = os.stat(tmp_path / "d" / "a").st_blocks * 512
+    size = space.measure(str(tmp_path))
+    assert one <= size < one + 64 * 1024
+    assert space.bound(str(tmp_path)) >= size  # from the filesystem counter, never below the walk
+    (tmp_path / "c").write_bytes(b"y" * 200_000)
+    assert space.bound(str(tmp_path)) >= space.usage(str(tmp_path))
+
+
+def test_limits_from_a_task_mapping_and_bad_values():
+    lim = sb.Limits.from_mapping({"workspace_bytes": 1 << 30, "cpus": 2, "processes": 64})
+    assert (lim.workspace_bytes, lim.cpus, lim.processes) == (1 << 30, 2.0, 64)
+    with pytest.raises(ValueError, match="unknown sandbox limit 'disk'"):
+        sb.Limits.from_mapping({"disk": 1})
+    with pytest.raises(ValueError, match="must be a positive number"):
+        sb.Limits.from_mapping({"workspace_bytes": -1})
+    # the per-file limit is never above the workspace cap
+    assert "ulimit -f 1024 " in sb.limits_wrapper(sb.Limits(workspace_bytes=1 << 20))

@@ -14,13 +14,17 @@ import secrets
 import stat
 from pathlib import Path
 
+from tools import space
 from tools.base import Workspace
 
 
 def atomic_write_bytes(ws: Workspace, path: Path, data: bytes) -> None:
-    """Replace ``path`` (a real path inside ``ws``, from ``ws.resolve``) with ``data``."""
+    """Replace ``path`` (a real path inside ``ws``, from ``ws.resolve``) with ``data``;
+    ``ToolError`` where that would take the workspace past its size cap (``tools.space``)."""
     dir_fd, name = ws.open_parent(path, create=True)
     try:
+        space.check_write(str(ws.root), space.cap_for(ws.sandbox), _target_blocks(dir_fd, name),
+                          -(-len(data) // 4096) * 4096)
         mode = _target_mode(dir_fd, name)
         tmp = f".{name}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
@@ -45,6 +49,14 @@ def atomic_write_bytes(ws: Workspace, path: Path, data: bytes) -> None:
             pass
     finally:
         os.close(dir_fd)
+
+
+def _target_blocks(dir_fd: int, name: str) -> int:
+    """Disk bytes the file being replaced holds (0 for a new one)."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_blocks * 512
+    except FileNotFoundError:
+        return 0
 
 
 def _target_mode(dir_fd: int, name: str) -> int:

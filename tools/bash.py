@@ -19,6 +19,7 @@ from typing import Any
 
 from tools.base import Tool, ToolResult, Workspace
 from tools.sandbox import Sandbox, SandboxRefused, SandboxStatus
+from tools.space import Watch
 from tools.textio import HeadTail, strip_ansi
 
 STREAM_CAP = 16 * 1024  # bytes kept per stream (head + tail)
@@ -27,6 +28,7 @@ MAX_TIMEOUT_S = 600
 TERM_GRACE_S = 1.0  # SIGTERM -> SIGKILL
 PIPE_GRACE_S = 0.5  # after the shell exits, how long background children may keep its pipes
 _POLL_S = 0.05
+SPACE_POLL_S = 0.2  # how often a running command's workspace size is checked (one statvfs)
 
 UNCONFINED = SandboxStatus("none", "no sandbox was asked for")
 # The only host variables a command sees (plus LC_*); everything else -- tokens, passwords,
@@ -58,7 +60,7 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
     except SandboxRefused as e:
         return ToolResult.failure(f"bash refused: {e}", sandboxed=False, refused=True)
     content = _render(data, timeout)
-    if data["timed_out"] or data["cancelled"]:
+    if data["timed_out"] or data["cancelled"] or data["over_cap"]:
         return ToolResult(ok=False, content=content, data=data, error=content.splitlines()[0])
     return ToolResult.success(content, **data)
 
@@ -73,7 +75,7 @@ def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | N
     started = time.monotonic()
     sandbox = sandbox if sandbox is not None else Sandbox(status=UNCONFINED, unconfined_ok=True)
     env = {**scrub_env(os.environ, str(cwd)), **(extra_env or {})}
-    with sandbox.launch(command, cwd, env) as (argv, fds):
+    with sandbox.launch(command, cwd, env) as (argv, fds, watch):
         proc = subprocess.Popen(
             argv,
             pass_fds=fds,
@@ -85,7 +87,9 @@ def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | N
             start_new_session=True,  # own process group: killpg reaches every child
         )
         out, err = HeadTail(STREAM_CAP), HeadTail(STREAM_CAP)
-        outcome = _pump(proc, {proc.stdout: out, proc.stderr: err}, started + timeout, cancel)
+        outcome = _pump(proc, {proc.stdout: out, proc.stderr: err}, started + timeout, cancel, watch)
+        if outcome == "done" and watch.check(final=True) is not None:
+            outcome = "over_cap"  # it ended on its own, past the cap: said, though nothing was stopped
     duration_ms = round((time.monotonic() - started) * 1000)
     exit_code = proc.returncode
     return {
@@ -93,6 +97,9 @@ def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | N
         "timed_out": outcome == "timeout",
         "cancelled": outcome == "cancelled",
         "background_killed": outcome == "background",
+        "over_cap": watch.over is not None,
+        "over_cap_stopped": outcome == "space",
+        "space": watch.message() if watch.over is not None else None,
         "duration_ms": duration_ms,
         "stdout": strip_ansi(out.text()),
         "stderr": strip_ansi(err.text()),
@@ -105,17 +112,21 @@ def execute(command: str, cwd: Path, timeout: float, cancel: threading.Event | N
     }
 
 
-def _pump(proc: subprocess.Popen, sinks: dict, deadline: float, cancel: threading.Event | None) -> str:
-    """Read both pipes until they close; enforce the deadline and cancellation.
+def _pump(proc: subprocess.Popen, sinks: dict, deadline: float, cancel: threading.Event | None,
+          watch: Watch | None = None) -> str:
+    """Read both pipes until they close; enforce the deadline, cancellation and the workspace
+    size cap (``watch``, checked every ``SPACE_POLL_S``).
 
-    Returns "done", "timeout", "cancelled" or "background" (the shell exited but children it
-    left running still held the pipes and were killed).
+    Returns "done", "timeout", "cancelled", "space" (the workspace grew past its cap and the
+    command was killed) or "background" (the shell exited but children it left running still
+    held the pipes and were killed).
     """
     sel = selectors.DefaultSelector()
     for stream in sinks:
         sel.register(stream, selectors.EVENT_READ)
     outcome = "done"
     exited_at = term_at = kill_at = None
+    space_at = time.monotonic()
     try:
         while sel.get_map() or proc.poll() is None:  # output may close before the shell ends
             now = time.monotonic()
@@ -124,6 +135,11 @@ def _pump(proc: subprocess.Popen, sinks: dict, deadline: float, cancel: threadin
                     outcome, term_at = "cancelled", _signal_group(proc, signal.SIGTERM)
                 elif now >= deadline:
                     outcome, term_at = "timeout", _signal_group(proc, signal.SIGTERM)
+                elif watch is not None and now - space_at >= SPACE_POLL_S and proc.poll() is None:
+                    space_at = now
+                    if watch.check() is not None:  # no grace: every second it keeps writing
+                        outcome = "space"
+                        term_at = kill_at = _signal_group(proc, signal.SIGKILL)
                 elif proc.poll() is not None:
                     exited_at = exited_at or now
                     if now - exited_at >= PIPE_GRACE_S:
@@ -178,10 +194,14 @@ def _render(data: dict[str, Any], timeout: int) -> str:
         status = f"timed out after {timeout} s; the command and its child processes were killed"
     elif data["cancelled"]:
         status = f"cancelled after {seconds:.1f} s; the command and its child processes were killed"
+    elif data["over_cap_stopped"]:
+        status = f"stopped: {data['space']}; the command and its child processes were killed"
     elif code is not None and code < 0:
         status = f"killed by signal {-code} ({seconds:.1f} s)"
     else:
         status = f"exit code {code} ({seconds:.1f} s)"
+    if data["over_cap"] and not data["over_cap_stopped"]:
+        status += f"; {data['space']}"
     if data["background_killed"]:
         status += "; background processes still holding its output were killed (redirect their output to a file to keep them running)"
     parts = [status]

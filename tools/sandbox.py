@@ -57,10 +57,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from tools import seccomp
+from tools import seccomp, space
 
 # Paths always hidden (when present): other users' homes, root's home, runtime sockets,
 # removable and mounted media. The caller adds the user's home and mlxterm's data dirs.
@@ -83,6 +83,24 @@ class Limits:
     cpus: float | None = None  # CPUs' worth of time per call (root: cpu cgroup); None: all but one, at least one
     tmp_bytes: int = 512 << 20  # size of the private /tmp (it lives in memory)
     shm_bytes: int = 512 << 20  # size of the private /dev/shm (memory too)
+    workspace_bytes: int = space.DEFAULT_CAP  # disk the workspace may use in all (tools.space)
+
+    @classmethod
+    def from_mapping(cls, values: dict) -> Limits:
+        """Limits from a task's or profile's ``sandbox:`` mapping (the field names above;
+        unknown names and bad values are a ``ValueError`` saying which)."""
+        names = {f.name: f.type for f in fields(cls)}
+        out = {}
+        for key, value in values.items():
+            if key not in names:
+                raise ValueError(f"unknown sandbox limit {key!r}; known: {', '.join(names)}")
+            if key == "cpus" and value is None:
+                out[key] = None
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"sandbox limit {key!r} must be a positive number, got {value!r}")
+            out[key] = float(value) if key == "cpus" else int(value)
+        return cls(**out)
 
 
 @dataclass(frozen=True)
@@ -419,10 +437,12 @@ class Sandbox:
         return self.status.available
 
     @contextlib.contextmanager
-    def launch(self, command: str, workspace: Path, env: dict[str, str]) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+    def launch(self, command: str, workspace: Path,
+               env: dict[str, str]) -> Iterator[tuple[list[str], tuple[int, ...], space.Watch]]:
         """The argv that starts ``bash -c command`` confined (plain ``bash -c`` where no sandbox
-        is available and ``unconfined_ok``; else ``SandboxRefused``) and the descriptors it must
-        inherit (``Popen(pass_fds=...)``: the seccomp program); cleans up after.
+        is available and ``unconfined_ok``; else ``SandboxRefused``), the descriptors it must
+        inherit (``Popen(pass_fds=...)``: the seccomp program) and the watch on the workspace's
+        size cap (the caller polls ``check()`` and stops the call when it says so); cleans up after.
 
         When root drops to ``status.run_as``, the workspace and the writable directories are
         handed to that uid for the call and back to their owner after it (``_Handover``)."""
@@ -432,9 +452,10 @@ class Sandbox:
             if not self.unconfined_ok:
                 raise SandboxRefused(f"no sandbox is available ({self.status.reason}) and running unconfined "
                                      "was not allowed; run `mlxterm doctor`")
-            yield [bash, "-c", command], ()
+            yield [bash, "-c", command], (), space.Watch.begin(str(workspace), self.policy.limits.workspace_bytes)
             return
         limits = self.policy.limits
+        watch = space.Watch.begin(str(workspace), limits.workspace_bytes)
         home = os.path.expanduser("~")  # this process's home (the command's HOME is the workspace)
         handover = None
         if self.status.backend == "bwrap" and self.status.run_as is not None:
@@ -458,7 +479,7 @@ class Sandbox:
                 argv = [shutil.which("bwrap") or "bwrap",
                         *bwrap_args(self.policy, workspace, home, self.status, fds[0] if fds else None),
                         "--", *_drop_args(self.status), bash, "-c", inner, bash, command, os.path.realpath(workspace)]
-            yield (cgroup.wrap(argv) if cgroup is not None else argv), fds
+            yield (cgroup.wrap(argv) if cgroup is not None else argv), fds, watch
         finally:
             for fd in fds:
                 os.close(fd)
@@ -570,7 +591,8 @@ def limits_wrapper(limits: Limits, processes: bool = True) -> str:
     sets the soft and the hard limit, and the command runs without capabilities, so it cannot
     raise them again. No core files (``-c 0``).
     """
-    settings = [("-t", limits.cpu_s), ("-d", limits.data_bytes // 1024), ("-f", limits.file_bytes // 1024),
+    settings = [("-t", limits.cpu_s), ("-d", limits.data_bytes // 1024),
+                ("-f", min(limits.file_bytes, limits.workspace_bytes) // 1024),
                 ("-c", 0)]
     if processes:
         settings.append(("-u", limits.processes))
