@@ -29,10 +29,13 @@ off and why.
 
 Resource limits make a fork bomb, a memory hog or a runaway file a tool error: CPU seconds,
 data segment size, file size, process count and no core files (``ulimit`` in the sandbox,
-after the uid switch, so they cannot be raised again); for root also a fresh ``pids``,
-``memory`` and ``cpu`` cgroup per call where cgroup v1 allows (RLIMIT_NPROC there counts every
-process of the shared sandbox uid; the CPU quota keeps a runaway command from starving the
-model that runs beside it). Without cgroups, RLIMIT_CPU bounds each process's CPU seconds.
+after the uid switch, so they cannot be raised again); for root also a fresh cgroup per call
+with ``pids``, ``memory`` and ``cpu`` limits (RLIMIT_NPROC there counts every process of the
+shared sandbox uid; the CPU quota keeps a runaway command from starving the model that runs
+beside it): v2 (``memory.max``, ``pids.max``, ``cpu.max``) where the unified hierarchy has the
+pids controller and groups can be made (``v2_parent``), else v1 where its hierarchies are
+writable; ``describe()`` says which and why not the other. Without cgroups, RLIMIT_CPU bounds
+each process's CPU seconds. The workspace as a whole is capped by ``tools.space``.
 
 On macOS the same rules are written as a Seatbelt (``sandbox-exec``) profile; see
 ``seatbelt_profile``. Where neither works, ``probe()`` says why; a ``Sandbox`` then refuses
@@ -125,6 +128,11 @@ class SandboxStatus:
     run_as: tuple[int, int] | None = None
     disable_userns: bool = False  # bwrap --disable-userns (bubblewrap >= 0.8, user-namespace mode)
     seccomp_off: str | None = None  # bwrap: why no seccomp filter is loaded (None: it is)
+    # process_limit "cgroup": "v1" or "v2"; the v2 parent directory; and in words which groups
+    # a call gets, or why none (then rlimits alone)
+    cgroup: str | None = None
+    cgroup_parent: str | None = None
+    cgroup_note: str = ""
 
     @property
     def available(self) -> bool:
@@ -142,7 +150,8 @@ class SandboxStatus:
         filt = ""
         if self.backend == "bwrap":
             filt = "; seccomp filter: on" if self.seccomp_off is None else f"; seccomp filter: OFF ({self.seccomp_off})"
-        return f"{self.backend} ({self.reason}; runs as {self.identity()}; process limit: {self.process_limit}{filt})"
+        limit = self.process_limit + (f" ({self.cgroup_note})" if self.cgroup_note else "")
+        return f"{self.backend} ({self.reason}; runs as {self.identity()}; process limit: {limit}{filt})"
 
 
 _probe_lock = threading.Lock()
@@ -183,9 +192,10 @@ def _probe() -> SandboxStatus:
     except (OSError, subprocess.TimeoutExpired) as e:
         return SandboxStatus("none", f"bwrap could not start: {e}")
     status = SandboxStatus("bwrap", "bubblewrap: system dirs read-only, writable workspace, nothing else of the host, private /tmp, own network",
-                           "cgroup" if root and _pids_cgroup_root() else "rlimit", run_as,
-                           disable_userns=not root and "--disable-userns" in helptext,
+                           "rlimit", run_as, disable_userns=not root and "--disable-userns" in helptext,
                            seccomp_off=seccomp.unavailable_reason())
+    if root:
+        status = replace(status, **_cgroup_choice())
     # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch, the filter
     err = _try_bwrap(bwrap, status)
     if err is not None and status.seccomp_off is None and _try_bwrap(bwrap, replace(status, seccomp_off="-")) is None:
@@ -193,6 +203,19 @@ def _probe() -> SandboxStatus:
     if err is not None:
         return SandboxStatus("none", "bwrap cannot create namespaces here: " + err)
     return status
+
+
+def _cgroup_choice() -> dict:
+    """Which per-call groups root gets: v2 where the unified hierarchy has the pids controller
+    and groups can be made, else v1 where its pids hierarchy is writable, else none (rlimits)."""
+    parent, note = cgroup_v2()
+    if parent is not None:
+        return {"process_limit": "cgroup", "cgroup": "v2", "cgroup_parent": parent,
+                "cgroup_note": f"{note}: pids.max, memory.max, cpu.max per call"}
+    if _pids_cgroup_root():
+        return {"process_limit": "cgroup", "cgroup": "v1",
+                "cgroup_note": f"cgroup v1 pids, memory, cpu per call; not v2: {note}"}
+    return {"process_limit": "rlimit", "cgroup_note": f"rlimits only; no writable cgroup v1 pids hierarchy, not v2: {note}"}
 
 
 def _try_bwrap(bwrap: str, status: SandboxStatus) -> str | None:
@@ -461,7 +484,11 @@ class Sandbox:
         if self.status.backend == "bwrap" and self.status.run_as is not None:
             handover = _Handover([str(workspace), *self.policy.writable], self.status.run_as,
                                  skip=[*self.policy.hide, home], entries=self.policy.read_only)
-        cgroup = _Cgroups.create(limits) if self.status.process_limit == "cgroup" else None
+        cgroup: _Cgroups | _CgroupV2 | None = None
+        if self.status.process_limit == "cgroup" and self.status.cgroup == "v2" and self.status.cgroup_parent:
+            cgroup = _CgroupV2.create(limits, self.status.cgroup_parent)
+        elif self.status.process_limit == "cgroup":
+            cgroup = _Cgroups.create(limits)
         fds: tuple[int, ...] = ()
         try:
             if handover is not None:
@@ -618,6 +645,174 @@ def _own_cgroup(controller: str) -> str | None:
 
 def _pids_cgroup_root() -> str | None:
     return _own_cgroup("pids")
+
+
+# -- cgroup v2 ------------------------------------------------------------------------------
+
+V2_CONTROLLERS = ("pids", "memory", "cpu")  # pids is required; memory and cpu where there
+
+
+def v2_mount(mountinfo: str | None = None) -> str | None:
+    """Where the unified (v2) hierarchy is mounted (``/sys/fs/cgroup`` on a pure v2 host,
+    ``/sys/fs/cgroup/unified`` on a hybrid one), from ``/proc/self/mountinfo``."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo") as f:
+                mountinfo = f.read()
+        except OSError:
+            return None
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split(" ", 1)[0] == "cgroup2":
+            return left.split()[4]
+    return None
+
+
+def v2_own(mount: str, cgroup: str | None = None) -> str | None:
+    """This process's own v2 cgroup directory (the ``0::`` line of ``/proc/self/cgroup``)."""
+    if cgroup is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                cgroup = f.read()
+        except OSError:
+            return None
+    for line in cgroup.splitlines():
+        if line.startswith("0::"):
+            return os.path.normpath(os.path.join(mount, line[3:].strip().lstrip("/")))
+    return None
+
+
+def v2_parent(own: str, pid: int | None = None) -> tuple[str | None, str]:
+    """The v2 directory in which per-call groups with ``pids`` (and ``memory``, ``cpu``) limits can
+    be made, and what was done or why none can: (path, note).
+
+    A v2 group that holds processes cannot hand controllers to children (the "no internal
+    processes" rule, the root group excepted). So the controllers are enabled in this process's
+    own group where that works; where the group holds only this process (mlxterm as a
+    container's main process, a delegated service), this process first moves into a leaf of
+    its own (``mlxterm-host``), which leaves every limit above it in force; where other
+    processes share the group, no groups are made (the caller falls back)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        with open(os.path.join(own, "cgroup.controllers")) as f:
+            available = f.read().split()
+    except OSError as e:
+        return None, f"cannot read {own}/cgroup.controllers ({e.strerror})"
+    if "pids" not in available:
+        return None, f"the pids controller is not in the v2 hierarchy at {own} (it is bound to cgroup v1 or not delegated)"
+    want = [c for c in V2_CONTROLLERS if c in available]
+    err = _enable(own, want)
+    if err is None:
+        return own, "v2 groups under " + own
+    try:
+        with open(os.path.join(own, "cgroup.procs")) as f:
+            procs = [int(x) for x in f.read().split()]
+    except OSError as e:
+        return None, f"cannot read {own}/cgroup.procs ({e.strerror})"
+    if procs != [pid]:
+        return None, f"cannot enable controllers in {own} ({err}) and other processes share it"
+    leaf = os.path.join(own, "mlxterm-host")
+    try:
+        os.makedirs(leaf, exist_ok=True)
+        with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+    except OSError as e:
+        return None, f"cannot move mlxterm into {leaf} ({e.strerror})"
+    err = _enable(own, want)
+    if err is not None:
+        return None, f"cannot enable controllers in {own} ({err})"
+    return own, f"v2 groups under {own} (mlxterm moved into mlxterm-host)"
+
+
+def _enable(path: str, controllers: Sequence[str]) -> str | None:
+    """Enable ``controllers`` for ``path``'s children; None, or the error."""
+    try:
+        with open(os.path.join(path, "cgroup.subtree_control")) as f:
+            enabled = f.read().split()
+    except OSError as e:
+        return e.strerror or str(e)
+    for c in controllers:
+        if c in enabled:
+            continue
+        try:
+            with open(os.path.join(path, "cgroup.subtree_control"), "w") as f:
+                f.write("+" + c)
+        except OSError as e:
+            if c == "pids":
+                return e.strerror or str(e)
+    return None
+
+
+_v2_lock = threading.Lock()
+_v2_found: tuple[str | None, str] | None = None
+
+
+def cgroup_v2() -> tuple[str | None, str]:
+    """``v2_parent`` for this process, found once (root only: others cannot write the tree)."""
+    global _v2_found
+    with _v2_lock:
+        if _v2_found is None:
+            mount = v2_mount()
+            own = v2_own(mount) if mount else None
+            if own is None:
+                _v2_found = (None, "no cgroup v2 hierarchy")
+            elif os.geteuid() != 0:
+                _v2_found = (None, "not root")
+            else:
+                _v2_found = v2_parent(own)
+        return _v2_found
+
+
+class _CgroupV2:
+    """A fresh v2 cgroup for one root-run command under ``parent`` (``cgroup_v2()``):
+    ``pids.max``, ``memory.max`` (processes and tmpfs pages together; no swap beyond it) and
+    ``cpu.max`` (a CFS quota), each where the controller is enabled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @classmethod
+    def create(cls, limits: Limits, parent: str) -> _CgroupV2 | None:
+        period = 100_000  # µs
+        try:
+            with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                enabled = set(f.read().split())
+        except OSError:
+            return None
+        if "pids" not in enabled:
+            return None
+        knobs = [("pids.max", limits.processes)]
+        if "memory" in enabled:
+            knobs += [("memory.max", limits.memory_bytes), ("memory.swap.max", 0)]
+        if "cpu" in enabled:
+            knobs.append(("cpu.max", f"{round(cpu_share(limits) * period)} {period}"))
+        path = os.path.join(parent, f"mlxterm-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            os.mkdir(path)
+        except OSError:
+            return None
+        group = cls(path)
+        for knob, value in knobs:
+            try:
+                with open(os.path.join(path, knob), "w") as f:
+                    f.write(str(value))
+            except OSError:
+                if knob == "memory.swap.max":
+                    continue  # no swap accounting here: memory.max still holds
+                group.remove()
+                return None
+        return group
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` started from a shell that first moves itself into the group (a failed
+        write ends there: never unlimited)."""
+        return ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', os.path.join(self.path, "cgroup.procs"), *argv]
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):  # cgroup.kill (Linux 5.14+) ends everything inside at once
+            with open(os.path.join(self.path, "cgroup.kill"), "w") as f:
+                f.write("1")
+        _remove_cgroup(self.path)
 
 
 def cpu_share(limits: Limits) -> float:

@@ -73,7 +73,7 @@ def sandbox() -> dict[str, Any]:
     if status.backend == "bwrap":
         uid = status.run_as[0] if status.run_as is not None else os.getuid()
     return {"ok": status.available, "backend": status.backend, "process_limit": status.process_limit,
-            "uid": uid, "runs_as": status.identity() if status.available else None, "detail": detail}
+            "cgroup": status.cgroup, "cgroup_note": status.cgroup_note or None, "uid": uid, "runs_as": status.identity() if status.available else None, "detail": detail}
 
 
 def openblas() -> dict[str, Any]:
