@@ -455,3 +455,69 @@ def test_file_tools_refuse_a_write_past_the_cap_but_may_shrink(ws):
     assert not grown.ok and "write refused" in grown.content and (ws / "c.txt").read_text().endswith("zEND")
     assert reg.run("write_file", {"path": "a.txt", "content": "small"}).ok
     assert reg.run("write_file", {"path": "b.txt", "content": big}).ok
+
+
+# -- Landlock ---------------------------------------------------------------------------------
+
+from tools import landlock  # noqa: E402
+
+needs_landlock = pytest.mark.skipif(
+    landlock.abi() < landlock.MIN_ABI,
+    reason=f"system lacks: Landlock ABI {landlock.MIN_ABI}+ in this kernel (it reports ABI {landlock.abi()})")
+
+
+def _with_a_mount_mistake(monkeypatch, host: Path) -> None:
+    """A future bug in the mount list: a host directory mounted read-write at /mistake."""
+    real = sb.bwrap_args
+
+    def mistaken(*args, **kwargs):
+        out = real(*args, **kwargs)
+        at = out.index("--remount-ro")
+        return [*out[:at], "--bind", str(host), "/mistake", *out[at:]]
+
+    monkeypatch.setattr(sb, "bwrap_args", mistaken)
+
+
+@needs_landlock
+def test_landlock_keeps_a_host_directory_mounted_by_mistake_unwritable(ws, base, monkeypatch):
+    """The rules hold whatever is mounted: a world-writable host directory bound read-write by
+    mistake is still not writable, while the same mistake without Landlock is (the control)."""
+    assert STATUS.landlock_off is None, STATUS.describe()
+    host = base / "host-dir"
+    host.mkdir()
+    host.chmod(0o777)
+    _with_a_mount_mistake(monkeypatch, host)
+    box = agent_sandbox()
+    out = execute("echo x > /mistake/f; echo rc=$?; mkdir /mistake/d; ln -s /etc /mistake/l; ls -A /mistake", ws, 60, None, box)
+    assert "rc=1" in out["stdout"] and "Permission denied" in out["stderr"], out
+    assert list(host.iterdir()) == []
+    control = sb.Sandbox(box.policy, replace(STATUS, landlock_off="off for the control"))
+    out = execute("echo x > /mistake/f; echo rc=$?", ws, 60, None, control)
+    assert "rc=0" in out["stdout"] and (host / "f").read_text() == "x\n"
+
+
+@needs_landlock
+def test_landlock_leaves_normal_writes_and_shell_signals_alone(ws):
+    """Workspace, /tmp, /dev/shm, moving files between directories (pip does), fifos, sockets,
+    > /dev/null; and the helper's Python leaves no signal ignored for the command."""
+    out = bash("""set -e; mkdir -p a b; echo 1 > a/x; mv a/x b/x; ln b/x b/h; ln -s b/x s; mkfifo p
+        echo 2 > /tmp/t; mv /tmp/t /tmp/u; echo 3 > /dev/shm/v; echo 4 > /dev/null; : > b/x
+        python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind("sock")'
+        grep SigIgn /proc/self/status; yes | head -c 3 >/dev/null; echo done""", ws)
+    assert out["exit_code"] == 0 and "done" in out["stdout"], out
+    assert "SigIgn:\t0000000000000000" in out["stdout"] and out["stderr"] == ""
+
+
+def test_landlock_write_rights_follow_the_kernels_abi(monkeypatch):
+    assert landlock.write_rights(2) & landlock.REFER and not landlock.write_rights(2) & landlock.TRUNCATE
+    assert landlock.write_rights(5) & landlock.IOCTL_DEV and landlock.write_rights(3) & landlock.TRUNCATE
+    monkeypatch.setenv("MLXTERM_LANDLOCK", "off")
+    assert landlock.unavailable_reason() == "turned off by MLXTERM_LANDLOCK=off"
+    monkeypatch.delenv("MLXTERM_LANDLOCK")
+    monkeypatch.setattr(landlock, "abi", lambda: 1)
+    assert "ABI 1 forbids moving files" in landlock.unavailable_reason()
+    monkeypatch.setattr(landlock, "abi", lambda: 0)
+    assert "kernel has no Landlock" in landlock.unavailable_reason()
+    status = replace(STATUS, landlock_off=landlock.unavailable_reason())
+    assert "Landlock write rules: OFF (the kernel has no Landlock" in status.describe()
+    assert sb._landlock_args(status, ["/w"]) == []

@@ -471,6 +471,25 @@ def test_doctor_says_which_uid_the_sandbox_uses():
 
 
 @needs_bwrap
+def test_doctor_says_whether_landlock_and_which_cgroups_apply_and_why_not(monkeypatch):
+    from app.commands import doctor
+    from tools import landlock
+
+    fact = doctor.sandbox()
+    assert fact["landlock"] == (landlock.unavailable_reason() is None)
+    assert ("Landlock write rules: on" in fact["detail"]) == fact["landlock"]
+    if os.geteuid() == 0:
+        assert fact["cgroup"] in ("v1", "v2", None) and fact["cgroup_note"]
+        assert fact["cgroup_note"] in fact["detail"]
+    monkeypatch.setenv("MLXTERM_LANDLOCK", "off")
+    monkeypatch.setattr(sb, "_probed", None)
+    off = doctor.sandbox()
+    monkeypatch.setattr(sb, "_probed", None)
+    assert not off["landlock"] and off["landlock_off"] == "turned off by MLXTERM_LANDLOCK=off"
+    assert "Landlock write rules: OFF (turned off by MLXTERM_LANDLOCK=off)" in off["detail"]
+
+
+@needs_bwrap
 def test_without_libseccomp_the_sandbox_runs_and_says_the_filter_is_off(layout, monkeypatch):
     from tools import seccomp
 

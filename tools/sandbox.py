@@ -57,13 +57,14 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from tools import seccomp, space
+from tools import landlock, seccomp, space
 
 # Paths always hidden (when present): other users' homes, root's home, runtime sockets,
 # removable and mounted media. The caller adds the user's home and mlxterm's data dirs.
@@ -74,6 +75,7 @@ SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/e
 PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
 CGROUP_V1 = "/sys/fs/cgroup"  # cgroup v1 hierarchies (pids, memory), used for root
 SANDBOX_ID = 65534  # nobody/nogroup: what a root mlxterm's sandboxed commands run as
+LANDLOCK_HELPER = os.path.realpath(landlock.__file__)  # runs inside the sandbox, standard library only
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class SandboxStatus:
     cgroup: str | None = None
     cgroup_parent: str | None = None
     cgroup_note: str = ""
+    landlock_off: str | None = "not probed"  # bwrap: why no Landlock write rules (None: they apply)
 
     @property
     def available(self) -> bool:
@@ -150,6 +153,8 @@ class SandboxStatus:
         filt = ""
         if self.backend == "bwrap":
             filt = "; seccomp filter: on" if self.seccomp_off is None else f"; seccomp filter: OFF ({self.seccomp_off})"
+            filt += ("; Landlock write rules: on" if self.landlock_off is None
+                     else f"; Landlock write rules: OFF ({self.landlock_off})")
         limit = self.process_limit + (f" ({self.cgroup_note})" if self.cgroup_note else "")
         return f"{self.backend} ({self.reason}; runs as {self.identity()}; process limit: {limit}{filt})"
 
@@ -193,11 +198,13 @@ def _probe() -> SandboxStatus:
         return SandboxStatus("none", f"bwrap could not start: {e}")
     status = SandboxStatus("bwrap", "bubblewrap: system dirs read-only, writable workspace, nothing else of the host, private /tmp, own network",
                            "rlimit", run_as, disable_userns=not root and "--disable-userns" in helptext,
-                           seccomp_off=seccomp.unavailable_reason())
+                           seccomp_off=seccomp.unavailable_reason(), landlock_off=landlock.unavailable_reason())
     if root:
         status = replace(status, **_cgroup_choice())
     # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch, the filter
     err = _try_bwrap(bwrap, status)
+    if err is not None and status.landlock_off is None and _try_bwrap(bwrap, replace(status, landlock_off="-")) is None:
+        return replace(status, landlock_off=f"the rules could not be applied: {err}")
     if err is not None and status.seccomp_off is None and _try_bwrap(bwrap, replace(status, seccomp_off="-")) is None:
         return replace(status, seccomp_off=f"bwrap did not load it: {err}")
     if err is not None:
@@ -221,19 +228,35 @@ def _cgroup_choice() -> dict:
 def _try_bwrap(bwrap: str, status: SandboxStatus) -> str | None:
     """Run ``true`` the way a real call runs; None, or why it failed."""
     fd = seccomp.program_fd() if status.seccomp_off is None else None
+    ws = tempfile.mkdtemp(prefix="mlxterm-probe-")
     try:
-        proc = subprocess.run([bwrap, *_namespace_args(False, status), "--ro-bind", "/", "/",
-                               *(["--seccomp", str(fd)] if fd is not None else []), *_drop_args(status), "true"],
+        proc = subprocess.run([bwrap, *bwrap_args(SandboxPolicy(), Path(ws), None, status, fd), "--", *_drop_args(status),
+                               *_landlock_args(status, [ws]), shutil.which("true") or "/bin/true"],
                               capture_output=True, timeout=20, stdin=subprocess.DEVNULL, pass_fds=(fd,) if fd is not None else ())
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bwrap could not start: {e}"
     finally:
         if fd is not None:
             os.close(fd)
+        os.rmdir(ws)
     if proc.returncode != 0:
         lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         return lines[-1] if lines else f"exit {proc.returncode}"
     return None
+
+
+def _landlock_args(status: SandboxStatus | None, writable: Sequence[str]) -> list[str]:
+    """The command prefix that applies the Landlock write rules (``tools.landlock``) for
+    ``writable`` and then execs the rest; nothing where they are off."""
+    if status is None or status.backend != "bwrap" or status.landlock_off is not None:
+        return []
+    return [_helper_python(), "-I", "-S", LANDLOCK_HELPER, *writable, "--"]
+
+
+def _helper_python() -> str:
+    """The interpreter that runs the Landlock helper: this one, by its real path (it finds its
+    standard library from there; the sandbox mounts its installation read-only)."""
+    return os.path.realpath(sys.executable)
 
 
 def _sandbox_ids() -> tuple[int, int]:
@@ -325,7 +348,11 @@ def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None,
     binds: dict[str, str] = {}  # path -> "--ro-bind" | "--bind"
     # With the network on, name resolution must keep working: /etc/resolv.conf is often a
     # link into /run (systemd-resolved), which is not mounted.
-    for p in _existing([*policy.read_only, *(["/etc/resolv.conf"] if policy.network else [])]):
+    helper = []
+    if status is not None and status.backend == "bwrap" and status.landlock_off is None:
+        # the Landlock helper and the Python that runs it (its installation: the standard library)
+        helper = [LANDLOCK_HELPER, sys.base_prefix, os.path.dirname(_helper_python())]
+    for p in _existing([*policy.read_only, *helper, *(["/etc/resolv.conf"] if policy.network else [])]):
         if not _within(p, ws) and not any(_within(p, s) for s in system):
             binds[p] = "--ro-bind"
     binds[ws] = "--bind"
@@ -505,7 +532,9 @@ class Sandbox:
                     fds = (seccomp.program_fd(),)
                 argv = [shutil.which("bwrap") or "bwrap",
                         *bwrap_args(self.policy, workspace, home, self.status, fds[0] if fds else None),
-                        "--", *_drop_args(self.status), bash, "-c", inner, bash, command, os.path.realpath(workspace)]
+                        "--", *_drop_args(self.status),
+                        *_landlock_args(self.status, [os.path.realpath(workspace), *_existing(self.policy.writable)]),
+                        bash, "-c", inner, bash, command, os.path.realpath(workspace)]
             yield (cgroup.wrap(argv) if cgroup is not None else argv), fds, watch
         finally:
             for fd in fds:

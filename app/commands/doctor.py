@@ -73,7 +73,9 @@ def sandbox() -> dict[str, Any]:
     if status.backend == "bwrap":
         uid = status.run_as[0] if status.run_as is not None else os.getuid()
     return {"ok": status.available, "backend": status.backend, "process_limit": status.process_limit,
-            "cgroup": status.cgroup, "cgroup_note": status.cgroup_note or None, "uid": uid, "runs_as": status.identity() if status.available else None, "detail": detail}
+            "cgroup": status.cgroup, "cgroup_note": status.cgroup_note or None, "uid": uid,
+            "landlock": status.backend == "bwrap" and status.landlock_off is None,
+            "landlock_off": status.landlock_off if status.backend == "bwrap" else None, "runs_as": status.identity() if status.available else None, "detail": detail}
 
 
 def openblas() -> dict[str, Any]:

@@ -1,0 +1,155 @@
+"""Landlock write rules for sandboxed commands: a second, kernel-enforced wall behind the mounts.
+
+bubblewrap decides what a command can see; Landlock (Linux 5.13+) decides, whatever is
+mounted, where it may write: the workspace, the writable directories of the policy, the
+private ``/tmp`` and ``/dev/shm`` get every write right; ``/dev`` and ``/proc`` only writing
+to existing files (``> /dev/null``, ``/proc/self/oom_score_adj``); every other path none. So a
+future mount mistake that exposes a host directory read-write is still not writable. Reads are
+not handled (the mounts already decide what is there to read).
+
+Landlock cannot be set up before bubblewrap (a restricted process may not mount), so this file
+also runs as a small program inside the sandbox, after the uid switch and before the command:
+``python -I -S landlock.py RW_PATH... -- ARGV...`` applies the rules to itself and execs
+``ARGV`` (the rules hold for every process it starts). It uses only the standard library
+(``ctypes`` for the three syscalls; no package in this repository is imported), so it runs
+from its own path with Python's isolated, site-less start. ``no_new_privs`` is already set
+by bubblewrap. Rules that cannot be applied end the call (exit 126): never run unrestricted
+when the caller asked for Landlock.
+
+Needs ABI 2 or later: with ABI 1 the kernel forbids moving a file to another directory
+(``mv a/x b/``, pip's installs) for every restricted process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+# syscall numbers (the same on every architecture: they were added after the tables were unified)
+CREATE_RULESET, ADD_RULE, RESTRICT_SELF = 444, 445, 446
+CREATE_RULESET_VERSION = 1
+RULE_PATH_BENEATH = 1
+MIN_ABI = 2
+
+# LANDLOCK_ACCESS_FS_* write rights, with the ABI that introduced each
+WRITE_FILE, REMOVE_DIR, REMOVE_FILE = 1 << 1, 1 << 4, 1 << 5
+MAKE_CHAR, MAKE_DIR, MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = (1 << n for n in range(6, 13))
+REFER, TRUNCATE, IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+ABI1_WRITE = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK
+              | MAKE_FIFO | MAKE_BLOCK | MAKE_SYM)
+PSEUDO_FS = ("/dev", "/proc")  # writing to existing files only
+PRIVATE_RW = ("/tmp", "/dev/shm")
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1  # the kernel's struct is packed
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def abi() -> int:
+    """The kernel's Landlock ABI version (0: no Landlock here, or it is disabled at boot)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    version = libc.syscall(CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
+    return max(0, int(version))
+
+
+def unavailable_reason() -> str | None:
+    """Why write rules cannot be applied here, or None."""
+    if os.environ.get("MLXTERM_LANDLOCK") == "off":
+        return "turned off by MLXTERM_LANDLOCK=off"
+    version = abi()
+    if version == 0:
+        return "the kernel has no Landlock (Linux 5.13+ built with it and enabled in lsm=)"
+    if version < MIN_ABI:
+        return f"the kernel's Landlock ABI {version} forbids moving files between directories; ABI {MIN_ABI}+ is needed"
+    return None
+
+
+def write_rights(version: int) -> int:
+    """Every write right the kernel with ABI ``version`` knows."""
+    rights = ABI1_WRITE
+    if version >= 2:
+        rights |= REFER
+    if version >= 3:
+        rights |= TRUNCATE
+    if version >= 5:
+        rights |= IOCTL_DEV
+    return rights
+
+
+def restrict(writable: list[str], version: int | None = None) -> None:
+    """Allow writes only beneath ``writable`` (and ``PRIVATE_RW``; existing files in
+    ``PSEUDO_FS``) for this process and everything it starts; ``OSError`` when it fails."""
+    version = abi() if version is None else version
+    if version < MIN_ABI:
+        raise OSError(f"Landlock ABI {version} is below {MIN_ABI}")
+    handled = write_rights(version)
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    attr = _RulesetAttr(handled)
+    ruleset = libc.syscall(CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise _err("landlock_create_ruleset")
+    try:
+        pseudo = handled & (WRITE_FILE | TRUNCATE | IOCTL_DEV)
+        rules = [(p, handled) for p in (*writable, *PRIVATE_RW)] + [(p, pseudo) for p in PSEUDO_FS]
+        for path, allowed in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # not in this sandbox: nothing to allow
+            try:
+                if not os.path.isdir(path):
+                    allowed &= WRITE_FILE | TRUNCATE | IOCTL_DEV  # a file takes file rights only
+                rule = _PathBeneath(allowed, fd)
+                if libc.syscall(ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH), ctypes.byref(rule),
+                                ctypes.c_uint32(0)) < 0:
+                    raise _err(f"landlock_add_rule({path})")
+            finally:
+                os.close(fd)
+        if libc.syscall(RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
+            raise _err("landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
+def _err(what: str) -> OSError:
+    code = ctypes.get_errno()
+    return OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def main(argv: list[str]) -> None:
+    """``RW_PATH... -- ARGV...``: restrict, then exec ARGV."""
+    if "--" not in argv:
+        sys.stderr.write("usage: landlock.py RW_PATH... -- ARGV...\n")
+        sys.exit(2)
+    split = argv.index("--")
+    writable, command = argv[:split], argv[split + 1:]
+    try:
+        restrict(writable)
+    except OSError as e:
+        sys.stderr.write(f"mlxterm sandbox: Landlock rules could not be applied ({e}); not running the command\n")
+        sys.exit(126)
+    # Python ignores these at start and an ignored signal stays ignored across exec: give the
+    # command the defaults a shell expects (`yes | head` ends quietly, RLIMIT_FSIZE kills)
+    for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
