@@ -58,8 +58,18 @@ async def open_board(pilot, how: str = "key") -> BoardScreen:
     else:
         await pilot.press("ctrl+b")
     await wait_for(pilot, lambda: isinstance(app.screen, BoardScreen), what="the board")
-    await pilot.pause(0.1)
+    await wait_for(pilot, lambda: board_ready(app.screen), what="the board to start and draw its cards")
+    await pilot.pause()
     return app.screen
+
+
+def board_ready(screen: BoardScreen) -> bool:
+    """The board screen's mount is done: its dispatcher started and every column shows the
+    cards it holds."""
+    if screen.service.dispatcher is None:
+        return False
+    return all([w.card_id for w in screen.query_one(f"#col-{state}").query(BoardCard)]
+               == [c.id for c in screen.columns[state]] for state in screen.columns)
 
 
 def state(app, cid: int) -> str:
