@@ -478,11 +478,22 @@ def _with_a_mount_mistake(monkeypatch, host: Path) -> None:
     monkeypatch.setattr(sb, "bwrap_args", mistaken)
 
 
+@pytest.fixture(params=["c", "python"])
+def helper(request, monkeypatch):
+    """Each Landlock helper in turn: the built C one and the Python fallback."""
+    if request.param == "python":
+        monkeypatch.setattr(landlock, "_compiled", None)
+    elif landlock.compiled_helper() is None:
+        pytest.skip("system lacks: a C compiler to build the Landlock helper (the Python one runs instead)")
+    return request.param
+
+
 @needs_landlock
-def test_landlock_keeps_a_host_directory_mounted_by_mistake_unwritable(ws, base, monkeypatch):
+def test_landlock_keeps_a_host_directory_mounted_by_mistake_unwritable(ws, base, monkeypatch, helper):
     """The rules hold whatever is mounted: a world-writable host directory bound read-write by
     mistake is still not writable, while the same mistake without Landlock is (the control)."""
     assert STATUS.landlock_off is None, STATUS.describe()
+    assert (len(landlock.helper()) > 1) == (helper == "python")  # the Python one runs with -I -S
     host = base / "host-dir"
     host.mkdir()
     host.chmod(0o777)
@@ -497,7 +508,7 @@ def test_landlock_keeps_a_host_directory_mounted_by_mistake_unwritable(ws, base,
 
 
 @needs_landlock
-def test_landlock_leaves_normal_writes_and_shell_signals_alone(ws):
+def test_landlock_leaves_normal_writes_and_shell_signals_alone(ws, helper):
     """Workspace, /tmp, /dev/shm, moving files between directories (pip does), fifos, sockets,
     > /dev/null; and the helper's Python leaves no signal ignored for the command."""
     out = bash("""set -e; mkdir -p a b; echo 1 > a/x; mv a/x b/x; ln b/x b/h; ln -s b/x s; mkfifo p

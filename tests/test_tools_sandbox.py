@@ -478,6 +478,7 @@ def test_doctor_says_whether_landlock_and_which_cgroups_apply_and_why_not(monkey
     fact = doctor.sandbox()
     assert fact["landlock"] == (landlock.unavailable_reason() is None)
     assert ("Landlock write rules: on" in fact["detail"]) == fact["landlock"]
+    assert (fact["landlock_helper"] is not None) == fact["landlock"]
     if os.geteuid() == 0:
         assert fact["cgroup"] in ("v1", "v2", None) and fact["cgroup_note"]
         assert fact["cgroup_note"] in fact["detail"]

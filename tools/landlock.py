@@ -16,12 +16,17 @@ from its own path with Python's isolated, site-less start. ``no_new_privs`` is a
 by bubblewrap. Rules that cannot be applied end the call (exit 126): never run unrestricted
 when the caller asked for Landlock.
 
+The same program in C (``landlock_helper.c``, built on first use where a C compiler is
+there: ``compiled_helper``) costs about 1 ms of CPU per call instead of Python's ~20; this
+file's ``main`` is the fallback and the reference.
+
 Needs ABI 2 or later: with ABI 1 the kernel forbids moving a file to another directory
 (``mv a/x b/``, pip's installs) for every restricted process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -129,6 +134,66 @@ def restrict(writable: list[str], version: int | None = None) -> None:
 def _err(what: str) -> OSError:
     code = ctypes.get_errno()
     return OSError(code, f"{what}: {os.strerror(code)}")
+
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landlock_helper.c")
+
+
+_UNSET = object()
+_compiled: object = _UNSET
+
+
+def compiled_helper() -> str | None:
+    """The C helper (``landlock_helper.c``), built next to its source on first use with the
+    system's C compiler (``$CC``, else ``cc``) and named by the source's hash, so an edit
+    rebuilds it; None where it cannot be built (no compiler, a read-only install)."""
+    global _compiled
+    if _compiled is not _UNSET:
+        return _compiled
+    import hashlib  # here, not at the top: the Python helper's own start stays lean
+    import shutil
+    import subprocess
+
+    _compiled = None
+    try:
+        with open(SOURCE, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:12]
+        target = os.path.join(os.path.dirname(SOURCE), f"_landlock-{digest}")
+        if os.access(target, os.X_OK):
+            _compiled = target
+            return target
+        cc = shutil.which(os.environ.get("CC") or "cc")
+        if cc is None:
+            return None
+        tmp = f"{target}.{os.getpid()}.tmp"
+        done = subprocess.run([cc, "-O2", "-o", tmp, SOURCE], capture_output=True, timeout=120)
+        if done.returncode != 0:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            return None
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+        _compiled = target
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return _compiled
+
+
+def helper() -> list[str]:
+    """The argv prefix that applies the rules (then ``RW_PATH... -- ARGV...``): the C helper
+    where it can be built, else this file run by this Python (isolated, no site: ~20 ms)."""
+    built = compiled_helper()
+    if built is not None:
+        return [built]
+    return [os.path.realpath(sys.executable), "-I", "-S", os.path.abspath(__file__)]
+
+
+def helper_mounts() -> list[str]:
+    """What the sandbox must mount read-only for ``helper()`` to run inside it."""
+    built = compiled_helper()
+    if built is not None:
+        return [built]
+    return [os.path.abspath(__file__), sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))]
 
 
 def main(argv: list[str]) -> None:

@@ -75,7 +75,6 @@ SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/e
 PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
 CGROUP_V1 = "/sys/fs/cgroup"  # cgroup v1 hierarchies (pids, memory), used for root
 SANDBOX_ID = 65534  # nobody/nogroup: what a root mlxterm's sandboxed commands run as
-LANDLOCK_HELPER = os.path.realpath(landlock.__file__)  # runs inside the sandbox, standard library only
 
 
 @dataclass(frozen=True)
@@ -250,13 +249,7 @@ def _landlock_args(status: SandboxStatus | None, writable: Sequence[str]) -> lis
     ``writable`` and then execs the rest; nothing where they are off."""
     if status is None or status.backend != "bwrap" or status.landlock_off is not None:
         return []
-    return [_helper_python(), "-I", "-S", LANDLOCK_HELPER, *writable, "--"]
-
-
-def _helper_python() -> str:
-    """The interpreter that runs the Landlock helper: this one, by its real path (it finds its
-    standard library from there; the sandbox mounts its installation read-only)."""
-    return os.path.realpath(sys.executable)
+    return [*landlock.helper(), *writable, "--"]
 
 
 def _sandbox_ids() -> tuple[int, int]:
@@ -350,8 +343,7 @@ def bwrap_args(policy: SandboxPolicy, workspace: Path, home: str | None = None,
     # link into /run (systemd-resolved), which is not mounted.
     helper = []
     if status is not None and status.backend == "bwrap" and status.landlock_off is None:
-        # the Landlock helper and the Python that runs it (its installation: the standard library)
-        helper = [LANDLOCK_HELPER, sys.base_prefix, os.path.dirname(_helper_python())]
+        helper = landlock.helper_mounts()  # the helper (and the Python that runs it, if not built)
     for p in _existing([*policy.read_only, *helper, *(["/etc/resolv.conf"] if policy.network else [])]):
         if not _within(p, ws) and not any(_within(p, s) for s in system):
             binds[p] = "--ro-bind"

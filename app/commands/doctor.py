@@ -75,7 +75,18 @@ def sandbox() -> dict[str, Any]:
     return {"ok": status.available, "backend": status.backend, "process_limit": status.process_limit,
             "cgroup": status.cgroup, "cgroup_note": status.cgroup_note or None, "uid": uid,
             "landlock": status.backend == "bwrap" and status.landlock_off is None,
-            "landlock_off": status.landlock_off if status.backend == "bwrap" else None, "runs_as": status.identity() if status.available else None, "detail": detail}
+            "landlock_off": status.landlock_off if status.backend == "bwrap" else None,
+            "landlock_helper": _landlock_helper(status), "runs_as": status.identity() if status.available else None, "detail": detail}
+
+
+def _landlock_helper(status) -> str | None:
+    """Which program applies the Landlock rules: the built C helper or the Python fallback."""
+    if status.backend != "bwrap" or status.landlock_off is not None:
+        return None
+    from tools import landlock
+
+    built = landlock.compiled_helper()
+    return built if built is not None else "python (no C compiler to build tools/landlock_helper.c)"
 
 
 def openblas() -> dict[str, Any]:
