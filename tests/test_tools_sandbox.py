@@ -482,6 +482,11 @@ def test_doctor_says_whether_landlock_and_which_cgroups_apply_and_why_not(monkey
     if os.geteuid() == 0:
         assert fact["cgroup"] in ("v1", "v2", None) and fact["cgroup_note"]
         assert fact["cgroup_note"] in fact["detail"]
+    assert fact["workspace_cap"] == sb.Limits().workspace_bytes and "workspace cap" in fact["detail"]
+    monkeypatch.setenv("MLXTERM_WORKSPACE_CAP", "-3")
+    bad = doctor.sandbox()
+    assert not bad["ok"] and "MLXTERM_WORKSPACE_CAP must be a positive size" in bad["detail"]
+    monkeypatch.delenv("MLXTERM_WORKSPACE_CAP")
     monkeypatch.setenv("MLXTERM_LANDLOCK", "off")
     monkeypatch.setattr(sb, "_probed", None)
     off = doctor.sandbox()
@@ -534,13 +539,20 @@ def test_workspace_usage_counts_blocks_once_per_inode_and_bounds_without_a_walk(
     assert space.bound(str(tmp_path)) >= space.usage(str(tmp_path))
 
 
-def test_limits_from_a_task_mapping_and_bad_values():
+def test_limits_from_a_task_mapping_and_bad_values(monkeypatch):
     lim = sb.Limits.from_mapping({"workspace_bytes": 1 << 30, "cpus": 2, "processes": 64})
     assert (lim.workspace_bytes, lim.cpus, lim.processes) == (1 << 30, 2.0, 64)
     with pytest.raises(ValueError, match="unknown sandbox limit 'disk'"):
         sb.Limits.from_mapping({"disk": 1})
     with pytest.raises(ValueError, match="must be a positive number"):
         sb.Limits.from_mapping({"workspace_bytes": -1})
+    monkeypatch.setenv("MLXTERM_WORKSPACE_CAP", "1.5G")
+    assert sb.Limits().workspace_bytes == 3 << 29
+    monkeypatch.setenv("MLXTERM_WORKSPACE_CAP", "lots")
+    with pytest.raises(ValueError, match="MLXTERM_WORKSPACE_CAP must be a positive size"):
+        sb.Limits()
+    monkeypatch.delenv("MLXTERM_WORKSPACE_CAP")
+    assert sb.Limits().workspace_bytes == 8 << 30
     # the per-file limit is never above the workspace cap
     assert "ulimit -f 1024 " in sb.limits_wrapper(sb.Limits(workspace_bytes=1 << 20))
 

@@ -27,6 +27,12 @@ netlink / raw sockets. It holds even if a mount or capability is ever got wrong.
 libseccomp the sandbox still runs, and ``describe()`` (``mlxterm doctor``) says the filter is
 off and why.
 
+Landlock write rules (``tools.landlock``), where the kernel has ABI 2+: whatever is mounted,
+the command writes only beneath the workspace, the policy's writable directories, ``/tmp`` and
+``/dev/shm``. They are applied by a small helper inside the sandbox, after the uid switch and
+just before the command (a Landlock-restricted process could not set up bwrap's mounts);
+``describe()`` says when they are off and why.
+
 Resource limits make a fork bomb, a memory hog or a runaway file a tool error: CPU seconds,
 data segment size, file size, process count and no core files (``ulimit`` in the sandbox,
 after the uid switch, so they cannot be raised again); for root also a fresh cgroup per call
@@ -87,7 +93,8 @@ class Limits:
     cpus: float | None = None  # CPUs' worth of time per call (root: cpu cgroup); None: all but one, at least one
     tmp_bytes: int = 512 << 20  # size of the private /tmp (it lives in memory)
     shm_bytes: int = 512 << 20  # size of the private /dev/shm (memory too)
-    workspace_bytes: int = space.DEFAULT_CAP  # disk the workspace may use in all (tools.space)
+    # disk the workspace may use in all (tools.space; MLXTERM_WORKSPACE_CAP sets the default)
+    workspace_bytes: int = field(default_factory=space.default_cap)
 
     @classmethod
     def from_mapping(cls, values: dict) -> Limits:
@@ -158,6 +165,7 @@ class SandboxStatus:
         return f"{self.backend} ({self.reason}; runs as {self.identity()}; process limit: {limit}{filt})"
 
 
+PROBE_LIMITS = Limits(workspace_bytes=space.DEFAULT_CAP)  # the probe does not depend on MLXTERM_WORKSPACE_CAP
 _probe_lock = threading.Lock()
 _probed: SandboxStatus | None = None
 _warned = False
@@ -229,7 +237,7 @@ def _try_bwrap(bwrap: str, status: SandboxStatus) -> str | None:
     fd = seccomp.program_fd() if status.seccomp_off is None else None
     ws = tempfile.mkdtemp(prefix="mlxterm-probe-")
     try:
-        proc = subprocess.run([bwrap, *bwrap_args(SandboxPolicy(), Path(ws), None, status, fd), "--", *_drop_args(status),
+        proc = subprocess.run([bwrap, *bwrap_args(SandboxPolicy(limits=PROBE_LIMITS), Path(ws), None, status, fd), "--", *_drop_args(status),
                                *_landlock_args(status, [ws]), shutil.which("true") or "/bin/true"],
                               capture_output=True, timeout=20, stdin=subprocess.DEVNULL, pass_fds=(fd,) if fd is not None else ())
     except (OSError, subprocess.TimeoutExpired) as e:

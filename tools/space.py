@@ -31,6 +31,23 @@ _lock = threading.Lock()
 _known: dict[str, tuple[int, int]] = {}  # workspace real path -> (usage, filesystem used) at the last walk
 
 
+def default_cap() -> int:
+    """``MLXTERM_WORKSPACE_CAP`` (bytes, or with a K/M/G/T suffix: ``20G``), else ``DEFAULT_CAP``;
+    a bad value is a ``ValueError`` naming the variable."""
+    raw = os.environ.get("MLXTERM_WORKSPACE_CAP", "").strip()
+    if not raw:
+        return DEFAULT_CAP
+    shift = {"K": 10, "M": 20, "G": 30, "T": 40}.get(raw[-1].upper(), 0)
+    digits = raw[:-1] if shift else raw
+    try:
+        value = int(float(digits) * (1 << shift))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"MLXTERM_WORKSPACE_CAP must be a positive size such as 20G or 500M, got {raw!r}")
+    return value
+
+
 def fs_used(path: str) -> int:
     """Bytes in use on the filesystem holding ``path``."""
     st = os.statvfs(path)
@@ -99,7 +116,7 @@ def cap_for(sandbox: object) -> int:
     """The cap of a workspace whose bash runs in ``sandbox`` (a ``tools.sandbox.Sandbox`` or
     None: the default)."""
     limits = getattr(getattr(sandbox, "policy", None), "limits", None)
-    return getattr(limits, "workspace_bytes", DEFAULT_CAP)
+    return getattr(limits, "workspace_bytes", None) or default_cap()
 
 
 def check_write(root: str, cap: int, old_bytes: int, new_bytes: int) -> None:

@@ -69,10 +69,18 @@ def sandbox() -> dict[str, Any]:
     if not status.available:
         detail += ("; bash runs unconfined and every call asks for approval; checks are refused unless "
                    "a person allows it (mlxterm run --allow bash)")
+    from tools import space
+
+    try:
+        cap = space.default_cap()
+        detail += f"; workspace cap {space.human(cap)}"
+    except ValueError as e:
+        cap = None
+        detail += f"; {e}"
     uid = None
     if status.backend == "bwrap":
         uid = status.run_as[0] if status.run_as is not None else os.getuid()
-    return {"ok": status.available, "backend": status.backend, "process_limit": status.process_limit,
+    return {"ok": status.available and cap is not None, "workspace_cap": cap, "backend": status.backend, "process_limit": status.process_limit,
             "cgroup": status.cgroup, "cgroup_note": status.cgroup_note or None, "uid": uid,
             "landlock": status.backend == "bwrap" and status.landlock_off is None,
             "landlock_off": status.landlock_off if status.backend == "bwrap" else None,
