@@ -434,6 +434,17 @@ def test_filling_the_disk_past_the_workspace_cap_is_stopped_and_reported(ws, bas
     assert ok.ok and "cleaned" in ok.content and not ok.data["over_cap"], ok.content
 
 
+def test_a_check_filling_its_evidence_folder_counts_against_the_cap(ws, base):
+    evidence = base / "run" / "evidence"
+    evidence.mkdir(parents=True)
+    box = capped_sandbox()
+    box = sb.Sandbox(replace(box.policy, writable=(str(evidence),)), box.status)
+    data = execute(f"for i in $(seq 200); do head -c 4000000 /dev/zero > {evidence}/f$i || exit 3; done",
+                   ws, 120, None, box)
+    assert data["over_cap_stopped"] and "the folders this call may write grew to" in data["space"], data
+    assert sum(p.stat().st_size for p in evidence.iterdir()) < 200 * 4_000_000
+
+
 def test_one_file_past_the_workspace_cap_stops_in_the_kernel(ws):
     """RLIMIT_FSIZE is never above the cap: one big file stops at it, and the call says the
     workspace went over."""

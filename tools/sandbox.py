@@ -502,10 +502,11 @@ class Sandbox:
             if not self.unconfined_ok:
                 raise SandboxRefused(f"no sandbox is available ({self.status.reason}) and running unconfined "
                                      "was not allowed; run `mlxterm doctor`")
-            yield [bash, "-c", command], (), space.Watch.begin(str(workspace), self.policy.limits.workspace_bytes)
+            yield [bash, "-c", command], (), space.Watch.begin([str(workspace)], self.policy.limits.workspace_bytes)
             return
         limits = self.policy.limits
-        watch = space.Watch.begin(str(workspace), limits.workspace_bytes)
+        # the cap counts what the call may write: the workspace and the writable directories
+        watch = space.Watch.begin([str(workspace), *self.policy.writable], limits.workspace_bytes)
         home = os.path.expanduser("~")  # this process's home (the command's HOME is the workspace)
         handover = None
         if self.status.backend == "bwrap" and self.status.run_as is not None:

@@ -20,7 +20,8 @@ import os
 import stat
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from tools.base import ToolError
 
@@ -136,35 +137,37 @@ def check_write(root: str, cap: int, old_bytes: int, new_bytes: int) -> None:
 
 @dataclass
 class Watch:
-    """Watches one bash call's workspace against ``cap``: ``check()`` is cheap (one
-    ``statvfs``) until the filesystem grew past what the cap leaves, then walks at most once a
-    second; it returns a message once the workspace is over the cap and bigger than at the
-    start of the call."""
+    """Watches one bash call's writable trees (the workspace, and a check's evidence folder)
+    against ``cap`` together: ``check()`` is cheap (one ``statvfs`` per tree) until the
+    filesystems grew past what the cap leaves, then walks at most once a second; it returns a
+    message once the trees are over the cap and bigger than at the start of the call."""
 
-    root: str
+    roots: tuple[str, ...]
     cap: int
-    start: int = 0  # the workspace's usage (an upper bound) when the call began
-    _size: int = 0
-    _used: int = 0
+    start: int = 0  # the trees' usage (an upper bound) when the call began
+    _known: dict[str, tuple[int, int]] = field(default_factory=dict)
     _walked_at: float = 0.0
     over: int | None = None  # the usage found over the cap, once found
 
     @classmethod
-    def begin(cls, root: str, cap: int) -> Watch:
-        root = os.path.realpath(root)
-        start = bound(root)
+    def begin(cls, roots: Sequence[str], cap: int) -> Watch:
+        real = tuple(dict.fromkeys(os.path.realpath(r) for r in roots if os.path.isdir(r)))
+        start = sum(bound(r) for r in real)
         if start > cap:
-            start = measure(root)  # over already: the exact figure decides what "grew" means
-        w = cls(root, cap, start)
-        with _lock:
-            w._size, w._used = _known[root]
+            start = sum(measure(r) for r in real)  # over already: the exact figure decides what "grew" means
+        w = cls(real, cap, start)
+        w._remember()
         return w
+
+    def _remember(self) -> None:
+        with _lock:
+            self._known = {r: _known[r] for r in self.roots if r in _known}
 
     def check(self, final: bool = False) -> str | None:
         if self.over is not None:
             return self.message()
-        try:
-            estimate = self._size + max(0, fs_used(self.root) - self._used)
+        try:  # trees on one filesystem each count its growth: only ever too high, never too low
+            estimate = sum(size + max(0, fs_used(r) - used) for r, (size, used) in self._known.items())
         except OSError:
             return None
         if estimate <= self.cap:
@@ -173,9 +176,8 @@ class Watch:
         if not final and now - self._walked_at < WALK_EVERY_S:
             return None
         self._walked_at = now
-        size = measure(self.root)
-        with _lock:
-            self._size, self._used = _known[self.root]
+        size = sum(measure(r) for r in self.roots)
+        self._remember()
         if size > self.cap and size > self.start:
             self.over = size
             return self.message()
@@ -183,6 +185,7 @@ class Watch:
 
     def message(self) -> str:
         assert self.over is not None
-        return (f"the workspace grew to {human(self.over)} on disk ({self.over} bytes), past its size cap of "
+        what = "the workspace" if len(self.roots) < 2 else "the workspace and the folders this call may write"
+        return (f"{what} grew to {human(self.over)} on disk ({self.over} bytes), past its size cap of "
                 f"{human(self.cap)} ({self.cap} bytes); "
                 "delete what it does not need (rm still works) or write less")
