@@ -28,7 +28,7 @@ import pytest
 from agents.checks import agent_sandbox, run_check
 from agents.tasks import Check
 from tests.ci_strict import sandbox_skip_reason
-from tools import default_registry
+from tools import cgroups, default_registry, landlock
 from tools import sandbox as sb
 from tools.bash import execute
 
@@ -267,7 +267,7 @@ def test_a_root_fork_bomb_hits_the_process_limit(ws):
 
 
 @needs_root
-@pytest.mark.skipif(sb._own_cgroup("memory") is None or STATUS.process_limit != "cgroup",
+@pytest.mark.skipif(cgroups.own_v1("memory") is None or STATUS.process_limit != "cgroup",
                     reason="system lacks: a cgroup v1 memory hierarchy root may write")
 def test_a_root_call_has_a_total_memory_cap(ws):
     box = agent_sandbox()
@@ -351,7 +351,7 @@ def test_bash_and_checks_do_not_see_a_hidden_run_dir_inside_the_workspace(ws):
 
 
 @needs_root
-@pytest.mark.skipif(sb._own_cgroup("cpu") is None or STATUS.process_limit != "cgroup",
+@pytest.mark.skipif(cgroups.own_v1("cpu") is None or STATUS.process_limit != "cgroup",
                     reason="system lacks: a cgroup v1 cpu hierarchy root may write")
 def test_a_root_call_gets_only_its_cpu_quota(ws):
     box = agent_sandbox()
@@ -469,8 +469,6 @@ def test_file_tools_refuse_a_write_past_the_cap_but_may_shrink(ws):
 
 
 # -- Landlock ---------------------------------------------------------------------------------
-
-from tools import landlock  # noqa: E402
 
 needs_landlock = pytest.mark.skipif(
     landlock.abi() < landlock.MIN_ABI,

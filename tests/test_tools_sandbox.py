@@ -21,7 +21,7 @@ from agents.checks import agent_sandbox, run_check
 from agents.policy import ApprovalPolicy
 from agents.tasks import Check
 from tests.ci_strict import sandbox_skip_reason
-from tools import default_registry
+from tools import cgroups, default_registry
 from tools import sandbox as sb
 from tools.bash import execute
 from tools.sandbox import (
@@ -575,19 +575,19 @@ def _fake_group(path: Path, controllers: str, enabled: str, procs: str) -> Path:
 
 
 def test_v2_mount_and_own_group_are_read_from_proc():
-    assert sb.v2_mount(HYBRID) == "/sys/fs/cgroup/unified"
-    assert sb.v2_mount(PURE_V2) == "/sys/fs/cgroup"
-    assert sb.v2_mount(HYBRID.splitlines()[0]) is None
-    assert sb.v2_own("/sys/fs/cgroup", "12:pids:/x\n0::/system.slice/a.service\n") == "/sys/fs/cgroup/system.slice/a.service"
-    assert sb.v2_own("/sys/fs/cgroup/unified", "0::/\n") == "/sys/fs/cgroup/unified"
-    assert sb.v2_own("/sys/fs/cgroup", "4:memory:/x\n") is None
+    assert cgroups.v2_mount(HYBRID) == "/sys/fs/cgroup/unified"
+    assert cgroups.v2_mount(PURE_V2) == "/sys/fs/cgroup"
+    assert cgroups.v2_mount(HYBRID.splitlines()[0]) is None
+    assert cgroups.v2_own("/sys/fs/cgroup", "12:pids:/x\n0::/system.slice/a.service\n") == "/sys/fs/cgroup/system.slice/a.service"
+    assert cgroups.v2_own("/sys/fs/cgroup/unified", "0::/\n") == "/sys/fs/cgroup/unified"
+    assert cgroups.v2_own("/sys/fs/cgroup", "4:memory:/x\n") is None
 
 
 def test_v2_parent_enables_controllers_or_says_why_not(tmp_path, monkeypatch):
     ready = _fake_group(tmp_path / "ready", "cpuset cpu io memory pids", "cpu memory pids", "")
-    assert sb.v2_parent(str(ready), pid=7) == (str(ready), f"v2 groups under {ready}")
+    assert cgroups.v2_parent(str(ready), pid=7) == (str(ready), f"v2 groups under {ready}")
     no_pids = _fake_group(tmp_path / "nopids", "hugetlb", "", "1\n")
-    parent, note = sb.v2_parent(str(no_pids), pid=1)
+    parent, note = cgroups.v2_parent(str(no_pids), pid=1)
     assert parent is None and "pids controller is not in the v2 hierarchy" in note
     # the kernel refuses controllers for a group with processes (EBUSY): alone in it, mlxterm
     # moves into a leaf and tries again; with others beside it, it gives up and says why
@@ -597,21 +597,21 @@ def test_v2_parent_enables_controllers_or_says_why_not(tmp_path, monkeypatch):
         calls.append(list(controllers))
         return "Device or resource busy" if len(calls) == 1 else None
 
-    monkeypatch.setattr(sb, "_enable", busy_once)
+    monkeypatch.setattr(cgroups, "enable", busy_once)
     alone = _fake_group(tmp_path / "alone", "cpu memory pids", "", "7\n")
-    parent, note = sb.v2_parent(str(alone), pid=7)
+    parent, note = cgroups.v2_parent(str(alone), pid=7)
     assert parent == str(alone) and "moved into mlxterm-host" in note
     assert (alone / "mlxterm-host" / "cgroup.procs").read_text() == "7" and calls[0] == ["pids", "memory", "cpu"]
     calls.clear()
     shared = _fake_group(tmp_path / "shared", "cpu memory pids", "", "7\n8\n")
-    parent, note = sb.v2_parent(str(shared), pid=7)
+    parent, note = cgroups.v2_parent(str(shared), pid=7)
     assert parent is None and "other processes share it" in note and not (shared / "mlxterm-host").exists()
 
 
 def test_v2_group_writes_every_limit_and_joins_before_exec(tmp_path):
     parent = _fake_group(tmp_path / "p", "cpu memory pids", "cpu memory pids", "")
     lim = sb.Limits(processes=77, memory_bytes=3 << 30, cpus=1.5)
-    group = sb._CgroupV2.create(lim, str(parent))
+    group = cgroups.V2Group.create(lim, str(parent))
     assert group is not None and Path(group.path).parent == parent
     files = {name: (Path(group.path) / name).read_text() for name in ("pids.max", "memory.max", "memory.swap.max", "cpu.max")}
     assert files == {"pids.max": "77", "memory.max": str(3 << 30), "memory.swap.max": "0", "cpu.max": "150000 100000"}
@@ -619,26 +619,26 @@ def test_v2_group_writes_every_limit_and_joins_before_exec(tmp_path):
     assert argv[:4] == ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', f"{group.path}/cgroup.procs"] and argv[4:] == ["bwrap", "x"]
     # only pids enabled: no memory or cpu files written; pids missing: no group at all
     only = _fake_group(tmp_path / "only", "pids", "pids", "")
-    g2 = sb._CgroupV2.create(lim, str(only))
+    g2 = cgroups.V2Group.create(lim, str(only))
     assert g2 is not None and sorted(p.name for p in Path(g2.path).iterdir()) == ["pids.max"]
-    assert sb._CgroupV2.create(lim, str(_fake_group(tmp_path / "none", "memory", "memory", ""))) is None
+    assert cgroups.V2Group.create(lim, str(_fake_group(tmp_path / "none", "memory", "memory", ""))) is None
 
 
 def test_root_picks_v2_then_v1_then_rlimits_and_says_which(monkeypatch):
-    monkeypatch.setattr(sb, "cgroup_v2", lambda: ("/cg", "v2 groups under /cg"))
-    assert sb._cgroup_choice()["cgroup"] == "v2"
-    monkeypatch.setattr(sb, "cgroup_v2", lambda: (None, "the pids controller is not in the v2 hierarchy"))
-    monkeypatch.setattr(sb, "_pids_cgroup_root", lambda: "/sys/fs/cgroup/pids")
-    choice = sb._cgroup_choice()
+    monkeypatch.setattr(cgroups, "cgroup_v2", lambda: ("/cg", "v2 groups under /cg"))
+    assert cgroups.choice()["cgroup"] == "v2"
+    monkeypatch.setattr(cgroups, "cgroup_v2", lambda: (None, "the pids controller is not in the v2 hierarchy"))
+    monkeypatch.setattr(cgroups, "pids_v1_root", lambda: "/sys/fs/cgroup/pids")
+    choice = cgroups.choice()
     assert choice["cgroup"] == "v1" and "not v2: the pids controller" in choice["cgroup_note"]
-    monkeypatch.setattr(sb, "_pids_cgroup_root", lambda: None)
-    choice = sb._cgroup_choice()
+    monkeypatch.setattr(cgroups, "pids_v1_root", lambda: None)
+    choice = cgroups.choice()
     assert choice["process_limit"] == "rlimit" and choice["cgroup_note"].startswith("rlimits only")
 
 
 def _writable_v2() -> str | None:
-    mount = sb.v2_mount()
-    own = sb.v2_own(mount) if mount else None
+    mount = cgroups.v2_mount()
+    own = cgroups.v2_own(mount) if mount else None
     return own if own and os.geteuid() == 0 and os.access(own, os.W_OK) else None
 
 
@@ -647,12 +647,12 @@ def test_a_real_v2_group_is_joined_before_the_command_and_removed_after(tmp_path
     """On this machine's own v2 hierarchy (whatever controllers it has): the command runs in the
     fresh group, and remove() ends what is left inside (cgroup.kill) and deletes the group."""
     own = _writable_v2()
-    group = sb._CgroupV2(os.path.join(own, f"mlxterm-test-{os.getpid()}"))
+    group = cgroups.V2Group(os.path.join(own, f"mlxterm-test-{os.getpid()}"))
     os.mkdir(group.path)
     try:
         argv = group.wrap(["/bin/sh", "-c", "cat /proc/self/cgroup; sleep 60 >/dev/null 2>&1 & echo started"])
         out = subprocess.run(argv, capture_output=True, text=True, timeout=20).stdout
-        rel = "/" + os.path.relpath(group.path, sb.v2_mount())
+        rel = "/" + os.path.relpath(group.path, cgroups.v2_mount())
         assert f"0::{rel}\n" in out and "started" in out
         assert (Path(group.path) / "cgroup.procs").read_text().split()  # the sleep is still in there
     finally:

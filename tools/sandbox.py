@@ -39,8 +39,8 @@ after the uid switch, so they cannot be raised again); for root also a fresh cgr
 with ``pids``, ``memory`` and ``cpu`` limits (RLIMIT_NPROC there counts every process of the
 shared sandbox uid; the CPU quota keeps a runaway command from starving the model that runs
 beside it): v2 (``memory.max``, ``pids.max``, ``cpu.max``) where the unified hierarchy has the
-pids controller and groups can be made (``v2_parent``), else v1 where its hierarchies are
-writable; ``describe()`` says which and why not the other. Without cgroups, RLIMIT_CPU bounds
+pids controller and groups can be made, else v1 where its hierarchies are writable
+(``tools.cgroups``); ``describe()`` says which and why not v2. Without cgroups, RLIMIT_CPU bounds
 each process's CPU seconds. The workspace as a whole is capped by ``tools.space``.
 
 On macOS the same rules are written as a Seatbelt (``sandbox-exec``) profile; see
@@ -58,19 +58,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import stat
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from tools import landlock, seccomp, space
+from tools import cgroups, landlock, seccomp, space
 
 # Paths always hidden (when present): other users' homes, root's home, runtime sockets,
 # removable and mounted media. The caller adds the user's home and mlxterm's data dirs.
@@ -79,7 +77,6 @@ HIDDEN_PATHS = ("/home", "/root", "/run", "/var/run", "/mnt", "/media", "/var/tm
 # recreated as links). Nothing else of the host's filesystem is there unless a policy names it.
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
-CGROUP_V1 = "/sys/fs/cgroup"  # cgroup v1 hierarchies (pids, memory), used for root
 SANDBOX_ID = 65534  # nobody/nogroup: what a root mlxterm's sandboxed commands run as
 
 
@@ -207,7 +204,7 @@ def _probe() -> SandboxStatus:
                            "rlimit", run_as, disable_userns=not root and "--disable-userns" in helptext,
                            seccomp_off=seccomp.unavailable_reason(), landlock_off=landlock.unavailable_reason())
     if root:
-        status = replace(status, **_cgroup_choice())
+        status = replace(status, **cgroups.choice())
     # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch, the filter
     err = _try_bwrap(bwrap, status)
     if err is not None and status.landlock_off is None and _try_bwrap(bwrap, replace(status, landlock_off="-")) is None:
@@ -217,19 +214,6 @@ def _probe() -> SandboxStatus:
     if err is not None:
         return SandboxStatus("none", "bwrap cannot create namespaces here: " + err)
     return status
-
-
-def _cgroup_choice() -> dict:
-    """Which per-call groups root gets: v2 where the unified hierarchy has the pids controller
-    and groups can be made, else v1 where its pids hierarchy is writable, else none (rlimits)."""
-    parent, note = cgroup_v2()
-    if parent is not None:
-        return {"process_limit": "cgroup", "cgroup": "v2", "cgroup_parent": parent,
-                "cgroup_note": f"{note}: pids.max, memory.max, cpu.max per call"}
-    if _pids_cgroup_root():
-        return {"process_limit": "cgroup", "cgroup": "v1",
-                "cgroup_note": f"cgroup v1 pids, memory, cpu per call; not v2: {note}"}
-    return {"process_limit": "rlimit", "cgroup_note": f"rlimits only; no writable cgroup v1 pids hierarchy, not v2: {note}"}
 
 
 def _try_bwrap(bwrap: str, status: SandboxStatus) -> str | None:
@@ -512,11 +496,11 @@ class Sandbox:
         if self.status.backend == "bwrap" and self.status.run_as is not None:
             handover = _Handover([str(workspace), *self.policy.writable], self.status.run_as,
                                  skip=[*self.policy.hide, home], entries=self.policy.read_only)
-        cgroup: _Cgroups | _CgroupV2 | None = None
+        cgroup: cgroups.V1Groups | cgroups.V2Group | None = None
         if self.status.process_limit == "cgroup" and self.status.cgroup == "v2" and self.status.cgroup_parent:
-            cgroup = _CgroupV2.create(limits, self.status.cgroup_parent)
+            cgroup = cgroups.V2Group.create(limits, self.status.cgroup_parent)
         elif self.status.process_limit == "cgroup":
-            cgroup = _Cgroups.create(limits)
+            cgroup = cgroups.V1Groups.create(limits)
         fds: tuple[int, ...] = ()
         try:
             if handover is not None:
@@ -654,274 +638,3 @@ def limits_wrapper(limits: Limits, processes: bool = True) -> str:
     if processes:
         settings.append(("-u", limits.processes))
     return "".join(f"ulimit {flag} {value} 2>/dev/null; " for flag, value in settings) + 'exec "$0" -c "$1"'
-
-
-def _own_cgroup(controller: str) -> str | None:
-    """This process's own cgroup v1 directory for ``controller`` when root may make groups
-    in it (a group made there is nested, so a container's own limits still apply)."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3 and controller in parts[1].split(","):
-            path = os.path.join(CGROUP_V1, controller, parts[2].lstrip("/"))
-            if os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
-                return path
-    return None
-
-
-def _pids_cgroup_root() -> str | None:
-    return _own_cgroup("pids")
-
-
-# -- cgroup v2 ------------------------------------------------------------------------------
-
-V2_CONTROLLERS = ("pids", "memory", "cpu")  # pids is required; memory and cpu where there
-
-
-def v2_mount(mountinfo: str | None = None) -> str | None:
-    """Where the unified (v2) hierarchy is mounted (``/sys/fs/cgroup`` on a pure v2 host,
-    ``/sys/fs/cgroup/unified`` on a hybrid one), from ``/proc/self/mountinfo``."""
-    if mountinfo is None:
-        try:
-            with open("/proc/self/mountinfo") as f:
-                mountinfo = f.read()
-        except OSError:
-            return None
-    for line in mountinfo.splitlines():
-        left, _, right = line.partition(" - ")
-        if right.split(" ", 1)[0] == "cgroup2":
-            return left.split()[4]
-    return None
-
-
-def v2_own(mount: str, cgroup: str | None = None) -> str | None:
-    """This process's own v2 cgroup directory (the ``0::`` line of ``/proc/self/cgroup``)."""
-    if cgroup is None:
-        try:
-            with open("/proc/self/cgroup") as f:
-                cgroup = f.read()
-        except OSError:
-            return None
-    for line in cgroup.splitlines():
-        if line.startswith("0::"):
-            return os.path.normpath(os.path.join(mount, line[3:].strip().lstrip("/")))
-    return None
-
-
-def v2_parent(own: str, pid: int | None = None) -> tuple[str | None, str]:
-    """The v2 directory in which per-call groups with ``pids`` (and ``memory``, ``cpu``) limits can
-    be made, and what was done or why none can: (path, note).
-
-    A v2 group that holds processes cannot hand controllers to children (the "no internal
-    processes" rule, the root group excepted). So the controllers are enabled in this process's
-    own group where that works; where the group holds only this process (mlxterm as a
-    container's main process, a delegated service), this process first moves into a leaf of
-    its own (``mlxterm-host``), which leaves every limit above it in force; where other
-    processes share the group, no groups are made (the caller falls back)."""
-    pid = os.getpid() if pid is None else pid
-    try:
-        with open(os.path.join(own, "cgroup.controllers")) as f:
-            available = f.read().split()
-    except OSError as e:
-        return None, f"cannot read {own}/cgroup.controllers ({e.strerror})"
-    if "pids" not in available:
-        return None, f"the pids controller is not in the v2 hierarchy at {own} (it is bound to cgroup v1 or not delegated)"
-    want = [c for c in V2_CONTROLLERS if c in available]
-    err = _enable(own, want)
-    if err is None:
-        return own, "v2 groups under " + own
-    try:
-        with open(os.path.join(own, "cgroup.procs")) as f:
-            procs = [int(x) for x in f.read().split()]
-    except OSError as e:
-        return None, f"cannot read {own}/cgroup.procs ({e.strerror})"
-    if procs != [pid]:
-        return None, f"cannot enable controllers in {own} ({err}) and other processes share it"
-    leaf = os.path.join(own, "mlxterm-host")
-    try:
-        os.makedirs(leaf, exist_ok=True)
-        with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
-            f.write(str(pid))
-    except OSError as e:
-        return None, f"cannot move mlxterm into {leaf} ({e.strerror})"
-    err = _enable(own, want)
-    if err is not None:
-        return None, f"cannot enable controllers in {own} ({err})"
-    return own, f"v2 groups under {own} (mlxterm moved into mlxterm-host)"
-
-
-def _enable(path: str, controllers: Sequence[str]) -> str | None:
-    """Enable ``controllers`` for ``path``'s children; None, or the error."""
-    try:
-        with open(os.path.join(path, "cgroup.subtree_control")) as f:
-            enabled = f.read().split()
-    except OSError as e:
-        return e.strerror or str(e)
-    for c in controllers:
-        if c in enabled:
-            continue
-        try:
-            with open(os.path.join(path, "cgroup.subtree_control"), "w") as f:
-                f.write("+" + c)
-        except OSError as e:
-            if c == "pids":
-                return e.strerror or str(e)
-    return None
-
-
-_v2_lock = threading.Lock()
-_v2_found: tuple[str | None, str] | None = None
-
-
-def cgroup_v2() -> tuple[str | None, str]:
-    """``v2_parent`` for this process, found once (root only: others cannot write the tree)."""
-    global _v2_found
-    with _v2_lock:
-        if _v2_found is None:
-            mount = v2_mount()
-            own = v2_own(mount) if mount else None
-            if own is None:
-                _v2_found = (None, "no cgroup v2 hierarchy")
-            elif os.geteuid() != 0:
-                _v2_found = (None, "not root")
-            else:
-                _v2_found = v2_parent(own)
-        return _v2_found
-
-
-class _CgroupV2:
-    """A fresh v2 cgroup for one root-run command under ``parent`` (``cgroup_v2()``):
-    ``pids.max``, ``memory.max`` (processes and tmpfs pages together; no swap beyond it) and
-    ``cpu.max`` (a CFS quota), each where the controller is enabled."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    @classmethod
-    def create(cls, limits: Limits, parent: str) -> _CgroupV2 | None:
-        period = 100_000  # µs
-        try:
-            with open(os.path.join(parent, "cgroup.subtree_control")) as f:
-                enabled = set(f.read().split())
-        except OSError:
-            return None
-        if "pids" not in enabled:
-            return None
-        knobs = [("pids.max", limits.processes)]
-        if "memory" in enabled:
-            knobs += [("memory.max", limits.memory_bytes), ("memory.swap.max", 0)]
-        if "cpu" in enabled:
-            knobs.append(("cpu.max", f"{round(cpu_share(limits) * period)} {period}"))
-        path = os.path.join(parent, f"mlxterm-{os.getpid()}-{secrets.token_hex(4)}")
-        try:
-            os.mkdir(path)
-        except OSError:
-            return None
-        group = cls(path)
-        for knob, value in knobs:
-            try:
-                with open(os.path.join(path, knob), "w") as f:
-                    f.write(str(value))
-            except OSError:
-                if knob == "memory.swap.max":
-                    continue  # no swap accounting here: memory.max still holds
-                group.remove()
-                return None
-        return group
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` started from a shell that first moves itself into the group (a failed
-        write ends there: never unlimited)."""
-        return ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', os.path.join(self.path, "cgroup.procs"), *argv]
-
-    def remove(self) -> None:
-        with contextlib.suppress(OSError):  # cgroup.kill (Linux 5.14+) ends everything inside at once
-            with open(os.path.join(self.path, "cgroup.kill"), "w") as f:
-                f.write("1")
-        _remove_cgroup(self.path)
-
-
-def cpu_share(limits: Limits) -> float:
-    """The CPUs' worth of time one call may use: ``limits.cpus``, else all but one CPU (at least
-    one), so the model beside it keeps a core."""
-    if limits.cpus is not None:
-        if limits.cpus <= 0:
-            raise ValueError(f"Limits.cpus must be > 0, got {limits.cpus}")
-        return limits.cpus
-    return float(max(1, (os.cpu_count() or 1) - 1))
-
-
-class _Cgroups:
-    """Fresh cgroups (v1) for one root-run command: ``pids`` caps its processes (RLIMIT_NPROC
-    counts every process of the shared sandbox uid), ``memory`` its memory in all (processes
-    and the pages of its tmpfs files together), ``cpu`` its CPU time per period (a CFS quota),
-    where this process may make such groups."""
-
-    def __init__(self, paths: list[str]):
-        self.paths = paths
-
-    @classmethod
-    def create(cls, limits: Limits) -> _Cgroups | None:
-        period = 100_000  # µs
-        settings = {"pids": [("pids.max", limits.processes)], "memory": [("memory.limit_in_bytes", limits.memory_bytes)],
-                    "cpu": [("cpu.cfs_period_us", period), ("cpu.cfs_quota_us", round(cpu_share(limits) * period))]}
-        paths = []
-        name = f"mlxterm-{os.getpid()}-{secrets.token_hex(4)}"
-        for controller, knobs in settings.items():
-            parent = _own_cgroup(controller)
-            if parent is None:
-                continue
-            path = os.path.join(parent, name)
-            try:
-                os.mkdir(path)
-            except OSError:
-                continue
-            paths.append(path)
-            try:
-                for knob, value in knobs:
-                    with open(os.path.join(path, knob), "w") as f:
-                        f.write(str(value))
-            except OSError:
-                cls(paths).remove()
-                return None
-        if not any(p.startswith(os.path.join(CGROUP_V1, "pids") + "/") for p in paths):
-            cls(paths).remove()
-            return None  # the process cap is what root needs most; without it, no groups at all
-        return cls(paths)
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` started from a shell that first moves itself into the groups ("0" is the
-        writer) and then execs it, so the limits hold from the first instruction. A shell
-        rather than a ``preexec_fn``: with one, Python forks its whole (large) process and
-        runs every library's atfork handlers instead of spawning. The shell is one thread, so
-        it writes ``tasks`` (moves itself only): the kernel then skips the global threadgroup
-        lock whose RCU grace period made each ``cgroup.procs`` write cost milliseconds."""
-        procs = [os.path.join(p, "tasks") for p in self.paths]
-        # $0 is the first group's file, $1.. the others; a failed write ends here: never unlimited
-        join = "".join(f'echo 0 > "${i}" && ' for i in range(len(procs))) + f'shift {len(procs) - 1} && exec "$@"'
-        return ["/bin/sh", "-c", join, *procs, *argv]
-
-    def remove(self) -> None:
-        """Kill anything left in the groups, then remove them (empty once all are reaped)."""
-        for path in self.paths:
-            _remove_cgroup(path)
-
-
-def _remove_cgroup(path: str) -> None:
-    for attempt in range(120):  # about 2 s at most
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                pids = [int(x) for x in f.read().split()]
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, 9)
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:  # still emptying: the last processes are being reaped
-            time.sleep(min(0.02, 0.0005 * 2 ** attempt))
