@@ -75,6 +75,12 @@ if [ "$backend" = cpu ] && [ "$(uname -m)" = x86_64 ]; then
     log "CPU kernel build failed (see above): the app uses its slower fallback"
   fi
 fi
+# The sandbox's Landlock helper (tools/landlock_helper.c), built now rather than on the first
+# sandboxed call; where it cannot be built the sandbox uses its Python twin (~20 ms more a call).
+if [ "$(uname -s)" = Linux ]; then
+  $VPY -c "from tools import landlock; import sys; sys.exit(landlock.compiled_helper() is None)" \
+    && log "Landlock helper built" || log "no C compiler: the sandbox applies Landlock from Python"
+fi
 # Opt-in (~1.6 GB): Qwen2.5-Coder 1.5B and 0.5B for the qwen2.5-coder-1.5b[-draft] presets
 # (speculative decoding pair) and the optin tests: ./setup.sh --with-qwen
 if [ $want_qwen = 1 ]; then

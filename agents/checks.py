@@ -103,8 +103,11 @@ def run_check(check: Check, workspace: Path, sandbox: Sandbox, env: Mapping[str,
     output = data["stdout"] + data["stderr"]
     if data["timed_out"]:
         output += f"\n[check timed out after {check.timeout_s:g} s]"
+    over_cap = bool(data.get("over_cap"))
+    if over_cap:  # bash's own note says how far past the cap; a check that got there did not pass
+        output += "\n[check failed: the workspace grew past its size cap]"
     code = None if data["timed_out"] else data["exit_code"]
-    record = {"name": check.name, "run": check.run, "passed": code == 0, "exit_code": code,
+    record = {"name": check.name, "run": check.run, "passed": code == 0 and not over_cap, "exit_code": code,
               "output": output[-CHECK_OUTPUT_CHARS:], "duration_ms": round((time.monotonic() - t0) * 1000),
               "sandboxed": data["sandboxed"]}
     if transcript is not None:

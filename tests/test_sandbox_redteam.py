@@ -445,6 +445,15 @@ def test_a_check_filling_its_evidence_folder_counts_against_the_cap(ws, base):
     assert sum(p.stat().st_size for p in evidence.iterdir()) < 200 * 4_000_000
 
 
+def test_a_check_that_ends_past_the_cap_does_not_pass(ws):
+    """A check that leaves the workspace over the cap and exits 0 is recorded as failed: the
+    host trusts check records, and a run that filled the disk did not do its job."""
+    script = "head -c 15000000 /dev/zero > a; head -c 15000000 /dev/zero > b; exit 0"
+    record = run_check(Check("fill", script, 60), ws, capped_sandbox())
+    assert record["exit_code"] == 0 and not record["passed"], record
+    assert "grew past its size cap" in record["output"], record["output"]
+
+
 def test_one_file_past_the_workspace_cap_stops_in_the_kernel(ws):
     """RLIMIT_FSIZE is never above the cap: one big file stops at it, and the call says the
     workspace went over."""
