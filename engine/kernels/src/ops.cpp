@@ -20,6 +20,36 @@
 
 namespace mlxterm {
 
+void set_scales(QmmProblem& p, const mx::array& scales, const mx::array& biases) {
+  p.scales = p.biases = nullptr;
+  p.scales16 = p.biases16 = nullptr;
+  p.kscales = nullptr;
+  if (scales.dtype() == mx::uint8) {
+    p.kscales = scales.data<uint8_t>();
+  } else if (scales.dtype() == mx::float16) {
+    p.scales16 = scales.data<uint16_t>();
+    p.biases16 = biases.data<uint16_t>();
+  } else {
+    p.scales = scales.data<float>();
+    p.biases = biases.data<float>();
+  }
+}
+
+void check_scales(const mx::array& scales, const mx::array& biases, int N, int K, int group_size,
+                  const std::string& where) {
+  if (scales.ndim() != 2 || biases.ndim() != 2 || scales.shape(0) != N || biases.shape() != scales.shape())
+    throw std::invalid_argument(where + "scales/biases must be 2-D, (N, ...), of one shape.");
+  if (scales.dtype() == mx::uint8) {
+    if (group_size != 32 || K % 256 != 0 || scales.shape(1) != K / 256 * kKScaleBytes ||
+        biases.dtype() != mx::uint8)
+      throw std::invalid_argument(where + "K-quant scales (uint8) must be (N, K / 256 * " +
+                                  std::to_string(kKScaleBytes) + ") for group_size 32, both arrays.");
+    return;
+  }
+  if (scales.shape(1) * group_size != K)
+    throw std::invalid_argument(where + "scales/biases must be (N, K / group_size).");
+}
+
 QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& scales,
                        const mx::array& biases, int group_size, int bits, float* out) {
   QmmProblem p;
@@ -28,14 +58,7 @@ QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& 
   p.M = int(x.size() / p.K);
   p.N = w.shape(0);
   p.w = w.data<uint8_t>();
-  if (scales.dtype() == mx::float16) {
-    p.scales = p.biases = nullptr;
-    p.scales16 = scales.data<uint16_t>();
-    p.biases16 = biases.data<uint16_t>();
-  } else {
-    p.scales = scales.data<float>();
-    p.biases = biases.data<float>();
-  }
+  set_scales(p, scales, biases);
   p.group_size = group_size;
   p.bits = bits;
   p.out = out;
@@ -85,17 +108,36 @@ const char* isa_name(Isa isa) {
 }
 
 QmmProblem f32_scales(const QmmProblem& p, std::vector<float>& buf) {
-  if (!p.scales16) return p;
-  const size_t n = size_t(p.N) * (p.K / p.group_size);
+  if (!p.scales16 && !p.kscales) return p;
+  const int ng = p.K / p.group_size;
+  const size_t n = size_t(p.N) * ng;
   buf.resize(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    buf[i] = _cvtsh_ss(p.scales16[i]);
-    buf[n + i] = _cvtsh_ss(p.biases16[i]);
+  if (p.kscales) {
+    const int ns = p.K / 256;
+    for (int r = 0; r < p.N; ++r) {
+      for (int sb = 0; sb < ns; ++sb) {
+        const uint8_t* rec = p.kscales + (size_t(r) * ns + sb) * kKScaleBytes;
+        uint16_t h[2];
+        std::memcpy(h, rec, 4);
+        const float d = _cvtsh_ss(h[0]), dmin = _cvtsh_ss(h[1]);
+        for (int j = 0; j < 8; ++j) {
+          const size_t i = size_t(r) * ng + sb * 8 + j;
+          buf[i] = d * float(rec[4 + j]);
+          buf[n + i] = -(dmin * float(rec[12 + j]));
+        }
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      buf[i] = _cvtsh_ss(p.scales16[i]);
+      buf[n + i] = _cvtsh_ss(p.biases16[i]);
+    }
   }
   QmmProblem q = p;
   q.scales = buf.data();
   q.biases = buf.data() + n;
   q.scales16 = q.biases16 = nullptr;
+  q.kscales = nullptr;
   return q;
 }
 
@@ -128,6 +170,7 @@ mx::array contiguous_in(const mx::array& a, mx::Stream st) {
 
 mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st) {
   if (a.dtype() == mx::float16 && other.dtype() == mx::float16) return contiguous_in(a, st);
+  if (a.dtype() == mx::uint8) return contiguous_in(a, st);  // K-quant scales (check_scales)
   return contiguous_in(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), st);
 }
 
@@ -537,8 +580,7 @@ mx::array quantized_matmul(
   const int K = x.shape(-1), N = w.shape(0);
   if (w.dtype() != mx::uint32 || int64_t(w.shape(1)) * 32 != int64_t(K) * bits)
     throw std::invalid_argument("[mlxterm.quantized_matmul] w must be uint32 (N, K * bits / 32).");
-  if (scales.shape(0) != N || scales.shape(1) * group_size != K || biases.shape() != scales.shape())
-    throw std::invalid_argument("[mlxterm.quantized_matmul] scales/biases must be (N, K / group_size).");
+  check_scales(scales, biases, N, K, group_size, "[mlxterm.quantized_matmul] ");
   auto st = mx::to_stream(s);
   if (st.device != mx::Device::cpu)
     throw std::invalid_argument("[mlxterm.quantized_matmul] runs on the CPU stream only.");
