@@ -54,6 +54,27 @@ def test_factor_handles_zero_rows_and_small_largest_values():
     np.testing.assert_array_equal((d[:, None] * q.astype(np.float32)).view(np.uint32), v.view(np.uint32))
 
 
+@needs_ext
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+def test_the_extension_packs_the_same_bytes_as_the_reference(name):
+    ext = kernels._required()
+    a = _kquant(name, 9, 1024)
+    want = kscales.pack(a.scales, a.biases)
+    got = ext.kscales_pack(mx.array(a.scales), mx.array(a.biases))
+    np.testing.assert_array_equal(np.array(got), want)
+    rng = np.random.default_rng(5)
+    s = rng.uniform(0.01, 0.1, (4, 16)).astype(np.float32)
+    assert ext.kscales_pack(mx.array(s), mx.array(-3 * s)).size == 0  # no K-quant form
+    bad = a.biases.copy()
+    bad[2, 3] = np.nextafter(bad[2, 3], np.float32(1))
+    assert ext.kscales_pack(mx.array(a.scales), mx.array(bad)).size == 0
+    zero_sign = a.biases.copy()
+    zero_sign[zero_sign == 0] = 0.0  # +0.0 where -(dmin * 0) gives -0.0
+    if np.any(a.biases.view(np.uint32) != zero_sign.view(np.uint32)):
+        assert ext.kscales_pack(mx.array(a.scales), mx.array(zero_sign)).size == 0
+        assert kscales.pack(a.scales, zero_sign) is None
+
+
 def _records(a: quants.AffineWeights) -> tuple[mx.array, ...]:
     rec = mx.array(kscales.pack(a.scales, a.biases))
     return mx.array(a.weight), mx.array(a.scales), mx.array(a.biases), rec

@@ -317,10 +317,16 @@ def k_scales(lin: Any) -> bool:
     s, b = lin["scales"], lin["biases"]
     if s.dtype != mx.float32 or b.dtype != mx.float32 or s.ndim != 2 or s.shape[1] % kscales.SUPER:
         return False
-    rec = kscales.pack(np.array(s), np.array(b))
-    if rec is None:
-        return False
-    packed = mx.array(rec)
+    ext = _load()
+    if ext is not None and hasattr(ext, "kscales_pack"):  # kscales.pack's bytes, in C++ (load time)
+        packed = ext.kscales_pack(s, b)
+        if packed.size == 0:
+            return False
+    else:
+        rec = kscales.pack(np.array(s), np.array(b))
+        if rec is None:
+            return False
+        packed = mx.array(rec)
     mx.eval(packed)
     object.__setattr__(lin, "_kernel_half", (s, b, packed, packed, False))  # not a parameter
     return True

@@ -34,6 +34,11 @@ void set_scales(QmmProblem& p, const mx::array& scales, const mx::array& biases)
 void check_scales(const mx::array& scales, const mx::array& biases, int N, int K, int group_size,
                   const std::string& where);
 
+// K-quant scale records (QmmProblem::kscales) of float32 scales/biases (N, K / 32) that factor
+// exactly as d * sc and -(dmin * m), else an empty array: engine/kernels/kscales.py's pack,
+// the same bytes, at load time (evaluates its inputs).
+mx::array kscales_pack(const mx::array& scales, const mx::array& biases);
+
 // The CPU stream of `s` for op `op`, or invalid_argument: the kernels run on the CPU only.
 mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op);
 
