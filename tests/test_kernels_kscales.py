@@ -179,3 +179,63 @@ def test_requantization_falls_back_to_affine_when_a_scale_overflows_float16():
     assert not np.all(a.biases == np.float32(-128) * a.scales)  # min/max affine, float32
     back = np.array(mx.dequantize(mx.array(a.weight), mx.array(a.scales), mx.array(a.biases), group_size=32, bits=8))
     assert np.abs(back - dense).max() <= np.abs(dense).max() * 2 / 255 * 0.51
+
+
+def _qwen2_kquant(seed: int = 4) -> nn.Module:
+    """A random qwen2 model (256 wide: every K a multiple of 256) whose 4-bit layers have
+    Q4_K-form scales and biases (float16 d, dmin per super-block, 6-bit sc, m per group)."""
+    import importlib
+
+    module = importlib.import_module("mlx_lm.models.qwen2")
+    args = module.ModelArgs(model_type="qwen2", hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=512, vocab_size=96, rms_norm_eps=1e-6,
+                            rope_theta=1e6, tie_word_embeddings=False)
+    mx.random.seed(seed)
+    m = module.Model(args)
+    nn.quantize(m, group_size=32, bits=4)
+    rng = np.random.default_rng(seed)
+    for _, lin in m.named_modules():
+        if isinstance(lin, nn.QuantizedLinear):
+            n, ng = lin.scales.shape
+            d = rng.uniform(0.0005, 0.002, (n, ng // 8, 1)).astype(np.float16).astype(np.float32)
+            dmin = rng.uniform(0.001, 0.004, (n, ng // 8, 1)).astype(np.float16).astype(np.float32)
+            sc = rng.integers(0, 64, (n, ng // 8, 8)).astype(np.float32)
+            mn = rng.integers(0, 64, (n, ng // 8, 8)).astype(np.float32)
+            lin.scales = mx.array((d * sc).reshape(n, ng))
+            lin.biases = mx.array((-(dmin * mn)).reshape(n, ng))
+    mx.eval(m.parameters())
+    return m
+
+
+@needs_ext
+def test_decoder_layers_on_records_give_the_float32_bits():
+    """The hook's decoder-layer primitives (norm_qkv_rope, attn_out_mlp, SwiGLU, the head) read
+    the records for every K-quant layer and give the float32 arrays' logits bit for bit, at
+    decode and prompt sizes."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    m = _qwen2_kquant()
+    hook.install(m)
+    lins = [lin for _, lin in m.named_modules() if isinstance(lin, nn.QuantizedLinear)]
+    assert all(kernels.qparams(lin)[1].dtype == mx.uint8 for lin in lins)
+    records = {id(lin): lin.__dict__["_kernel_half"] for lin in lins}
+
+    def run(use_records: bool) -> list[mx.array]:
+        for lin in lins:
+            if use_records:
+                object.__setattr__(lin, "_kernel_half", records[id(lin)])
+            else:
+                lin.__dict__.pop("_kernel_half", None)
+        outs = []
+        for n in (5, 20):  # decode-sized rows, then a prompt-sized forward
+            cache = make_prompt_cache(m)
+            tokens = mx.array([[(7 * i + n) % 96 for i in range(n)]])
+            outs.append(m(tokens, cache=cache))
+            outs.append(m(mx.array([[3]]), cache=cache))  # one decode step after it
+        mx.eval(outs)
+        return outs
+
+    with_records, without = run(True), run(False)
+    assert kernels.qparams(lins[0])[1].dtype == mx.float32  # the second run really read float32
+    for a, b in zip(with_records, without, strict=True):
+        assert mx.array_equal(a, b).item()
