@@ -40,6 +40,7 @@ process CPU time per decoded token (``decode_cpu_ms``: steadier than wall time o
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import statistics
@@ -209,6 +210,7 @@ def run(args) -> dict:
             notes.append(why)
             continue
         runs.append(_run_profile(args, name))
+        gc.collect()  # the last model and its llama.cpp server go before the next one loads
     cpu = cpu_info()
     rows = ["| model | engine decode tok/s | llama.cpp decode tok/s | decode ratio | prefill ratio |",
             "|---|---|---|---|---|"]
