@@ -38,6 +38,50 @@ def test_bench_engine_run_reports_each_arm_and_ratios(profile_path):
     assert "| engine |" in out["summary"]
 
 
+def test_bench_engine_runs_the_standard_set_and_skips_what_is_not_installed(profile_path, monkeypatch, tmp_path):
+    from app.benches import engine as bench
+    from tests.tiny_models import write_profile
+
+    assert bench.STANDARD_PROFILES == ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+    parser = __import__("argparse").ArgumentParser()
+    bench.add_arguments(parser)
+    defaults = parser.parse_args([])
+    assert defaults.profile is None and defaults.profiles.split(",") == list(bench.STANDARD_PROFILES)
+    assert defaults.arms == "engine,llama_cpp"
+    ran = []
+
+    def one(args, name):
+        ran.append(name)
+        return {"profile": name, "arms": {"engine": {"decode_tps": 30.0}, "llama_cpp": {"decode_tps": 20.0}},
+                "ratios": {"decode_vs_llama_cpp": 1.5, "prefill_vs_llama_cpp": 3.0}, "summary": f"table of {name}"}
+
+    monkeypatch.setattr(bench, "_run_profile", one)
+    missing = str(write_profile(tmp_path / "nomodel.yaml", tmp_path / "no-such-model"))
+    out = bench.run(Namespace(profile=None, profiles=f"{profile_path()},{missing}", threads=2))
+    assert ran == [profile_path()] and [r["profile"] for r in out["runs"]] == ran
+    assert len(out["notes"]) == 1 and out["notes"][0].startswith(f"{missing} skipped")
+    assert f"| {profile_path()} | 30.0 | 20.0 | 1.5 | 3.0 |" in out["table"]
+    assert out["cpu"]["kernel_isa"] == __import__("engine.kernels").kernels.status()["isa"]
+    assert "table of" in out["summary"] and out["cpu"]["model"] in out["summary"]
+
+
+@pytest.mark.parametrize("flags,family", [
+    ("fpu avx2 fma f16c", "avx2"),
+    ("avx2 fma avx512f avx512bw avx512vl avx512_vnni", "avx512-vnni"),
+    ("avx2 avx512f avx512_vnni amx_tile amx_int8 amx_bf16", "amx"),
+    ("avx2 avx_vnni", "avx-vnni"),
+    ("sse2", "other"),
+])
+def test_bench_engine_records_the_cpu_model_and_isa_family(flags, family):
+    from app.benches import engine as bench
+
+    text = f"processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: {flags}\n\nprocessor\t: 1\nmodel name\t: other\n"
+    cpu = bench.cpu_info(text)
+    assert cpu["model"] == "Some CPU 9000" and cpu["family"] == family
+    assert cpu["flags"] == [f for f in bench.ISA_FLAGS if f in flags.split()]
+    assert "kernel_isa" in cpu and cpu["cores"] >= 1
+
+
 def test_bench_batch_run_compares_serial_and_batched(profile_path):
     from app.benches import batch as bench
 

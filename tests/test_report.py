@@ -171,6 +171,15 @@ def test_bench_kinds_known_and_generic():
     assert "scenarios: nested fields and series per row" in page
 
 
+def test_bench_engine_standard_set_shows_the_cpu_and_each_model():
+    one = dict(BENCH_ENGINE, profile="qwen2.5-coder-1.5b")
+    page = build_report([{"bench": "engine", "cpu": {"model": "AMD EPYC 7B13", "family": "avx2", "kernel_isa": "avx2",
+                                                     "cores": 2}, "runs": [BENCH_ENGINE, one], "summary": "x"}])
+    assert "AMD EPYC 7B13" in page and "qwen2.5-coder-1.5b" in page and "smollm2-135m" in page
+    single = build_report([BENCH_ENGINE]).lower().count("decode tok/s per arm")
+    assert single and page.lower().count("decode tok/s per arm") == 2 * single
+
+
 def test_cli_writes_one_standalone_file_and_names_bad_inputs(tmp_path, task_run):
     bench = tmp_path / "engine.json"
     bench.write_text(json.dumps(BENCH_ENGINE))

@@ -29,12 +29,19 @@ Arms, alternated in order then in reverse each round (medians over rounds):
                 its weights then live on the heap, on huge pages when the process has them
                 (engine/hugepages.py) -- as the engine's do; the mmapped file stays on 4 KiB pages.
                 Not in the same run as llama_cpp (two servers in one process slow each other)
-``--arms`` picks a subset; ratios are reported for the arms that ran. Engine arms also report the
+``--arms`` picks a subset (default: engine and llama_cpp); ratios are reported for the arms that ran.
+Without ``--profile`` it runs the standard set, ``STANDARD_PROFILES`` (SmolLM2, Qwen2.5-Coder 0.5B
+and the agent model, 1.5B), one after the other, skipping a model that is not installed with a
+note, and adds a table with one row per model. Every result records the CPU (model name, the
+instruction sets the kernels can use and the one they run on: ``cpu``), since the ratios depend
+on the CPU family (docs/benchmarks.md has one table per family). Engine arms also report the
 process CPU time per decoded token (``decode_cpu_ms``: steadier than wall time on a shared machine).
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import platform
 import statistics
 import time
@@ -52,12 +59,22 @@ PASSAGE = (
 )
 
 
+# The standard set: the small models and the agent model (the one whose decode matters most).
+STANDARD_PROFILES = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+# CPU flags that decide which kernels run (engine/kernels: ISA dispatch).
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+             "avx512_bf16", "amx_tile", "amx_int8")
+
+
 def add_arguments(p) -> None:
-    p.add_argument("--profile", default="smollm2-135m")
+    p.add_argument("--profile", default=None,
+                   help="one profile (default: the standard set, " + ", ".join(STANDARD_PROFILES) + ")")
+    p.add_argument("--profiles", default=",".join(STANDARD_PROFILES),
+                   help="comma list of profiles run one after the other when --profile is not given")
     p.add_argument("--prompt-tokens", type=int, default=500)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="each round runs every arm twice (in order, then reversed)")
-    p.add_argument("--arms", default="engine,engine_fp32,llama_cpp",
+    p.add_argument("--arms", default="engine,llama_cpp",
                    help="comma list of: engine, engine_hybrid, stock_same, stock_loaded, engine_fp32, "
                         "engine_full_head, engine_unfused, engine_ops, engine_float_prefill, engine_x16, llama_cpp, "
                         "llama_cpp_read")
@@ -123,7 +140,91 @@ def _time_stream(tokens_iter) -> tuple[float, float, int, float]:
     return ttft, decode, n, cpu_ms
 
 
+def cpu_info(cpuinfo: str | None = None) -> dict:
+    """The CPU this run measured: model name, its family by the kernels' instruction sets
+    ("amx", "avx512-vnni", "avx-vnni", "avx2" or "other"), the ISA flags it has (``ISA_FLAGS``)
+    and the instruction set the kernels run on (``kernels.status()``). ``cpuinfo``: the text of
+    /proc/cpuinfo (read here when None; empty off Linux)."""
+    from engine import kernels
+
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    name, flags = None, None
+    for line in cpuinfo.splitlines():  # the first core's lines
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and name is None:
+            name = value.strip()
+        elif key.strip() == "flags" and flags is None:
+            flags = set(value.split())
+    name = name or platform.processor() or platform.machine()
+    flags = flags or set()
+    have = [f for f in ISA_FLAGS if f in flags]
+    if "amx_int8" in flags:
+        family = "amx"
+    elif "avx512_vnni" in flags:
+        family = "avx512-vnni"
+    elif "avx_vnni" in flags:
+        family = "avx-vnni"
+    elif "avx2" in flags:
+        family = "avx2"
+    else:
+        family = "other"
+    st = kernels.status()
+    return {"model": name, "family": family, "flags": have, "kernel_isa": st.get("isa"),
+            "cores": os.cpu_count()}
+
+
+def _installed(name: str) -> str | None:
+    """None when profile ``name``'s model is there to run, else why not (a note)."""
+    from engine.errors import MlxtermError
+    from engine.model.catalog import resolve_source
+    from engine.profiles import load_profile
+
+    try:
+        profile = load_profile(name)
+        resolve_source(profile.model.source, profile.base_dir)
+    except MlxtermError as e:
+        return f"{name} skipped: {e}"
+    return None
+
+
 def run(args) -> dict:
+    """One profile (``--profile``), or the standard set with a row per model."""
+    from engine.errors import MlxtermError
+
+    if getattr(args, "profile", None):
+        out = _run_profile(args, args.profile)
+        out["cpu"] = cpu_info()
+        return out
+    names = [n.strip() for n in args.profiles.split(",") if n.strip()]
+    if not names:
+        raise MlxtermError("bench engine: --profiles names no profile")
+    runs, notes = [], []
+    for name in names:
+        why = _installed(name)
+        if why is not None:
+            notes.append(why)
+            continue
+        runs.append(_run_profile(args, name))
+        gc.collect()  # the last model and its llama.cpp server go before the next one loads
+    cpu = cpu_info()
+    rows = ["| model | engine decode tok/s | llama.cpp decode tok/s | decode ratio | prefill ratio |",
+            "|---|---|---|---|---|"]
+    for r in runs:
+        eng, peer = r["arms"].get("engine", {}), r["arms"].get("llama_cpp", {})
+        rows.append(f"| {r['profile']} | {eng.get('decode_tps', '-')} | {peer.get('decode_tps', '-')} "
+                    f"| {r['ratios'].get('decode_vs_llama_cpp', '-')} | {r['ratios'].get('prefill_vs_llama_cpp', '-')} |")
+    head = f"CPU: {cpu['model']} ({cpu['family']}; kernels on {cpu['kernel_isa']}), {args.threads} threads"
+    summary = "\n\n".join([head, "\n".join(rows + notes)] + [f"{r['profile']}:\n{r['summary']}" for r in runs])
+    return {"bench": "engine", "profiles": names, "cpu": cpu, "runs": runs, "notes": notes,
+            "table": "\n".join(rows), "summary": summary}
+
+
+def _run_profile(args, name: str) -> dict:
     from engine import blas, hugepages, kernels
     from engine.errors import MlxtermError
     from engine.generation.generate import generate_step
@@ -151,7 +252,7 @@ def run(args) -> dict:
         raise MlxtermError("bench engine: run llama_cpp and llama_cpp_read in separate runs "
                            "(two llama.cpp servers in one process slow each other)")
     kernels.set_threads(args.threads)
-    profile = load_profile(args.profile)
+    profile = load_profile(name)
     source = resolve_source(profile.model.source, profile.base_dir)
     fmt = choose_weights(profile.model.weights)
     cache_mode = gguf_cache.mode(fmt) if source.is_file() and gguf_cache.enabled() else None

@@ -338,6 +338,10 @@ def generic(data: dict[str, Any], skip: tuple[str, ...] = ("summary",), prefix: 
 
 
 def bench_engine(d: dict[str, Any]) -> str:
+    if isinstance(d.get("runs"), list):  # the standard set: the CPU, then one section per model
+        cpu = d.get("cpu") if isinstance(d.get("cpu"), dict) else {}
+        head = kv_table([(k, num(cpu.get(k))) for k in ("model", "family", "kernel_isa", "cores")])
+        return head + "".join(bench_engine(r) for r in d["runs"] if isinstance(r, dict))
     arms = d.get("arms") if isinstance(d.get("arms"), dict) else {}
     meta = kv_table([(k, num(d.get(k))) for k in ("profile", "model", "backend", "machine", "prompt_tokens", "max_tokens", "rounds")])
     rows = [{"arm": k, **{c: v.get(c) for c in ("prefill_tps", "decode_tps", "ttft_ms", "runs")}} for k, v in arms.items() if isinstance(v, dict)]

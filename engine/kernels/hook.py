@@ -200,11 +200,11 @@ def install(model: nn.Module) -> int:
     for _, m in model.named_modules():
         if type(m) is nn.QuantizedLinear:
             m.__class__ = KernelQuantizedLinear
-            kernels.half_scales(m)
+            kernels.compact_scales(m)
             n += 1
         elif type(m) is nn.QuantizedEmbedding:
             m.__class__ = KernelQuantizedEmbedding
-            kernels.half_scales(m)
+            kernels.compact_scales(m)
             n += 1
         elif fused and type(m) in _FUSED:  # exact types: subclasses (Gemma's norm) differ
             m.__class__ = _FUSED[type(m)]

@@ -27,6 +27,8 @@ NB_MODULE(_ext, m) {
       "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "exact"_a = false,
       "symmetric"_a = false,
       "x @ dequantize(w, scales, biases).T on the CPU, float32 out.");
+  m.def("kscales_pack", &mlxterm::kscales_pack, "scales"_a, "biases"_a,
+        "K-quant scale records of float32 scales/biases, or an empty array (src/ops.h).");
   m.def(
       "masked_softmax",
       [](const mlx::core::array& scores, int mode, int offset,

@@ -25,9 +25,7 @@ void check_weight(const QWeight& q, int K, const char* op, const char* what) {
     throw std::invalid_argument(where + "group_size must be 32, 64 or 128.");
   if (q.w.ndim() != 2 || q.w.dtype() != mx::uint32 || int64_t(q.w.shape(1)) * 32 != int64_t(K) * q.bits)
     throw std::invalid_argument(where + "w must be uint32 (N, K * bits / 32) for this input.");
-  if (q.scales.ndim() != 2 || q.scales.shape(0) != q.w.shape(0) ||
-      q.scales.shape(1) * q.group_size != K || q.biases.shape() != q.scales.shape())
-    throw std::invalid_argument(where + "scales/biases must be (N, K / group_size).");
+  check_scales(q.scales, q.biases, q.w.shape(0), K, q.group_size, where);
 }
 
 
@@ -49,14 +47,7 @@ QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_
   p.K = K;
   p.N = w3[0].shape(0);
   p.w = w3[0].data<uint8_t>();
-  if (w3[1].dtype() == mx::float16) {
-    p.scales = p.biases = nullptr;
-    p.scales16 = w3[1].data<uint16_t>();
-    p.biases16 = w3[2].data<uint16_t>();
-  } else {
-    p.scales = w3[1].data<float>();
-    p.biases = w3[2].data<float>();
-  }
+  set_scales(p, w3[1], w3[2]);
   p.group_size = group_size;
   p.bits = bits;
   p.out = out;

@@ -20,6 +20,36 @@
 
 namespace mlxterm {
 
+void set_scales(QmmProblem& p, const mx::array& scales, const mx::array& biases) {
+  p.scales = p.biases = nullptr;
+  p.scales16 = p.biases16 = nullptr;
+  p.kscales = nullptr;
+  if (scales.dtype() == mx::uint8) {
+    p.kscales = scales.data<uint8_t>();
+  } else if (scales.dtype() == mx::float16) {
+    p.scales16 = scales.data<uint16_t>();
+    p.biases16 = biases.data<uint16_t>();
+  } else {
+    p.scales = scales.data<float>();
+    p.biases = biases.data<float>();
+  }
+}
+
+void check_scales(const mx::array& scales, const mx::array& biases, int N, int K, int group_size,
+                  const std::string& where) {
+  if (scales.ndim() != 2 || biases.ndim() != 2 || scales.shape(0) != N || biases.shape() != scales.shape())
+    throw std::invalid_argument(where + "scales/biases must be 2-D, (N, ...), of one shape.");
+  if (scales.dtype() == mx::uint8) {
+    if (group_size != 32 || K % 256 != 0 || scales.shape(1) != K / 256 * kKScaleBytes ||
+        biases.dtype() != mx::uint8)
+      throw std::invalid_argument(where + "K-quant scales (uint8) must be (N, K / 256 * " +
+                                  std::to_string(kKScaleBytes) + ") for group_size 32, both arrays.");
+    return;
+  }
+  if (scales.shape(1) * group_size != K)
+    throw std::invalid_argument(where + "scales/biases must be (N, K / group_size).");
+}
+
 QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& scales,
                        const mx::array& biases, int group_size, int bits, float* out) {
   QmmProblem p;
@@ -28,14 +58,7 @@ QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& 
   p.M = int(x.size() / p.K);
   p.N = w.shape(0);
   p.w = w.data<uint8_t>();
-  if (scales.dtype() == mx::float16) {
-    p.scales = p.biases = nullptr;
-    p.scales16 = scales.data<uint16_t>();
-    p.biases16 = biases.data<uint16_t>();
-  } else {
-    p.scales = scales.data<float>();
-    p.biases = biases.data<float>();
-  }
+  set_scales(p, scales, biases);
   p.group_size = group_size;
   p.bits = bits;
   p.out = out;
@@ -85,18 +108,118 @@ const char* isa_name(Isa isa) {
 }
 
 QmmProblem f32_scales(const QmmProblem& p, std::vector<float>& buf) {
-  if (!p.scales16) return p;
-  const size_t n = size_t(p.N) * (p.K / p.group_size);
+  if (!p.scales16 && !p.kscales) return p;
+  const int ng = p.K / p.group_size;
+  const size_t n = size_t(p.N) * ng;
   buf.resize(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    buf[i] = _cvtsh_ss(p.scales16[i]);
-    buf[n + i] = _cvtsh_ss(p.biases16[i]);
+  if (p.kscales) {
+    const int ns = p.K / 256;
+    for (int r = 0; r < p.N; ++r) {
+      for (int sb = 0; sb < ns; ++sb) {
+        const uint8_t* rec = p.kscales + (size_t(r) * ns + sb) * kKScaleBytes;
+        uint16_t h[2];
+        std::memcpy(h, rec, 4);
+        const float d = _cvtsh_ss(h[0]), dmin = _cvtsh_ss(h[1]);
+        for (int j = 0; j < 8; ++j) {
+          const size_t i = size_t(r) * ng + sb * 8 + j;
+          buf[i] = d * float(rec[4 + j]);
+          buf[n + i] = -(dmin * float(rec[12 + j]));
+        }
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      buf[i] = _cvtsh_ss(p.scales16[i]);
+      buf[n + i] = _cvtsh_ss(p.biases16[i]);
+    }
   }
   QmmProblem q = p;
   q.scales = buf.data();
   q.biases = buf.data() + n;
   q.scales16 = q.biases16 = nullptr;
+  q.kscales = nullptr;
   return q;
+}
+
+namespace {
+
+// One super-block's 8 values as d * q (d a float16 value, q in [0, 63]) bit for bit, trying the
+// largest q first: kscales.py's factor() for one row, the same choices (the same bytes).
+bool factor8(const float* v, uint16_t& dh, uint8_t* q) {
+  uint32_t bits[8];
+  std::memcpy(bits, v, sizeof(bits));
+  bool zero = true;
+  for (int i = 0; i < 8; ++i) zero = zero && bits[i] == 0;
+  if (zero) {
+    dh = 0;
+    std::memset(q, 0, 8);
+    return true;
+  }
+  int im = 0;
+  for (int i = 1; i < 8; ++i)
+    if (std::fabs(v[i]) > std::fabs(v[im])) im = i;
+  for (int k = 63; k > 0; --k) {
+    const uint16_t h = _cvtss_sh(v[im] / float(k), _MM_FROUND_TO_NEAREST_INT);
+    const float dc = _cvtsh_ss(h);
+    if (dc == 0.0f) continue;
+    bool ok = true;
+    uint8_t qq[8];
+    for (int i = 0; i < 8 && ok; ++i) {
+      const float r = std::nearbyint(v[i] / dc);
+      if (!(r >= 0.0f && r <= 63.0f)) {
+        ok = false;
+        break;
+      }
+      qq[i] = uint8_t(r);
+      const float back = dc * float(qq[i]);
+      uint32_t b;
+      std::memcpy(&b, &back, 4);
+      ok = b == bits[i];
+    }
+    if (ok) {
+      dh = h;
+      std::memcpy(q, qq, 8);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+mx::array kscales_pack(const mx::array& scales_in, const mx::array& biases_in) {
+  if (scales_in.ndim() != 2 || scales_in.shape() != biases_in.shape() || scales_in.dtype() != mx::float32 ||
+      biases_in.dtype() != mx::float32)
+    throw std::invalid_argument("[mlxterm.kscales_pack] scales/biases must be float32 (N, groups), one shape.");
+  const int n = scales_in.shape(0), ng = scales_in.shape(1);
+  auto none = [] {
+    const uint8_t* nothing = nullptr;
+    return mx::array(nothing, mx::Shape{0}, mx::uint8);
+  };
+  if (ng % 8 != 0) return none();
+  mx::array sc = mx::contiguous(scales_in), bi = mx::contiguous(biases_in);
+  sc.eval();
+  bi.eval();
+  const float* s = sc.data<float>();
+  const float* b = bi.data<float>();
+  const size_t blocks = size_t(n) * (ng / 8);
+  std::vector<uint8_t> out(blocks * kKScaleBytes);
+  for (size_t i = 0; i < blocks; ++i) {
+    uint8_t* rec = out.data() + i * kKScaleBytes;
+    float nb[8];
+    for (int j = 0; j < 8; ++j) nb[j] = -b[i * 8 + j];
+    uint16_t d, dmin;
+    if (!factor8(s + i * 8, d, rec + 4) || !factor8(nb, dmin, rec + 12))
+      return none();
+    const float dm = _cvtsh_ss(dmin);
+    for (int j = 0; j < 8; ++j) {  // the sign of a zero bias: -(dmin * 0) is -0.0
+      const float back = -(dm * float(rec[12 + j]));
+      if (std::memcmp(&back, b + i * 8 + j, 4) != 0) return none();
+    }
+    std::memcpy(rec, &d, 2);
+    std::memcpy(rec + 2, &dmin, 2);
+  }
+  return mx::array(out.begin(), mx::Shape{n, ng / 8 * kKScaleBytes}, mx::uint8);
 }
 
 namespace {
@@ -128,6 +251,7 @@ mx::array contiguous_in(const mx::array& a, mx::Stream st) {
 
 mx::array qmm_scales(const mx::array& a, const mx::array& other, mx::Stream st) {
   if (a.dtype() == mx::float16 && other.dtype() == mx::float16) return contiguous_in(a, st);
+  if (a.dtype() == mx::uint8) return contiguous_in(a, st);  // K-quant scales (check_scales)
   return contiguous_in(a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, st), st);
 }
 
@@ -537,8 +661,7 @@ mx::array quantized_matmul(
   const int K = x.shape(-1), N = w.shape(0);
   if (w.dtype() != mx::uint32 || int64_t(w.shape(1)) * 32 != int64_t(K) * bits)
     throw std::invalid_argument("[mlxterm.quantized_matmul] w must be uint32 (N, K * bits / 32).");
-  if (scales.shape(0) != N || scales.shape(1) * group_size != K || biases.shape() != scales.shape())
-    throw std::invalid_argument("[mlxterm.quantized_matmul] scales/biases must be (N, K / group_size).");
+  check_scales(scales, biases, N, K, group_size, "[mlxterm.quantized_matmul] ");
   auto st = mx::to_stream(s);
   if (st.device != mx::Device::cpu)
     throw std::invalid_argument("[mlxterm.quantized_matmul] runs on the CPU stream only.");

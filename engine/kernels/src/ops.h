@@ -27,6 +27,18 @@ mx::array quantized_matmul(
 QmmProblem qmm_problem(const mx::array& x, const mx::array& w, const mx::array& scales,
                        const mx::array& biases, int group_size, int bits, float* out);
 
+// p's scales/biases from the arrays: float32, float16 (scales16) or K-quant uint8 (kscales).
+void set_scales(QmmProblem& p, const mx::array& scales, const mx::array& biases);
+// invalid_argument (prefixed `where`) unless scales/biases fit (N, K) at group_size: float
+// (N, K / group_size), or K-quant uint8 (N, K / 256 * kKScaleBytes) at group 32.
+void check_scales(const mx::array& scales, const mx::array& biases, int N, int K, int group_size,
+                  const std::string& where);
+
+// K-quant scale records (QmmProblem::kscales) of float32 scales/biases (N, K / 32) that factor
+// exactly as d * sc and -(dmin * m), else an empty array: engine/kernels/kscales.py's pack,
+// the same bytes, at load time (evaluates its inputs).
+mx::array kscales_pack(const mx::array& scales, const mx::array& biases);
+
 // The CPU stream of `s` for op `op`, or invalid_argument: the kernels run on the CPU only.
 mx::Stream cpu_stream(mx::StreamOrDevice s, const char* op);
 

@@ -29,9 +29,20 @@ struct QmmProblem {
   // int8 path's pack_group then makes the bias terms from the scales and never reads the
   // biases (2 of a Q8_0 block's 36 bytes; the same numbers, so the same bits).
   bool symmetric = false;
+  // A GGUF K-quant's scales in their own compact form (group 32, K a multiple of 256): per
+  // row, per 256-value super-block, kKScaleBytes bytes [d f16][dmin f16][sc 8 x u8][m 8 x u8]
+  // with scale = d * sc and bias = -(dmin * m) -- exact in float32 (an 11-bit by 6-bit product),
+  // so the float32 arrays' values, in 2.5 bytes per 32 weights instead of 8 (Q4_K: 18.5 bytes
+  // per 32 4-bit weights instead of 24; the GGUF has 18). scales/biases/scales16 are then null;
+  // f32_scales widens them for the paths that read float32.
+  const uint8_t* kscales = nullptr;
 };
 
-// p with float32 scales/biases: p itself, or widened into buf when p has float16 ones.
+// Bytes of one 256-value super-block's scales in QmmProblem::kscales.
+constexpr int kKScaleBytes = 20;
+
+// p with float32 scales/biases: p itself, or widened into buf when p has float16 or
+// K-quant (kscales) ones.
 QmmProblem f32_scales(const QmmProblem& p, std::vector<float>& buf);
 
 // Activations prepared once per matmul: int8 per 32-block with a scale (fast mode) and the

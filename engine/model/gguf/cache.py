@@ -27,7 +27,7 @@ import mlx.core as mx
 log = logging.getLogger(__name__)
 
 # Bump when the conversion's output changes (tensor names, layouts, re-quantization).
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: Q6_K re-quantized to symmetric 8-bit, float16 scales
 
 Converted = tuple[dict[str, mx.array], dict[str, int]]  # arrays by mlx_lm name, bits by module
 

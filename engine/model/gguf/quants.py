@@ -210,11 +210,37 @@ def to_affine(raw: np.ndarray, gtype: GGMLType | str, shape: tuple[int, ...]) ->
     )
 
 
+def _symmetric8(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Groups (n, 32) as symmetric 8-bit: q = round(g / scale) + 128 in [0, 255] with a
+    float16-exact scale ~ max|g| / 127 and bias -128 * scale (Q8_0's form), or None when a
+    scale does not fit float16."""
+    amax = np.abs(g).max(axis=1, keepdims=True)
+    with np.errstate(over="ignore"):  # a scale past float16's range: inf, refused below
+        scale = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    if not np.all(np.isfinite(scale)):
+        return None
+    safe = np.where(scale > 0, scale, np.float32(1))
+    q = np.where(scale > 0, np.clip(np.rint(g / safe), -128, 127), 0) + 128
+    return q.astype(np.uint8), scale, np.float32(-128) * scale
+
+
+def _affine8(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Groups (n, 32) as min/max affine 8-bit with float32 scales and biases."""
+    lo = g.min(axis=1, keepdims=True)
+    scale = (g.max(axis=1, keepdims=True) - lo) / 255.0
+    safe = np.where(scale > 0, scale, 1.0)
+    return np.clip(np.rint((g - lo) / safe), 0, 255).astype(np.uint8), scale, lo
+
+
 def to_affine8(raw: np.ndarray, gtype: GGMLType | str, shape: tuple[int, ...]) -> AffineWeights:
-    """Any supported type re-quantized to 8-bit affine, group 32 (min/max per group).
+    """Any supported type re-quantized to 8-bit, group 32.
 
     For the CPU kernels (engine/kernels), which have no Q6_K path: its groups of 16 have no
-    exact affine-32 form, and 8 bits per value keep the added error far below Q6_K's own.
+    exact affine-32 form, and 8 bits per value keep the added error far below Q6_K's own (a
+    step of max|w| / 127 against Q6_K's max|w| / 32). Symmetric with float16-exact scales
+    (Q8_0's form: Q6_K's values are symmetric) where every scale fits float16, so the kernels
+    read 34 bytes per 32 weights (``kernels.half_scales``: the scale only) instead of 40; else
+    min/max affine with float32 scales.
     """
     gtype = _check(gtype)
     blocks = _blocks(raw, gtype)
@@ -225,14 +251,19 @@ def to_affine8(raw: np.ndarray, gtype: GGMLType | str, shape: tuple[int, ...]) -
     scales = np.empty((groups, 1), dtype=np.float32)
     biases = np.empty((groups, 1), dtype=np.float32)
     step = max(1, _CHUNK_VALUES // gtype.block_size)
-    for i in range(0, len(blocks), step):
-        g = fn(blocks[i : i + step]).reshape(-1, GROUP_SIZE)
-        lo = g.min(axis=1, keepdims=True)
-        scale = (g.max(axis=1, keepdims=True) - lo) / 255.0
-        safe = np.where(scale > 0, scale, 1.0)
-        q = np.clip(np.rint((g - lo) / safe), 0, 255).astype(np.uint8)
-        sl = slice(i * per_block, i * per_block + len(g))
-        weight[sl], scales[sl], biases[sl] = pack(q, 8), scale, lo
+
+    def fill(method) -> bool:
+        for i in range(0, len(blocks), step):
+            g = fn(blocks[i : i + step]).reshape(-1, GROUP_SIZE)
+            parts = method(g)
+            if parts is None:
+                return False
+            sl = slice(i * per_block, i * per_block + len(g))
+            weight[sl], scales[sl], biases[sl] = pack(parts[0], 8), parts[1], parts[2]
+        return True
+
+    if not fill(_symmetric8):
+        fill(_affine8)
     lead = shape[:-1]
     return AffineWeights(
         weight.reshape(*lead, -1), scales.reshape(*lead, -1), biases.reshape(*lead, -1), 8
