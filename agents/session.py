@@ -17,6 +17,7 @@ import asyncio
 import fnmatch
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -201,6 +202,10 @@ class AgentSession:
         # checks run right after each write (profile agent.test_after_write)
         self.end_on_write = False
         self._last_written: list[str] = []  # files of the last run that ended at its write
+        # a planned run (agents.planned): the planning turn answers in text (no forced call, no
+        # corrective turn); each item's run opens its file for the model
+        self.plan_turn = False
+        self.next_file: str | None = None
         self._seen_calls: dict[tuple[str, str], int] = {}
         self._commands_run = 0
         self._targets: list[str] | None = None  # files the task names (set by the first run)
@@ -413,7 +418,7 @@ class AgentSession:
     def _correction(self, prompt: str, parser: ToolCallParser) -> Corrective | None:
         """One corrective turn per run when a final answer shows code for a file without
         writing it, or the task asks for changes and nothing changed (see prompts)."""
-        if self.corrective_turns >= self.options.corrective_turns:
+        if self.corrective_turns >= self.options.corrective_turns or self.plan_turn:
             return None
         # a shell command may have changed files too: only "nothing ran, nothing written" counts
         acted = bool(self.changed_files) or self._commands_run > 0
@@ -482,7 +487,7 @@ class AgentSession:
         opening = self._file_opening() if step == 1 else ""
         opening_ids = self.engine.tokenizer.encode(opening) if opening else []
         prompt_ids = prompt_ids + opening_ids
-        force = step == 1 and self.engine.profile.agent.first_step_tool_call
+        force = step == 1 and self.engine.profile.agent.first_step_tool_call and not self.plan_turn
         constraint = ToolCallConstraint(self.masks, force_call=force, max_tokens=max_new) if self.masks else None
         mask_ms0 = self.masks.mask_ms if self.masks else 0.0
         seed = None if self.options.seed is None else self.options.seed + step
@@ -712,9 +717,9 @@ class AgentSession:
         one file to write: a path line and the fence, so it cannot answer in prose instead (the
         1.5B did in 1 of 3 exercises) and the block's header is well-formed. The file: the one
         the last run wrote, else the one task file; none (free reply) when that is not one file."""
-        if not self.end_on_write or self.edit_format != "whole":
+        if not self.end_on_write or self.edit_format != "whole" or self.plan_turn:
             return ""
-        files = self._last_written or self._targets or []
+        files = [self.next_file] if self.next_file else (self._last_written or self._targets or [])
         if len(files) != 1:
             return ""
         ext = files[0].rsplit(".", 1)[-1].lower() if "." in files[0] else ""
@@ -812,23 +817,38 @@ class AgentSession:
             return None
         first = plan.indices[0]
         self.store.delete_last(self.session_id, len(messages) - first)
-        removed = sum(len(messages[i].content) - len(plan.new_content[i]) for i in plan.indices)
+        removed = sum(len(_renderable(messages[i])) - len(plan.new_content[i]) for i in plan.indices)
+        superseded = [{"index": i, "path": path} for i, path in plan.superseded.items()]
         self.transcript.write("compaction", step, from_index=first, messages=list(plan.indices),
-                              tokens_before=before, chars_removed=removed)
+                              tokens_before=before, chars_removed=removed, superseded=superseded)
         roles = [m.role for m in messages]
         for m in messages[first:]:
             following = roles[m.index + 1] if m.index + 1 < len(roles) else None
             self._readd(m, plan.new_content.get(m.index), step, following)
         after = self.store.get(self.session_id).token_count
         record = {"step": step, "messages": list(plan.indices), "tokens_before": before,
-                  "tokens_after": after, "chars_removed": removed}
+                  "tokens_after": after, "chars_removed": removed, "superseded": superseded}
         history = self.store.get_meta(self.session_id).get("compactions", [])
         self.store.set_meta(self.session_id, {"compactions": [*history, record]})
         self.transcript.write("compaction_done", step, tokens_after=after)
         return Compacted(step, plan.indices, before, after, removed)
 
     def _readd(self, m: Message, new_content: str | None, step: int, following: str | None) -> None:
-        """Put message ``m`` back after a compaction (assistant turns keep their exact tokens)."""
+        """Put message ``m`` back after a compaction (assistant turns keep their exact tokens
+        unless an older file version in them is replaced: then their raw text is re-rendered)."""
+        if m.role == "assistant" and new_content is not None:
+            old_raw = m.meta.get("raw_text", m.content)
+            meta = {**m.meta, "raw_text": new_content,
+                    "compacted": {"original_chars": len(old_raw), "step": step, "superseded": True}}
+            content = _replace_block(m.content, old_raw, new_content)
+            history = self.store.messages(self.session_id)
+            fed = [t for h in history for t in h.token_ids]
+            ids = self.ledger.tokens_for([render_dict(h) for h in history], fed,
+                                         [{"role": "assistant", "content": new_content}], False)[0]
+            msg = self.store.add_message(self.session_id, "assistant", content, reasoning=m.reasoning,
+                                         tool_calls=m.tool_calls, token_ids=ids, meta=meta)
+            self.transcript.message(msg, step)
+            return
         if m.role == "assistant":
             msg = self.store.add_message(self.session_id, "assistant", m.content, reasoning=m.reasoning,
                                          tool_calls=m.tool_calls, token_ids=m.token_ids, meta=m.meta)
@@ -851,6 +871,19 @@ class AgentSession:
         msg = self.store.add_message(self.session_id, m.role, content, tool_calls=m.tool_calls,
                                      tool_call_id=m.tool_call_id, name=m.name, token_ids=ids, meta=meta)
         self.transcript.message(msg, step)
+
+
+def _renderable(m: Message) -> str:
+    return m.meta.get("raw_text", m.content) if m.role == "assistant" else m.content
+
+
+def _replace_block(content: str, old_raw: str, new_raw: str) -> str:
+    """The visible text of an assistant turn after its raw text changed from ``old_raw`` to
+    ``new_raw``: the same replacement where the changed part appears in it, else as it was."""
+    start = len(os.path.commonprefix([old_raw, new_raw]))
+    end = len(os.path.commonprefix([old_raw[start:][::-1], new_raw[start:][::-1]]))
+    removed, added = old_raw[start:len(old_raw) - end], new_raw[start:len(new_raw) - end]
+    return content.replace(removed, added, 1) if removed and removed in content else content
 
 
 _TOP_LEVEL = re.compile(r"^(?:async\s+)?(?:def|class)\s+(\w+)", re.MULTILINE)
