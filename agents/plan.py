@@ -77,7 +77,7 @@ def parse_plan(text: str, allowed: list[str] | None = None) -> Plan:
     by_path: dict[str, PlanItem] = {}
     allow = {_norm(p) for p in allowed} if allowed else None
     current: PlanItem | None = None
-    item_indent = 0
+    item_indent, under_heading = 0, False
     in_code = False
     for line in text.splitlines():
         if line.lstrip().startswith(("```", "~~~")):
@@ -87,19 +87,24 @@ def parse_plan(text: str, allowed: list[str] | None = None) -> Plan:
             continue
         m = _ITEM.match(line)
         body = _MARKUP.sub("", m.group(2) if m else line)
-        path = _first_path(body, allow)
+        token = _first_path(body, allow)
         indent = len(m.group(1)) if m else 0
-        if m and path and (current is None or indent <= item_indent or path not in by_path):
+        heading = bool(m) and line.lstrip().startswith("#")
+        under = current is not None and (indent > item_indent or (under_heading and not heading))
+        if m and token and not under:
+            path = _norm(token)
             item = by_path.get(path)
             if item is None:
                 if len(items) >= MAX_ITEMS:
                     break
                 item = by_path[path] = PlanItem(path)
                 items.append(item)
-            current, item_indent = item, indent
-            _add_feature(item, _LEAD.sub("", body.replace(path, "", 1)))
-        elif current is not None and (m or line[:1].isspace()):
+            current, item_indent, under_heading = item, indent, heading
+            _add_feature(item, _LEAD.sub("", body.replace(token, "", 1)))
+        elif under or (current is not None and not m and line[:1].isspace()):
             _add_feature(current, _LEAD.sub("", body))
+        elif m:
+            current = None  # a sibling item with no file: not part of the one before
     return Plan(items)
 
 
@@ -111,9 +116,10 @@ def plan_from_task(prompt: str, exists) -> Plan:
 
 
 def _first_path(text: str, allow: set[str] | None) -> str | None:
+    """The first usable path token in ``text`` (as written there), or None."""
     for token in PATH_TOKEN.findall(text):
         if _safe(token) and (allow is None or _norm(token) in allow):
-            return _norm(token)
+            return token
     return None
 
 
