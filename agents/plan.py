@@ -18,6 +18,7 @@ from agents.edits import PATH_TOKEN
 MAX_ITEMS = 12  # more than this is not a short plan: the rest is dropped
 FEATURES_CHARS = 400  # per item, what the step prompt repeats
 _ITEM = re.compile(r"^(\s*)(?:\d{1,2}[.)]|[-*+\u2022]|#{1,4}|\[[ xX]\])\s+(.*)$")
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
 _MARKUP = re.compile(r"[`*_]+")
 _LEAD = re.compile(r"^[\s:\-\u2013\u2014()\[\],.]+|[\s:\-\u2013\u2014(\[,]+$")
 
@@ -111,7 +112,8 @@ def parse_plan(text: str, allowed: list[str] | None = None) -> Plan:
 def plan_from_task(prompt: str, exists) -> Plan:
     """The fallback plan: the files the task prompt names that ``exists(path)`` says are not
     there yet, in the order named (used when the reply holds no plan)."""
-    paths = [p for p in dict.fromkeys(PATH_TOKEN.findall(prompt)) if _safe(p) and not exists(p)]
+    text = _URL.sub(" ", prompt)  # http://127.0.0.1:PORT/index.html names no file to write
+    paths = [p for p in dict.fromkeys(PATH_TOKEN.findall(text)) if _safe(p) and not exists(p)]
     return Plan([PlanItem(p) for p in paths[:MAX_ITEMS]], source="task")
 
 

@@ -91,9 +91,14 @@ def work_through_plan(agent: AgentSession, task_prompt: str, limits: AgentLimits
         if done.reason in ("cancelled", "error") or cancelled():
             yield PlanOutcome(None, runs)
             return
-        plan = parse_plan(done.final_text)
+        # the files the task names bound the plan (a small model adds tests, a README, package.json);
+        # a plan of other files only is taken as it is, none at all falls back to the task's files
+        named = plan_from_task(task_prompt, lambda p: (agent.workspace / p).exists())
+        plan = parse_plan(done.final_text, [i.path for i in named.items] if len(named.items) > 1 else None)
         if not plan.items:
-            plan = plan_from_task(task_prompt, lambda p: (agent.workspace / p).exists())
+            plan = parse_plan(done.final_text) if len(named.items) > 1 else plan
+        if not plan.items:
+            plan = named
         # a call in the planning reply may already have written files
         plan.tick(list(done.extra.get("changed_files", [])))
         if not plan.items:

@@ -82,7 +82,8 @@ def headless(tmp_path, replies, task=TASK, **profile):
 
 
 def test_planned_run_plans_then_writes_one_file_per_item(tmp_path):
-    replies = ["Plan:\n1. `index.html`: the markup\n2. **app.js** - the logic\n   - add cards\n3. style.css (colours)",
+    replies = ["Plan:\n1. `index.html`: the markup\n2. **app.js** - the logic\n   - add cards\n3. style.css (colours)"
+               "\n4. README.md: how to use it",  # not a file the task names: left out
                "<p>hi</p>\n```\n", "console.log(1);\n```\n", "body { color: red }\n```\n"]
     run, engine, lines = headless(tmp_path, replies)
     result = run.run()
