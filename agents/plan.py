@@ -13,12 +13,17 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agents.edits import PATH_TOKEN
+from agents.edits import LANG_EXTS, PATH_TOKEN
 
+# what a plan item may be: source and text files (``document.title`` or ``console.log`` in a
+# sentence are not files to write; the 0.5B's plan named document.title)
+FILE_EXTS = frozenset(e for exts in LANG_EXTS.values() for e in exts) | {
+    "htm", "svg", "csv", "xml", "ini", "cfg", "jsx", "vue", "scss", "less", "php", "kt", "swift", "lua"}
 MAX_ITEMS = 12  # more than this is not a short plan: the rest is dropped
 FEATURES_CHARS = 400  # per item, what the step prompt repeats
 _ITEM = re.compile(r"^(\s*)(?:\d{1,2}[.)]|[-*+\u2022]|#{1,4}|\[[ xX]\])\s+(.*)$")
 _URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
+_NUMBER = re.compile(r"^(?:\d{1,2}[.)]\s+)+")
 _MARKUP = re.compile(r"[`*_]+")
 _LEAD = re.compile(r"^[\s:\-\u2013\u2014()\[\],.]+|[\s:\-\u2013\u2014(\[,]+$")
 
@@ -87,7 +92,7 @@ def parse_plan(text: str, allowed: list[str] | None = None) -> Plan:
         if in_code or not line.strip():
             continue
         m = _ITEM.match(line)
-        body = _MARKUP.sub("", m.group(2) if m else line)
+        body = _NUMBER.sub("", _MARKUP.sub("", m.group(2) if m else line))  # "1. 1. Create ..." (the 0.5B)
         token = _first_path(body, allow)
         indent = len(m.group(1)) if m else 0
         heading = bool(m) and line.lstrip().startswith("#")
@@ -136,7 +141,8 @@ def _add_feature(item: PlanItem, text: str) -> None:
 
 
 def _safe(path: str) -> bool:
-    return not path.startswith("/") and ".." not in path.split("/")
+    return (not path.startswith("/") and ".." not in path.split("/")
+            and path.rsplit(".", 1)[-1].lower() in FILE_EXTS)
 
 
 def _norm(path: str) -> str:

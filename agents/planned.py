@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from agents.events import AgentDone, AgentEvent, ToolFinished
+from agents.events import AgentDone, AgentEvent, StepDone, ToolFinished
 from agents.plan import Plan, parse_plan, plan_from_task
 from agents.session import AgentLimits, AgentSession
 from agents.transcript import Transcript
@@ -82,22 +82,30 @@ def work_through_plan(agent: AgentSession, task_prompt: str, limits: AgentLimits
     runs: list[AgentDone] = []
     plan = load_plan(agent)
     if plan is None:
+        # the files the task names that the workspace lacks bound the plan (a small model adds
+        # tests, a README, package.json); taken before the planning turn, which may write some
+        named = plan_from_task(task_prompt, lambda p: (agent.workspace / p).exists())
         agent.plan_turn = True
+        replies: list[str] = []  # the reply's text, also when it went on to write files (no final answer)
         try:
             done = yield from _run(agent, plan_request(task_prompt, agent.edit_format),
-                                   AgentLimits(steps=1, tokens=limits.tokens, wall_s=limits.wall_s), runs)
+                                   AgentLimits(steps=1, tokens=limits.tokens, wall_s=limits.wall_s), runs,
+                                   replies=replies)
         finally:
             agent.plan_turn = False
         if done.reason in ("cancelled", "error") or cancelled():
             yield PlanOutcome(None, runs)
             return
-        # the files the task names bound the plan (a small model adds tests, a README, package.json);
-        # a plan of other files only is taken as it is, none at all falls back to the task's files
-        named = plan_from_task(task_prompt, lambda p: (agent.workspace / p).exists())
-        plan = parse_plan(done.final_text, [i.path for i in named.items] if len(named.items) > 1 else None)
+        # files the task names that the model's plan leaves out are added after its items; a plan
+        # of other files only is taken as it is; none at all falls back to the task's files
+        text = "\n".join(replies) or done.final_text
+        plan = parse_plan(text, [i.path for i in named.items] if len(named.items) > 1 else None)
         if not plan.items:
-            plan = parse_plan(done.final_text) if len(named.items) > 1 else plan
-        if not plan.items:
+            plan = parse_plan(text) if len(named.items) > 1 else plan
+        if plan.items:
+            planned = {i.path for i in plan.items}
+            plan.items += [i for i in named.items if i.path not in planned]
+        else:
             plan = named
         # a call in the planning reply may already have written files
         plan.tick(list(done.extra.get("changed_files", [])))
@@ -144,11 +152,14 @@ def _next_index(plan: Plan) -> int | None:
 
 
 def _run(agent: AgentSession, message: str, limits: AgentLimits, runs: list[AgentDone], *,
-         plan: Plan | None = None, transcript: Transcript | None = None) -> Iterator[AgentEvent | PlanUpdated]:
+         plan: Plan | None = None, transcript: Transcript | None = None,
+         replies: list[str] | None = None) -> Iterator[AgentEvent | PlanUpdated]:
     done = None
     for ev in agent.run(message, limits):
         if isinstance(ev, AgentDone):
             done = ev
+        elif isinstance(ev, StepDone) and replies is not None:
+            replies.append(ev.text)
         yield ev
         if plan is not None and isinstance(ev, ToolFinished) and ev.result.ok and ev.diff is not None:
             # ticked as soon as the file is written: a kill after this point does not redo it

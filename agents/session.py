@@ -77,6 +77,9 @@ MIN_STEP_TOKENS = 32  # below this a step cannot say anything useful: stop with 
 REPEATS_TO_STOP = 1  # steps in a row made only of repeated calls that stop the run ("repeated"): a
 # model that repeats a call with nothing changed is looping (the 1.5B then repeats again, or shows
 # code without a path), and the checks' output is the better next prompt
+# a planning turn starts the model's reply with the list (the 0.5B answered the request for a
+# plan by writing the code at once)
+PLAN_OPENING = "Plan:\n1. "
 _DATA_KEYS = ("path", "exit_code", "timed_out", "cancelled", "created", "bytes_written", "replacements",
               "lines_added", "lines_removed", "content_truncated", "denied", "malformed", "sandboxed", "repeated")
 
@@ -484,7 +487,7 @@ class AgentSession:
 
     def _generate(self, step: int, max_new: int, temperature: float | None = None) -> Iterator[AgentEvent]:
         prompt_ids = self.store.context_tokens(self.session_id)
-        opening = self._file_opening() if step == 1 else ""
+        opening = (PLAN_OPENING if self.plan_turn else self._file_opening()) if step == 1 else ""
         opening_ids = self.engine.tokenizer.encode(opening) if opening else []
         prompt_ids = prompt_ids + opening_ids
         force = step == 1 and self.engine.profile.agent.first_step_tool_call and not self.plan_turn

@@ -17,7 +17,8 @@ from engine import runtime
 from agents.scripted import Reply, ScriptedEngine, scripted_profile
 
 FILES = ("index.html", "app.js", "style.css", "notes.md")
-PLAN = "\n".join(f"{n}. {name}: part {n} of the app" for n, name in enumerate(FILES, 1))
+# what follows the planning turn's opening ("Plan:\n1. ")
+PLAN = "\n".join(f"{n}. {name}: part {n} of the app" for n, name in enumerate(FILES, 1))[3:]
 DELAY_S = 0.004
 _OPENED = re.compile(r"assistant\n(\S+)\n```\w*\n$")
 

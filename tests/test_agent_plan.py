@@ -27,6 +27,7 @@ from agents.transcript import read_transcript, replay_messages
     ("1) ./index.html\n2) index.html again: the dialog\n3. ../secret.txt\n4. /etc/passwd.txt",
      ["index.html"], ["again: the dialog"]),
     ("I will write the files.\n```\n1. fake.js: in a code block\n```\nNo list here.", [], []),
+    ("1. set document.title\n2. console.log the click\n3. app.js: the click", ["app.js"], ["the click"]),
 ])
 def test_parse_plan(text, paths, features):
     plan = parse_plan(text)
@@ -82,7 +83,7 @@ def headless(tmp_path, replies, task=TASK, **profile):
 
 
 def test_planned_run_plans_then_writes_one_file_per_item(tmp_path):
-    replies = ["Plan:\n1. `index.html`: the markup\n2. **app.js** - the logic\n   - add cards\n3. style.css (colours)"
+    replies = ["`index.html`: the markup\n2. **app.js** - the logic\n   - add cards\n3. style.css (colours)"
                "\n4. README.md: how to use it",  # not a file the task names: left out
                "<p>hi</p>\n```\n", "console.log(1);\n```\n", "body { color: red }\n```\n"]
     run, engine, lines = headless(tmp_path, replies)
@@ -91,9 +92,9 @@ def test_planned_run_plans_then_writes_one_file_per_item(tmp_path):
     assert [i["path"] for i in result["plan"]["items"]] == ["index.html", "app.js", "style.css"]
     assert all(i["done"] and i["attempts"] == 1 for i in result["plan"]["items"])
     assert result["steps"] == 4 and result["progress"]["steps"] == 4
-    # the planning turn is free text; each item's turn opens its file for the model
+    # the planning turn starts the list for the model; each item's turn opens its file
     prompts = [engine.tokenizer.decode(r.prompt_ids) for r in engine.requests]
-    assert prompts[0].endswith("<|im_start|>assistant\n") and "short plan only" in prompts[0]
+    assert prompts[0].endswith("<|im_start|>assistant\nPlan:\n1. ") and "short plan only" in prompts[0]
     assert prompts[2].endswith("Only this file.<|im_end|>\n<|im_start|>assistant\napp.js\n```javascript\n")
     assert "[x] 1. index.html: the markup\n[ ] 2. app.js: the logic; add cards" in prompts[2]
     assert (tmp_path / "ws" / "app.js").read_text() == "console.log(1);\n"
@@ -118,6 +119,24 @@ def test_no_plan_in_the_reply_falls_back_to_the_task_files_and_gives_up_on_silen
     assert items[1]["given_up"] and items[1]["attempts"] == 2 and not items[1]["done"]
     assert items[2]["done"] and result["status"] == "failed"
     assert any(isinstance(line, str) and "given up: app.js" in line for line in lines)
+
+
+def test_a_planning_reply_that_writes_files_ticks_them(tmp_path):
+    """The 0.5B followed its plan with the files themselves, in the same reply ("1. 1. Create
+    ..."): the plan is read from that reply's text and the files it wrote count as done."""
+    replies = ["1. Create index.html with the page.\n2. 2. app.js: the click.\n\n"
+               "index.html\n```html\n<p>hi</p>\n```\napp.js\n```js\nlet a = document.title;\n```\n",
+               "body {}\n```\n"]
+    run, engine, _ = headless(tmp_path, replies)
+    result = run.run()
+    items = result["plan"]["items"]
+    # style.css, named by the task and left out of the model's plan, comes after its items
+    assert result["plan"]["source"] == "model" and result["status"] == "passed"
+    assert [(i["path"], i["features"]) for i in items] == [("index.html", "Create  with the page."),
+                                                          ("app.js", "the click."), ("style.css", "")]
+    assert [i["done"] for i in items] == [True] * 3 and [i["attempts"] for i in items] == [0, 0, 1]
+    assert len(engine.requests) == 2
+    assert (tmp_path / "ws" / "app.js").read_text() == "let a = document.title;\n"
 
 
 def test_single_file_task_is_not_planned(tmp_path):
