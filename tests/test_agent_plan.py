@@ -107,6 +107,10 @@ def test_planned_run_plans_then_writes_one_file_per_item(tmp_path):
     text = "\n".join(line for line in lines if line)
     assert "[step 3] app.js: " in text and "tokens (" in text and "done: style.css" in text
     assert "    [x] 3. style.css: colours" in text
+    from app.report import build_report
+
+    page = build_report([tmp_path / "run" / "result.json"])
+    assert "<h4>plan</h4>" in page and "<span class='ok'>done</span> <code>app.js</code>: the logic; add cards" in page
 
 
 def test_no_plan_in_the_reply_falls_back_to_the_task_files_and_gives_up_on_silence(tmp_path):
