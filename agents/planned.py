@@ -78,6 +78,19 @@ def work_through_plan(agent: AgentSession, task_prompt: str, limits: AgentLimits
     """Make the plan (unless the session has one: a resumed run) and write its items; yields the
     agent's events, ``PlanUpdated`` and, last, the ``PlanOutcome``. ``limits.wall_s`` bounds all
     of it; ``limits.tokens`` each run."""
+    saved_end_on_write = agent.end_on_write
+    # every run ends at its writes, the planning turn too (the 0.5B writes files right after its
+    # plan): the turn is then left open for the next user message, no empty reply closes it
+    agent.end_on_write = True
+    try:
+        yield from _work(agent, task_prompt, limits, transcript, cancelled)
+    finally:
+        agent.next_file = None
+        agent.end_on_write = saved_end_on_write
+
+
+def _work(agent: AgentSession, task_prompt: str, limits: AgentLimits, transcript: Transcript | None,
+          cancelled: Callable[[], bool]) -> Iterator[AgentEvent | PlanUpdated | PlanOutcome]:
     t0 = time.monotonic()
     runs: list[AgentDone] = []
     plan = load_plan(agent)
@@ -117,8 +130,6 @@ def work_through_plan(agent: AgentSession, task_prompt: str, limits: AgentLimits
             transcript.write("plan", done.step, source=plan.source, items=plan.to_dict()["items"],
                              text=plan.render())
         yield PlanUpdated(done.step, plan, "planned")
-    saved_end_on_write = agent.end_on_write
-    agent.end_on_write = True
     try:
         while (index := _next_index(plan)) is not None:
             if cancelled() or (limits.wall_s is not None and time.monotonic() - t0 >= limits.wall_s):
@@ -141,8 +152,6 @@ def work_through_plan(agent: AgentSession, task_prompt: str, limits: AgentLimits
                     transcript.write("plan_given_up", done.step, path=item.path, attempts=item.attempts)
                 yield PlanUpdated(done.step, plan, "given_up", item.path)
     finally:
-        agent.next_file = None
-        agent.end_on_write = saved_end_on_write
         save_plan(agent, plan)
     yield PlanOutcome(plan, runs)
 
