@@ -487,7 +487,9 @@ class AgentSession:
 
     def _generate(self, step: int, max_new: int, temperature: float | None = None) -> Iterator[AgentEvent]:
         prompt_ids = self.store.context_tokens(self.session_id)
-        opening = (PLAN_OPENING if self.plan_turn else self._file_opening()) if step == 1 else ""
+        # a plan item's run (``next_file``) opens its file at every step: a retry after a block cut
+        # off by a loop is the same file again (the 0.5B answered it with prose)
+        opening = (PLAN_OPENING if self.plan_turn else self._file_opening()) if step == 1 or self.next_file else ""
         opening_ids = self.engine.tokenizer.encode(opening) if opening else []
         prompt_ids = prompt_ids + opening_ids
         force = step == 1 and self.engine.profile.agent.first_step_tool_call and not self.plan_turn

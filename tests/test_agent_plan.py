@@ -114,14 +114,18 @@ def test_planned_run_plans_then_writes_one_file_per_item(tmp_path):
 
 
 def test_no_plan_in_the_reply_falls_back_to_the_task_files_and_gives_up_on_silence(tmp_path):
-    # app.js: two runs of three steps each write nothing (a cut-off block, then prose)
-    replies = ["Sure, I will build it.", "<p>hi</p>\n```\n", *[Reply("no file")] * 6, "body {}\n```\n"]
+    # app.js: two runs write nothing (each step reopens the file; the block is cut off, then the
+    # same cut-off block again stops the run as repeated)
+    replies = ["Sure, I will build it.", "<p>hi</p>\n```\n", *[Reply("no file")] * 4, "body {}\n```\n"]
     run, engine, lines = headless(tmp_path, replies, task=TASK.replace("wall_s: 60", "wall_s: 60}\nrepair_rounds: 0\n#"))
     result = run.run()
     items = result["plan"]["items"]
     assert result["plan"]["source"] == "task" and [i["path"] for i in items] == ["index.html", "app.js", "style.css"]
     assert items[1]["given_up"] and items[1]["attempts"] == 2 and not items[1]["done"]
-    assert items[2]["done"] and result["status"] == "failed"
+    assert items[2]["done"] and items[2]["attempts"] == 1 and result["status"] == "failed"
+    opened = [engine.tokenizer.decode(r.prompt_ids).endswith("assistant\napp.js\n```javascript\n")
+              for r in engine.requests]
+    assert opened == [False, False, True, True, True, True, False]
     assert any(isinstance(line, str) and "given up: app.js" in line for line in lines)
 
 
