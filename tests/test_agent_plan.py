@@ -222,3 +222,51 @@ def test_old_versions_include_reads_and_skip_the_latest():
     versions = compaction.old_versions(messages)
     assert [(v.index, v.path) for v in versions] == [(0, "a.js")]
     assert compaction.drop_version(messages[0], versions[0]) == f"a.js\n```js\n{compaction.reference('a.js')}```"
+
+
+def test_a_real_engine_reuses_the_prefix_after_an_old_version_is_dropped(tmp_path, tiny_llama_dir):
+    """On the real engine (a tiny random model, its own KV checkpoints): the request after a
+    compaction that dropped an older file version is served from the cache up to the first
+    changed message."""
+    from engine.runtime import Engine, GenerationRequest
+
+    from tests.tiny_models import write_profile
+
+    profile = write_profile(tmp_path / "tiny-agent.yaml", tiny_llama_dir, context={"max_context": 4096},
+                            sampling={"max_tokens": 4})
+    engine = Engine.load(str(profile))
+    try:
+        store = SessionStore(tmp_path / "s.db")
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        agent = AgentSession.create(engine, store, ws, options=AgentOptions(system_prompt="t", examples=False))
+        sid, tok = agent.session_id, engine.tokenizer
+        agent._append([{"role": "user", "content": "write index.html"}], generation_prompt=True, metas=[{}])
+        for n in range(2):
+            content = "".join(f"<p>version {n} line {i}</p>\n" for i in range(12))
+            raw = f"index.html\n```html\n{content}```"
+            call = {"id": f"c{n}", "type": "function",
+                    "function": {"name": "write_file", "arguments": {"path": "index.html", "content": content}}}
+            store.add_message(sid, "assistant", "", tool_calls=[call], token_ids=tok.encode(raw) + [min(tok.eos_ids)],
+                              meta={"raw_text": raw, "step": n + 1})
+            agent._append([{"role": "tool", "content": "Wrote index.html.", "tool_call_id": f"c{n}",
+                            "name": "write_file"}], generation_prompt=True,
+                          metas=[{"ok": True, "path": "index.html", "step": n + 1}])
+
+        def ask() -> tuple[int, int]:
+            prompt = store.context_tokens(sid)
+            done = engine.submit(GenerationRequest(prompt, engine.sampling(max_tokens=4), session_id=sid)).result()
+            assert done.error is None, done.error
+            return done.usage.prompt_tokens, done.usage.cached_tokens
+
+        ask()  # the engine checkpoints this context
+        event = agent._compact(3, 1, 100_000)
+        assert event is not None
+        msgs = store.messages(sid)
+        first = event.messages[0]
+        assert compaction.reference("index.html") in msgs[first].meta["raw_text"]
+        prefix = sum(m.token_count for m in msgs[:first])
+        prompt_tokens, cached = ask()
+        assert prefix <= cached < prompt_tokens
+    finally:
+        engine.close()
