@@ -224,7 +224,8 @@ class HeadlessRun:
         prompt, prior = task.full_prompt(), None
         if self._planned():
             for ev in work_through_plan(self.agent, prompt, limits, transcript=transcript,
-                                        cancelled=self._cancelled.is_set):
+                                        cancelled=self._cancelled.is_set,
+                                        retry_temperature=agent_cfg.repair_temperature):
                 if isinstance(ev, PlanOutcome):
                     # no plan (the reply held none, the task names no new file): an ordinary run
                     stopped = bool(ev.runs) and ev.runs[-1].reason in ("cancelled", "error")
