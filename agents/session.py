@@ -523,7 +523,7 @@ class AgentSession:
                 if isinstance(ev, EngineTextDelta):
                     closed = False
                     for pe in parser.feed(ev.text):
-                        closed = closed or (bool(opening) and isinstance(pe, Parsed))
+                        closed = closed or (bool(opening) and isinstance(pe, Parsed) and not self.plan_turn)
                         yield _event(step, pe)
                     partial.update(parser.visible_text)  # a kill keeps the step's reply so far
                     raw += ev.text
@@ -539,6 +539,8 @@ class AgentSession:
                 elif isinstance(ev, Done):
                     done = ev
             for pe in parser.finish():
+                if early is not None and early[0] == "planned" and isinstance(pe, Malformed):
+                    continue  # the file block the plan stopped at: not a call
                 yield _event(step, pe)
         finally:
             with self._lock:
@@ -551,6 +553,14 @@ class AgentSession:
                            completion_token_ids=opening_ids + list(done.completion_token_ids))
         if file_closed and done.finish_reason == "cancelled" and not self._cancel.is_set():
             done = replace(done, finish_reason="stop")
+        elif early is not None and early[0] == "planned" and done.finish_reason == "cancelled" \
+                and not self._cancel.is_set():
+            # the plan is the reply: the block it went on to open stays in the context as generated
+            # (exact tokens), and is no call; its file gets its own turn
+            done = replace(done, finish_reason="stop")
+            parser.malformed = []
+            self.transcript.write("stopped_early", step, reason="planned", note=early[1],
+                                  completion_tokens=done.usage.completion_tokens)
         elif early is not None and done.finish_reason == "cancelled" and not self._cancel.is_set():
             reason, note = early
             done = replace(done, finish_reason=reason)
@@ -692,12 +702,15 @@ class AgentSession:
         return self._protected(call) or (self._not_whole(call) if call.inferred_path else None)
 
     def _stop_early(self, parser: ToolCallParser, guard: LoopGuard, raw: str) -> tuple[str, str] | None:
-        """(finish reason, note) when the step should stop now: the reply loops, or it started
-        writing a file its edit may not change (a task's tests: it would be refused anyway)."""
+        """(finish reason, note) when the step should stop now: the reply loops, it started
+        writing a file its edit may not change (a task's tests: it would be refused anyway), or
+        a planning reply went on from the plan to a file (each file gets its own turn)."""
         if guard.update(raw):
             return "looped", ("the reply kept repeating the same lines and was stopped; write the whole file "
                               "again, each line once")
         path = parser.open_edit_path
+        if path and self.plan_turn:
+            return "planned", f"the planning reply stopped where it began writing {path}"
         if path and self._protected_path(path):
             return "protected", f"stopped: {path} is protected by the task and cannot be changed"
         return None

@@ -133,22 +133,29 @@ def test_no_plan_in_the_reply_falls_back_to_the_task_files_and_gives_up_on_silen
     assert any(isinstance(line, str) and "given up: app.js" in line for line in lines)
 
 
-def test_a_planning_reply_that_writes_files_ticks_them(tmp_path):
-    """The 0.5B followed its plan with the files themselves, in the same reply ("1. 1. Create
-    ..."): the plan is read from that reply's text and the files it wrote count as done."""
-    replies = ["1. Create index.html with the page.\n2. 2. app.js: the click.\n\n"
-               "index.html\n```html\n<p>hi</p>\n```\napp.js\n```js\nlet a = document.title;\n```\n",
-               "body {}\n```\n"]
-    run, engine, _ = headless(tmp_path, replies)
+def test_a_planning_reply_stops_where_it_starts_writing_a_file(tmp_path):
+    """The 0.5B followed its plan ("1. 1. Create ...") with the files themselves, in the same
+    reply, and rushed them: the planning reply is stopped where its first file block opens (kept
+    in the context as generated, not a call), and each file gets its own turn."""
+    replies = [Reply("1. Create index.html with the page.\n2. 2. app.js: the click.\n\n"
+                     "index.html\n```html\n<p>hi</p>\n```\napp.js\n```js\nlet a = document.title;\n```\n",
+                     delay_s=0.002),
+               "<p>hi</p>\n<script src=app.js></script>\n```\n", "let a = 1;\n```\n", "body {}\n```\n"]
+    run, engine, lines = headless(tmp_path, replies)
     result = run.run()
     items = result["plan"]["items"]
     # style.css, named by the task and left out of the model's plan, comes after its items
     assert result["plan"]["source"] == "model" and result["status"] == "passed"
     assert [(i["path"], i["features"]) for i in items] == [("index.html", "Create  with the page."),
                                                           ("app.js", "the click."), ("style.css", "")]
-    assert [i["done"] for i in items] == [True] * 3 and [i["attempts"] for i in items] == [0, 0, 1]
-    assert len(engine.requests) == 2
-    assert (tmp_path / "ws" / "app.js").read_text() == "let a = document.title;\n"
+    assert [i["attempts"] for i in items] == [1, 1, 1] and len(engine.requests) == 4
+    assert (tmp_path / "ws" / "app.js").read_text() == "let a = 1;\n"
+    msgs = SessionStore(tmp_path / "s.db").messages(result["session_id"])
+    plan_reply = next(m for m in msgs if m.role == "assistant" and not m.meta.get("example"))
+    raw = plan_reply.meta["raw_text"]
+    assert "index.html\n```html\n" in raw and "let a" not in raw and not plan_reply.tool_calls
+    assert msgs[plan_reply.index + 1].role == "user"  # no tool result: the block was no call
+    assert not any(line and "malformed" in line for line in lines)
 
 
 def test_single_file_task_is_not_planned(tmp_path):
