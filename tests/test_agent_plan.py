@@ -281,3 +281,22 @@ def test_a_real_engine_reuses_the_prefix_after_an_old_version_is_dropped(tmp_pat
         assert prefix <= cached < prompt_tokens
     finally:
         engine.close()
+
+
+def test_task_plan_key_and_resume_flag_are_checked(tmp_path):
+    from agents.tasks import TaskError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('prompt: "x"\nplan: yes please\n')
+    with pytest.raises(TaskError, match="plan: expected true or false"):
+        load_task(bad)
+    good = tmp_path / "good.yaml"
+    good.write_text('prompt: "x"\nplan: true\n')
+    assert load_task(good).plan is True
+    from pathlib import Path
+
+    # the Kanban task is planned by default: its prompt names three new files (and a URL, no file)
+    kanban = load_task(Path(__file__).resolve().parents[1] / "assets" / "tasks" / "kanban-app.yaml")
+    assert kanban.plan is None
+    assert [i.path for i in plan_from_task(kanban.prompt, lambda p: False).items] == ["index.html", "app.js",
+                                                                                       "style.css"]
