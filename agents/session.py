@@ -209,6 +209,7 @@ class AgentSession:
         # corrective turn); each item's run opens its file for the model
         self.plan_turn = False
         self.next_file: str | None = None
+        self.seed_offset = 0  # added to each step's seed (a plan item's retry samples new tokens)
         self._seen_calls: dict[tuple[str, str], int] = {}
         self._commands_run = 0
         self._targets: list[str] | None = None  # files the task names (set by the first run)
@@ -495,7 +496,7 @@ class AgentSession:
         force = step == 1 and self.engine.profile.agent.first_step_tool_call and not self.plan_turn
         constraint = ToolCallConstraint(self.masks, force_call=force, max_tokens=max_new) if self.masks else None
         mask_ms0 = self.masks.mask_ms if self.masks else 0.0
-        seed = None if self.options.seed is None else self.options.seed + step
+        seed = None if self.options.seed is None else self.options.seed + step + self.seed_offset
         temperature = self.options.temperature if temperature is None else temperature
         params = self.engine.sampling(max_tokens=max_new, temperature=temperature, seed=seed,
                                       repetition_penalty=self.engine.profile.agent.repetition_penalty)

@@ -117,7 +117,7 @@ def test_no_plan_in_the_reply_falls_back_to_the_task_files_and_gives_up_on_silen
     # app.js: two runs write nothing (each step reopens the file; the block is cut off, then the
     # same cut-off block again stops the run as repeated)
     replies = ["Sure, I will build it.", "<p>hi</p>\n```\n", *[Reply("no file")] * 4, "body {}\n```\n"]
-    run, engine, lines = headless(tmp_path, replies, task=TASK.replace("wall_s: 60", "wall_s: 60}\nrepair_rounds: 0\n#"),
+    run, engine, lines = headless(tmp_path, replies, task=TASK.replace("wall_s: 60", "wall_s: 60}\nrepair_rounds: 0\nsampling: {seed: 0}\n#"),
                                   repair_temperature=0.7)
     result = run.run()
     items = result["plan"]["items"]
@@ -130,6 +130,8 @@ def test_no_plan_in_the_reply_falls_back_to_the_task_files_and_gives_up_on_silen
     # the second run of an item samples at the profile's repair temperature
     temps = [r.params.temperature for r in engine.requests]
     assert temps[2:4] == [0.0, 0.0] and temps[4:6] == [0.7, 0.7] and temps[6] == 0.0
+    seeds = [r.params.seed for r in engine.requests]
+    assert seeds[2:4] == [1, 2] and seeds[4:6] == [1001, 1002] and seeds[6] == 1
     assert any(isinstance(line, str) and "given up: app.js" in line for line in lines)
 
 
