@@ -185,4 +185,5 @@ def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: in
         test_command=ex.test_command,
         repair_rounds=repair_rounds,
         protected=tuple(ex.test),
+        plan=False,  # one solution file to fix: no plan (instructions may name other files)
     )

@@ -14,6 +14,14 @@ run directory itself -- ``transcript.jsonl``, ``result.json`` -- is never mounte
 and ``quality.json`` with its screenshots is copied out of the evidence folder by the host
 (``agents.evidence``). The run directory may not lie inside the workspace (the agent's file
 tools could rewrite the transcript there).
+
+A task bigger than one file (``TaskSpec.plan``; by default when its prompt names two or more
+files the workspace lacks) is planned first and worked through item by item
+(``agents.planned``); the checks and repair rounds follow. ``resume=True`` continues the latest
+run of the same task in the same workspace after a crash or kill: same session, run directory
+and transcript (appended), the template not copied again, the plan going on from its first item
+not yet done (``agents.planned``), the step count and elapsed time going on from the session's
+``progress`` meta.
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ from agents.events import (
     ToolFinished,
 )
 from agents.evidence import Evidence
+from agents.plan import plan_from_task
+from agents.planned import PlanOutcome, PlanUpdated, load_plan, work_through_plan
+from agents.progress import Progress
 from agents.repair import (
     RepairOutcome,
     changed_paths,
@@ -63,9 +74,17 @@ def new_run_id() -> str:
 class HeadlessRun:
     def __init__(self, task: TaskSpec, *, engine=None, profile: str | None = None, workspace: str | Path | None = None,
                  allow: tuple[str, ...] = (), run_dir: str | Path | None = None, store: SessionStore | None = None,
-                 on_event: Callable[[AgentEvent], None] | None = None, candidates: int | None = None):
+                 on_event: Callable[[AgentEvent], None] | None = None, candidates: int | None = None,
+                 resume: bool = False):
         self.task = task
         self.run_id = new_run_id()
+        self._store = store
+        self.resume_id: str | None = None
+        if resume:
+            if workspace is None:
+                raise MlxtermError("--resume needs --workspace DIR (the workspace of the run to continue)")
+            self.resume_id, earlier_dir = find_run(self._sessions(), task, Path(workspace))
+            run_dir = run_dir if run_dir is not None else earlier_dir
         self.run_dir = Path(run_dir) if run_dir is not None else paths.data_dir() / "runs" / self.run_id
         self.workspace = Path(workspace) if workspace is not None else self.run_dir / "workspace"
         real_ws, real_run = self.workspace.resolve(), self.run_dir.resolve()
@@ -77,11 +96,16 @@ class HeadlessRun:
         self.allow = tuple(dict.fromkeys((*task.allow, *allow)))
         self.cli_allow = tuple(allow)  # the person's own --allow: the only consent to run unconfined
         self._engine = engine
-        self._store = store
         self.on_event = on_event
+        self.progress = Progress()
         self.candidates = candidates  # None: the profile's agent.candidates
         self.agent: AgentSession | None = None
         self._cancelled = threading.Event()
+
+    def _sessions(self) -> SessionStore:
+        if self._store is None:
+            self._store = SessionStore()
+        return self._store
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -92,19 +116,24 @@ class HeadlessRun:
         t0 = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.evidence.prepare()
-        self._prepare_workspace()
+        if self.resume_id is None:
+            self._prepare_workspace()
         transcript = Transcript(self.run_dir / "transcript.jsonl")
         own_engine = self._engine is None
         engine = self._engine
         try:
-            transcript.write("task", 0, task=str(self.task.path), name=self.task.name, prompt=self.task.prompt,
-                             workspace=str(self.workspace), profile=self.profile, allow=list(self.allow),
-                             checks=[{"name": c.name, "run": c.run} for c in self.task.checks])
+            if self.resume_id is None:
+                transcript.write("task", 0, task=str(self.task.path), name=self.task.name, prompt=self.task.prompt,
+                                 workspace=str(self.workspace), profile=self.profile, allow=list(self.allow),
+                                 checks=[{"name": c.name, "run": c.run} for c in self.task.checks])
+            else:
+                transcript.write("resume", 0, session_id=self.resume_id, profile=self.profile,
+                                 progress=self._sessions().get_meta(self.resume_id).get("progress"))
             if engine is None:
                 from engine.runtime import Engine
 
                 engine = Engine.load(self.profile)
-            store = self._store or SessionStore()
+            store = self._sessions()
             before = workspace_fingerprint(self.workspace)
             outcome = self._run_agent(engine, store, transcript)
             changed = changed_paths(before, workspace_fingerprint(self.workspace))
@@ -168,9 +197,15 @@ class HeadlessRun:
                                interactive=False, temperature=task.temperature, seed=task.seed,
                                max_tokens_per_step=task.max_tokens, network=task.network,
                                sandbox_hide=self.evidence.protect())
-        self.agent = AgentSession.create(engine, store, self.workspace, title=f"run: {task.name}", options=options,
-                                         transcript=transcript,
-                                         meta={"task": str(task.path), "run_dir": str(self.run_dir)})
+        if self.resume_id is not None:
+            self.agent = AgentSession.open(engine, store, self.resume_id, options=options, transcript=transcript)
+            meta = store.get_meta(self.resume_id)
+            self.progress = Progress(meta.get("progress"))
+            store.set_meta(self.resume_id, {"resumes": int(meta.get("resumes", 0)) + 1})
+        else:
+            self.agent = AgentSession.create(engine, store, self.workspace, title=f"run: {task.name}",
+                                             options=options, transcript=transcript,
+                                             meta={"task": str(task.path), "run_dir": str(self.run_dir)})
         if self._cancelled.is_set():
             self.agent.cancel()
         if self.agent.sandbox_notice or not self.agent.sandbox.active:
@@ -180,24 +215,60 @@ class HeadlessRun:
         ignored = self.agent.policy.ignored_allows()
         if ignored:
             transcript.write("warning", 0, message=f"--allow has no effect on tools the profile denies: {', '.join(ignored)}")
-        limits = AgentLimits(steps=task.steps, tokens=task.tokens, wall_s=task.wall_s)
+        wall = None if task.wall_s is None else max(1.0, task.wall_s - self.progress.elapsed_s)
+        limits = AgentLimits(steps=task.steps, tokens=task.tokens, wall_s=wall)
         rounds = engine.profile.agent.repair_rounds if task.repair_rounds is None else task.repair_rounds
         outcome = None
         agent_cfg = engine.profile.agent
-        for ev in run_with_repair(self.agent, task.full_prompt(), limits,
+        t0 = time.monotonic()
+        prompt, prior = task.full_prompt(), None
+        if self._planned():
+            for ev in work_through_plan(self.agent, prompt, limits, transcript=transcript,
+                                        cancelled=self._cancelled.is_set,
+                                        retry_temperature=agent_cfg.repair_temperature):
+                if isinstance(ev, PlanOutcome):
+                    # no plan (the reply held none, the task names no new file): an ordinary run
+                    stopped = bool(ev.runs) and ev.runs[-1].reason in ("cancelled", "error")
+                    prior = ev.runs if ev.plan is not None or stopped or self._cancelled.is_set() else None
+                else:
+                    self._emit(ev)
+            if wall is not None:
+                limits = AgentLimits(steps=task.steps, tokens=task.tokens,
+                                     wall_s=max(0.001, wall - (time.monotonic() - t0)))
+        elif self.resume_id is not None:
+            prompt = f"The run was interrupted. Go on with the task where you left off.\n\n{prompt}"
+        for ev in run_with_repair(self.agent, prompt, limits,
                                   lambda: [self._check(c, transcript) for c in task.checks], rounds,
                                   test_command=task.test_command, transcript=transcript,
                                   cancelled=self._cancelled.is_set,
                                   run_checks_in=lambda ws: [self._check(c, None, ws) for c in task.checks],
                                   candidates=agent_cfg.candidates if self.candidates is None else self.candidates,
                                   candidate_temperature=agent_cfg.candidate_temperature,
-                                  repair_temperature=agent_cfg.repair_temperature, seed=task.seed or 0):
+                                  repair_temperature=agent_cfg.repair_temperature, seed=task.seed or 0,
+                                  prior=prior):
             if isinstance(ev, RepairOutcome):
                 outcome = ev
-            elif self.on_event is not None:
-                self.on_event(ev)
+            else:
+                self._emit(ev)
         assert outcome is not None
         return outcome
+
+    def _planned(self) -> bool:
+        """Plan first: the task says so, or (by default) its prompt names two or more files the
+        workspace lacks; a resumed run that was planned goes on with its plan."""
+        if self.resume_id is not None and load_plan(self.agent) is not None:
+            return True
+        if self.task.plan is not None:
+            return self.task.plan
+        return len(plan_from_task(self.task.prompt, lambda p: (self.workspace / p).exists()).items) >= 2
+
+    def _emit(self, ev) -> None:
+        """Count the event in the progress (saved in the session's meta at each step) and pass it on."""
+        self.progress.observe(ev, self.agent.next_file if self.agent is not None else None)
+        if isinstance(ev, StepDone) and self.agent is not None:
+            self.agent.store.set_meta(self.agent.session_id, {"progress": self.progress.state()})
+        if self.on_event is not None:
+            self.on_event(ev)
 
     def _check_env(self, workspace: Path) -> dict[str, str]:
         """What a check script may need besides its evidence folder: where the task's files are,
@@ -257,6 +328,9 @@ class HeadlessRun:
             "cached_ratio": round(tokens["cached"] / tokens["prompt"], 4) if tokens["prompt"] else 0.0,
             "agent_wall_s": outcome.agent_wall_s,
             "wall_s": round(wall, 3),
+            "plan": (plan.to_dict() if (plan := load_plan(self.agent)) else None),
+            "resumed": self.resume_id is not None,
+            "progress": self.progress.state(),
         }
 
     def _error_result(self, message: str, wall: float) -> dict[str, Any]:
@@ -271,8 +345,22 @@ class HeadlessRun:
         }
 
 
-def describe_event(ev: AgentEvent) -> str | None:
-    """One progress line for the terminal (None: nothing worth a line)."""
+def find_run(store: SessionStore, task: TaskSpec, workspace: Path) -> tuple[str, Path]:
+    """(session id, run directory) of the latest run of ``task`` in ``workspace`` (to resume)."""
+    ws = str(workspace.expanduser().resolve())
+    for summary in store.list(kind="agent", limit=1000):
+        session = store.get(summary.id)
+        if session.workspace == ws and session.meta.get("task") == str(task.path) and session.meta.get("run_dir"):
+            return session.id, Path(session.meta["run_dir"])
+    raise MlxtermError(f"--resume: no run of {task.path} in {ws} to continue (run it first without --resume)")
+
+
+def describe_event(ev: AgentEvent, progress: Progress | None = None) -> str | None:
+    """One progress line for the terminal (None: nothing worth a line). ``progress``: the run's
+    ``Progress`` (it has already observed ``ev``): steps counted over the whole run, the file,
+    elapsed time, the plan."""
+    if progress is not None and isinstance(ev, StepDone | PlanUpdated):
+        return progress.line_for(ev)
     if isinstance(ev, ToolCallParsed):
         args = json.dumps(ev.call.arguments, ensure_ascii=False)
         return f"[step {ev.step}] call {ev.call.name} {args[:200]}"

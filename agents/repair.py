@@ -140,15 +140,18 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
                     cancelled: Callable[[], bool] = lambda: False,
                     run_checks_in: Callable[[Path], list[dict[str, Any]]] | None = None,
                     candidates: int = 1, candidate_temperature: float = 0.7,
-                    repair_temperature: float | None = None, seed: int = 0) -> Iterator[AgentEvent | RepairOutcome]:
+                    repair_temperature: float | None = None, seed: int = 0,
+                    prior: list[AgentDone] | None = None) -> Iterator[AgentEvent | RepairOutcome]:
     """Run ``prompt``, then check and repair up to ``rounds`` times; yields the agent's events
     and, last, the ``RepairOutcome``. ``limits.wall_s`` bounds the whole attempt; steps and
     tokens apply to each run. Checks do not run after a cancelled or broken run.
     ``run_checks_in(workspace)`` runs the checks on another folder (needed for candidates);
     ``repair_temperature`` (None: the run's own) samples the repair rounds: near-greedy decoding
-    tends to write the same failing file again."""
+    tends to write the same failing file again. ``prior``: runs already made for this attempt
+    (a planned run's items, ``agents.planned``): ``prompt`` is not sent, the checks run at once
+    on the last one's result (an empty list: a resumed run whose work was done)."""
     t0 = time.monotonic()
-    runs: list[AgentDone] = []
+    runs: list[AgentDone] = list(prior or [])
     first_try = None
     checks: list[dict[str, Any]] = []
     round_log: list[dict[str, Any]] = []
@@ -159,13 +162,16 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
         left = None if limits.wall_s is None else max(0.001, limits.wall_s - (time.monotonic() - t0))
         done = None
         temperature = repair_temperature if round_no else None
-        for ev in agent.run(message, AgentLimits(steps=limits.steps, tokens=limits.tokens, wall_s=left),
-                            temperature=temperature):
-            if isinstance(ev, AgentDone):
-                done = ev
-            yield ev
-        assert done is not None
-        runs.append(done)
+        if prior is not None and round_no == 0:
+            done = runs[-1] if runs else AgentDone(0, "answered", "", 0, 0, 0, 0.0)
+        else:
+            for ev in agent.run(message, AgentLimits(steps=limits.steps, tokens=limits.tokens, wall_s=left),
+                                temperature=temperature):
+                if isinstance(ev, AgentDone):
+                    done = ev
+                yield ev
+            assert done is not None
+            runs.append(done)
         if done.reason in ("cancelled", "error") or cancelled():
             checks = []
             break
@@ -185,7 +191,7 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
         if limits.wall_s is not None and time.monotonic() - t0 >= limits.wall_s:
             break
         round_no += 1
-        written = done.extra.get("changed_files") if done.reason == "wrote" else None
+        written = done.extra.get("changed_files") if done.reason == "wrote" and agent.end_on_write else None
         message = repair_message(checks, test_command, agent.workspace, round_no, rounds, written)
         if transcript is not None:
             transcript.write("repair", done.step, round=round_no, message=message)
@@ -207,6 +213,6 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
                 break  # it passed on the scratch copy; the real workspace's result is the attempt's
             candidate_log.append({"round": round_no, **picked.record()})
     agent.end_on_write = False
-    outcome = RepairOutcome(runs[-1], checks, first_try, round_log, runs)
+    outcome = RepairOutcome(runs[-1] if runs else done, checks, first_try, round_log, runs)
     outcome.candidates = candidate_log
     yield outcome

@@ -17,6 +17,7 @@ import asyncio
 import fnmatch
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -76,6 +77,9 @@ MIN_STEP_TOKENS = 32  # below this a step cannot say anything useful: stop with 
 REPEATS_TO_STOP = 1  # steps in a row made only of repeated calls that stop the run ("repeated"): a
 # model that repeats a call with nothing changed is looping (the 1.5B then repeats again, or shows
 # code without a path), and the checks' output is the better next prompt
+# a planning turn starts the model's reply with the list (the 0.5B answered the request for a
+# plan by writing the code at once)
+PLAN_OPENING = "Plan:\n1. "
 _DATA_KEYS = ("path", "exit_code", "timed_out", "cancelled", "created", "bytes_written", "replacements",
               "lines_added", "lines_removed", "content_truncated", "denied", "malformed", "sandboxed", "repeated")
 
@@ -201,6 +205,11 @@ class AgentSession:
         # checks run right after each write (profile agent.test_after_write)
         self.end_on_write = False
         self._last_written: list[str] = []  # files of the last run that ended at its write
+        # a planned run (agents.planned): the planning turn answers in text (no forced call, no
+        # corrective turn); each item's run opens its file for the model
+        self.plan_turn = False
+        self.next_file: str | None = None
+        self.seed_offset = 0  # added to each step's seed (a plan item's retry samples new tokens)
         self._seen_calls: dict[tuple[str, str], int] = {}
         self._commands_run = 0
         self._targets: list[str] | None = None  # files the task names (set by the first run)
@@ -413,7 +422,7 @@ class AgentSession:
     def _correction(self, prompt: str, parser: ToolCallParser) -> Corrective | None:
         """One corrective turn per run when a final answer shows code for a file without
         writing it, or the task asks for changes and nothing changed (see prompts)."""
-        if self.corrective_turns >= self.options.corrective_turns:
+        if self.corrective_turns >= self.options.corrective_turns or self.plan_turn:
             return None
         # a shell command may have changed files too: only "nothing ran, nothing written" counts
         acted = bool(self.changed_files) or self._commands_run > 0
@@ -479,13 +488,15 @@ class AgentSession:
 
     def _generate(self, step: int, max_new: int, temperature: float | None = None) -> Iterator[AgentEvent]:
         prompt_ids = self.store.context_tokens(self.session_id)
-        opening = self._file_opening() if step == 1 else ""
+        # a plan item's run (``next_file``) opens its file at every step: a retry after a block cut
+        # off by a loop is the same file again (the 0.5B answered it with prose)
+        opening = (PLAN_OPENING if self.plan_turn else self._file_opening()) if step == 1 or self.next_file else ""
         opening_ids = self.engine.tokenizer.encode(opening) if opening else []
         prompt_ids = prompt_ids + opening_ids
-        force = step == 1 and self.engine.profile.agent.first_step_tool_call
+        force = step == 1 and self.engine.profile.agent.first_step_tool_call and not self.plan_turn
         constraint = ToolCallConstraint(self.masks, force_call=force, max_tokens=max_new) if self.masks else None
         mask_ms0 = self.masks.mask_ms if self.masks else 0.0
-        seed = None if self.options.seed is None else self.options.seed + step
+        seed = None if self.options.seed is None else self.options.seed + step + self.seed_offset
         temperature = self.options.temperature if temperature is None else temperature
         params = self.engine.sampling(max_tokens=max_new, temperature=temperature, seed=seed,
                                       repetition_penalty=self.engine.profile.agent.repetition_penalty)
@@ -513,7 +524,7 @@ class AgentSession:
                 if isinstance(ev, EngineTextDelta):
                     closed = False
                     for pe in parser.feed(ev.text):
-                        closed = closed or (bool(opening) and isinstance(pe, Parsed))
+                        closed = closed or (bool(opening) and isinstance(pe, Parsed) and not self.plan_turn)
                         yield _event(step, pe)
                     partial.update(parser.visible_text)  # a kill keeps the step's reply so far
                     raw += ev.text
@@ -529,6 +540,8 @@ class AgentSession:
                 elif isinstance(ev, Done):
                     done = ev
             for pe in parser.finish():
+                if early is not None and early[0] == "planned" and isinstance(pe, Malformed):
+                    continue  # the file block the plan stopped at: not a call
                 yield _event(step, pe)
         finally:
             with self._lock:
@@ -541,6 +554,14 @@ class AgentSession:
                            completion_token_ids=opening_ids + list(done.completion_token_ids))
         if file_closed and done.finish_reason == "cancelled" and not self._cancel.is_set():
             done = replace(done, finish_reason="stop")
+        elif early is not None and early[0] == "planned" and done.finish_reason == "cancelled" \
+                and not self._cancel.is_set():
+            # the plan is the reply: the block it went on to open stays in the context as generated
+            # (exact tokens), and is no call; its file gets its own turn
+            done = replace(done, finish_reason="stop")
+            parser.malformed = []
+            self.transcript.write("stopped_early", step, reason="planned", note=early[1],
+                                  completion_tokens=done.usage.completion_tokens)
         elif early is not None and done.finish_reason == "cancelled" and not self._cancel.is_set():
             reason, note = early
             done = replace(done, finish_reason=reason)
@@ -682,12 +703,15 @@ class AgentSession:
         return self._protected(call) or (self._not_whole(call) if call.inferred_path else None)
 
     def _stop_early(self, parser: ToolCallParser, guard: LoopGuard, raw: str) -> tuple[str, str] | None:
-        """(finish reason, note) when the step should stop now: the reply loops, or it started
-        writing a file its edit may not change (a task's tests: it would be refused anyway)."""
+        """(finish reason, note) when the step should stop now: the reply loops, it started
+        writing a file its edit may not change (a task's tests: it would be refused anyway), or
+        a planning reply went on from the plan to a file (each file gets its own turn)."""
         if guard.update(raw):
             return "looped", ("the reply kept repeating the same lines and was stopped; write the whole file "
                               "again, each line once")
         path = parser.open_edit_path
+        if path and self.plan_turn:
+            return "planned", f"the planning reply stopped where it began writing {path}"
         if path and self._protected_path(path):
             return "protected", f"stopped: {path} is protected by the task and cannot be changed"
         return None
@@ -712,9 +736,9 @@ class AgentSession:
         one file to write: a path line and the fence, so it cannot answer in prose instead (the
         1.5B did in 1 of 3 exercises) and the block's header is well-formed. The file: the one
         the last run wrote, else the one task file; none (free reply) when that is not one file."""
-        if not self.end_on_write or self.edit_format != "whole":
+        if not self.end_on_write or self.edit_format != "whole" or self.plan_turn:
             return ""
-        files = self._last_written or self._targets or []
+        files = [self.next_file] if self.next_file else (self._last_written or self._targets or [])
         if len(files) != 1:
             return ""
         ext = files[0].rsplit(".", 1)[-1].lower() if "." in files[0] else ""
@@ -812,23 +836,38 @@ class AgentSession:
             return None
         first = plan.indices[0]
         self.store.delete_last(self.session_id, len(messages) - first)
-        removed = sum(len(messages[i].content) - len(plan.new_content[i]) for i in plan.indices)
+        removed = sum(len(_renderable(messages[i])) - len(plan.new_content[i]) for i in plan.indices)
+        superseded = [{"index": i, "path": path} for i, path in plan.superseded.items()]
         self.transcript.write("compaction", step, from_index=first, messages=list(plan.indices),
-                              tokens_before=before, chars_removed=removed)
+                              tokens_before=before, chars_removed=removed, superseded=superseded)
         roles = [m.role for m in messages]
         for m in messages[first:]:
             following = roles[m.index + 1] if m.index + 1 < len(roles) else None
             self._readd(m, plan.new_content.get(m.index), step, following)
         after = self.store.get(self.session_id).token_count
         record = {"step": step, "messages": list(plan.indices), "tokens_before": before,
-                  "tokens_after": after, "chars_removed": removed}
+                  "tokens_after": after, "chars_removed": removed, "superseded": superseded}
         history = self.store.get_meta(self.session_id).get("compactions", [])
         self.store.set_meta(self.session_id, {"compactions": [*history, record]})
         self.transcript.write("compaction_done", step, tokens_after=after)
         return Compacted(step, plan.indices, before, after, removed)
 
     def _readd(self, m: Message, new_content: str | None, step: int, following: str | None) -> None:
-        """Put message ``m`` back after a compaction (assistant turns keep their exact tokens)."""
+        """Put message ``m`` back after a compaction (assistant turns keep their exact tokens
+        unless an older file version in them is replaced: then their raw text is re-rendered)."""
+        if m.role == "assistant" and new_content is not None:
+            old_raw = m.meta.get("raw_text", m.content)
+            meta = {**m.meta, "raw_text": new_content,
+                    "compacted": {"original_chars": len(old_raw), "step": step, "superseded": True}}
+            content = _replace_block(m.content, old_raw, new_content)
+            history = self.store.messages(self.session_id)
+            fed = [t for h in history for t in h.token_ids]
+            ids = self.ledger.tokens_for([render_dict(h) for h in history], fed,
+                                         [{"role": "assistant", "content": new_content}], False)[0]
+            msg = self.store.add_message(self.session_id, "assistant", content, reasoning=m.reasoning,
+                                         tool_calls=m.tool_calls, token_ids=ids, meta=meta)
+            self.transcript.message(msg, step)
+            return
         if m.role == "assistant":
             msg = self.store.add_message(self.session_id, "assistant", m.content, reasoning=m.reasoning,
                                          tool_calls=m.tool_calls, token_ids=m.token_ids, meta=m.meta)
@@ -851,6 +890,19 @@ class AgentSession:
         msg = self.store.add_message(self.session_id, m.role, content, tool_calls=m.tool_calls,
                                      tool_call_id=m.tool_call_id, name=m.name, token_ids=ids, meta=meta)
         self.transcript.message(msg, step)
+
+
+def _renderable(m: Message) -> str:
+    return m.meta.get("raw_text", m.content) if m.role == "assistant" else m.content
+
+
+def _replace_block(content: str, old_raw: str, new_raw: str) -> str:
+    """The visible text of an assistant turn after its raw text changed from ``old_raw`` to
+    ``new_raw``: the same replacement where the changed part appears in it, else as it was."""
+    start = len(os.path.commonprefix([old_raw, new_raw]))
+    end = len(os.path.commonprefix([old_raw[start:][::-1], new_raw[start:][::-1]]))
+    removed, added = old_raw[start:len(old_raw) - end], new_raw[start:len(new_raw) - end]
+    return content.replace(removed, added, 1) if removed and removed in content else content
 
 
 _TOP_LEVEL = re.compile(r"^(?:async\s+)?(?:def|class)\s+(\w+)", re.MULTILINE)

@@ -15,6 +15,8 @@
     test_command: python3 -m unittest hello_test   # optional; the prompt tells the agent to run it
     repair_rounds: 3                 # optional; failing check output goes back this often (default: profile)
     protected: [hello_test.py]       # optional; paths (globs) the agent's file edits may not change
+    plan: true                       # optional; plan first, then one file at a time (agents.planned);
+                                     # default: when the prompt names 2+ files the workspace lacks
     checks:                          # shell commands run in the workspace (sandboxed) afterwards
       - name: content
         run: test "$(cat hello.txt)" = "hello world"
@@ -37,7 +39,7 @@ import yaml
 from tools import TOOL_NAMES
 
 TOP_KEYS = ("name", "prompt", "workspace_template", "profile", "system", "examples", "allow",
-            "limits", "sampling", "checks", "network", "test_command", "repair_rounds", "protected")
+            "limits", "sampling", "checks", "network", "test_command", "repair_rounds", "protected", "plan")
 LIMIT_KEYS = ("steps", "tokens", "wall_s")
 SAMPLING_KEYS = ("temperature", "seed", "max_tokens")
 CHECK_KEYS = ("name", "run", "timeout_s")
@@ -76,6 +78,7 @@ class TaskSpec:
     test_command: str | None = None
     repair_rounds: int | None = None  # None: the profile's agent.repair_rounds
     protected: tuple[str, ...] = ()
+    plan: bool | None = None  # None: plan when the prompt names 2+ files the workspace lacks
 
     def full_prompt(self) -> str:
         """The prompt the agent gets: the task's, plus how to run its tests when it names them."""
@@ -131,6 +134,9 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
     network = data.get("network", False)
     if not isinstance(network, bool):
         raise fail("network", "expected true or false")
+    plan = data.get("plan")
+    if plan is not None and not isinstance(plan, bool):
+        raise fail("plan", "expected true or false")
     limits = _section(path, "limits", data.get("limits"), LIMIT_KEYS)
     sampling = _section(path, "sampling", data.get("sampling"), SAMPLING_KEYS)
     return TaskSpec(
@@ -153,6 +159,7 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
         test_command=_text(path, "test_command", data["test_command"]) if data.get("test_command") is not None else None,
         repair_rounds=_number(path, "repair_rounds", data.get("repair_rounds"), integer=True, minimum=0),
         protected=_strings(path, "protected", data.get("protected")),
+        plan=plan,
     )
 
 

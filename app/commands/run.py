@@ -28,6 +28,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print result.json to stdout instead of progress")
     p.add_argument("--checks-only", action="store_true",
                    help="only re-run the task's checks on --workspace (no agent); writes result.json")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the latest run of TASK in --workspace (after a crash or kill): same session, "
+                        "run dir and transcript; a planned run goes on with its first item not yet done")
     p.set_defaults(func=run)
 
 
@@ -42,7 +45,7 @@ def run(args) -> int:
             raise TaskError(f"--allow {tool}: unknown tool (tools: {', '.join(TOOL_NAMES)})")
 
     def progress(ev) -> None:
-        line = describe_event(ev)
+        line = describe_event(ev, headless.progress)
         if line:
             print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
@@ -55,7 +58,9 @@ def run(args) -> int:
               "with --allow bash, unconfined", file=sys.stderr, flush=True)
     profile = args.profile or task.profile or best_agent_profile()  # no capable one: says how to get one
     headless = HeadlessRun(task, profile=profile, workspace=args.workspace, allow=tuple(args.allow),
-                           run_dir=args.run_dir, on_event=progress)
+                           run_dir=args.run_dir, on_event=progress, resume=args.resume)
+    if args.checks_only and args.resume:
+        raise TaskError("--checks-only and --resume do not go together (--checks-only runs no agent)")
     if args.checks_only:
         if args.workspace is None:
             raise TaskError("--checks-only needs --workspace DIR (the workspace to check)")

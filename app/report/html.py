@@ -207,6 +207,17 @@ def checks_table(checks: list[dict[str, Any]]) -> str:
     return f'<table class="grid"><tr><th>result</th><th>check</th><th>output</th></tr>{rows}</table>'
 
 
+def plan_list(plan: dict[str, Any]) -> str:
+    """A planned run's checklist: each file, its features, done / given up / not reached."""
+    rows = []
+    for item in plan.get("items") or []:
+        state = "done" if item.get("done") else ("given up" if item.get("given_up") else "not written")
+        cls = "ok" if item.get("done") else "warn-t"
+        feats = f": {esc(item.get('features'))}" if item.get("features") else ""
+        rows.append(f"<li><span class='{cls}'>{state}</span> <code>{esc(item.get('path'))}</code>{feats}</li>")
+    return f"<ol class='plan'>{''.join(rows)}</ol><p class='muted'>plan from the {esc(plan.get('source', 'model'))}</p>"
+
+
 def attempt_block(a: Attempt) -> str:
     summary = kv_table([
         ("status", status_cell(a) + (f" ({esc(a.stop_reason)})" if a.stop_reason else "")),
@@ -237,6 +248,8 @@ def attempt_block(a: Attempt) -> str:
     parts = [f'<div class="cols"><div>{summary}</div><div><h4>settings</h4>{settings}</div></div>']
     if charts:
         parts.append(f'<div class="charts">{charts}</div>')
+    if a.plan:
+        parts.append("<h4>plan</h4>" + plan_list(a.plan))
     if a.error:
         parts.append("<h4>error</h4>" + text_block(a.error))
     if a.quality:

@@ -74,6 +74,7 @@ class Attempt:
     repair_rounds: list[dict[str, Any]] = field(default_factory=list)
     corrective_turns: int | None = None
     workspace_changed: bool | None = None
+    plan: dict[str, Any] | None = None  # a planned run's plan with its ticks (agents.plan)
 
     @property
     def cached_ratio(self) -> float | None:
@@ -242,6 +243,7 @@ def _run_attempt(result: dict[str, Any], records: list[dict[str, Any]], quality:
         checks_passed=_num(result.get("checks_passed")), checks_failed=_num(result.get("checks_failed")),
         quality=quality, steps=steps, stop_reason=result.get("stop_reason"), error=result.get("error"),
         final_text=result.get("final_text"), workspace=result.get("workspace"),
+        plan=result.get("plan") if isinstance(result.get("plan"), dict) else None,
     )
     a.set_repair(result)
     if quality:
