@@ -22,6 +22,7 @@ _PYTEST_SUMMARY = re.compile(r"^(=+ )?.*\b\d+ (failed|passed|errors?)\b.* in [\d
 
 
 STATEMENT_LINES = 6  # a multi-line assertion in a traceback is shown whole, up to this many lines
+TEST_SOURCE_LINES = 14  # a failing test method up to this long is shown whole (its inputs and expected value)
 _TRACE_LINE = re.compile(r'^(\s*)File "([^"]+)", line (\d+), in (\w+)\n(\s*)(.*)$', re.M)
 
 
@@ -71,11 +72,46 @@ def _unittest(text: str, max_failures: int, block_lines: int) -> str:
     summary = "\n".join(m.group(0) for m in _UNITTEST_SUMMARY.finditer(tail))
     if blocks:  # the last block also holds the summary: keep only the failure part of it
         blocks[-1] = re.split(r"^-{20,}\s*\nRan \d+", blocks[-1], flags=re.M)[0]
-    kept = [_cut_block(b, block_lines) for b in blocks[:max_failures]]
+    kept = [_with_test_source(_cut_block(b, block_lines), b) for b in blocks[:max_failures]]
     out = "\n\n".join(kept)
     if len(blocks) > max_failures:
         out += f"\n\n[... {len(blocks) - max_failures} more failures not shown ...]"
     return f"{out}\n\n{summary}".strip() if out else text
+
+
+def _with_test_source(cut: str, block: str) -> str:
+    """``cut`` with the failing test method's source after its header line, where the traceback
+    names a readable test file and the method is short. The assertion alone, e.g.
+    ``self.assertEqual(transform(legacy_data), data)``, hides the input the test built on the
+    lines above it; the 1.5B then rewrote the same wrong solution (etl: ints read as letters)."""
+    source = _test_source(block)
+    if source is None:
+        return cut
+    head, _, rest = cut.partition("\n")
+    return f"{head}\nThe test:\n{source}\n{rest}" if rest else f"{head}\nThe test:\n{source}"
+
+
+def _test_source(block: str) -> str | None:
+    frame = next((m for m in _TRACE_LINE.finditer(block) if m.group(4).startswith("test")), None)
+    if frame is None:
+        return None
+    try:
+        lines = Path(frame.group(2)).read_text(encoding="utf-8", errors="replace").split("\n")
+    except OSError:
+        return None
+    at = int(frame.group(3)) - 1
+    start = next((i for i in range(min(at, len(lines) - 1), -1, -1)
+                  if re.match(rf"\s*def {re.escape(frame.group(4))}\(", lines[i])), None)
+    if start is None:
+        return None
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent):
+        end += 1
+    body = [x for x in lines[start:end] if x.strip()]
+    if len(body) > TEST_SOURCE_LINES:
+        return None
+    return "\n".join(x[indent:] for x in body)
 
 
 def _pytest(text: str, max_failures: int, block_lines: int) -> str:

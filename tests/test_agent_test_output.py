@@ -52,3 +52,19 @@ def test_pytest_output_keeps_the_first_failures_and_the_summary(tmp_path):
 def test_other_output_is_unchanged():
     text = "SyntaxError: invalid syntax\n  File solver.py, line 3"
     assert failures_only(text) == text
+
+
+def test_unittest_output_shows_the_failing_test_method_with_its_inputs(tmp_path):
+    """The traceback's assertion line hides the inputs the test built above it; the cut output
+    shows the whole (short) test method, once per failure kept."""
+    (tmp_path / "etl.py").write_text("def transform(data):\n    return {k.lower(): v for k, v in data.items()}\n")
+    (tmp_path / "etl_test.py").write_text(
+        "import unittest\nfrom etl import transform\n\n\nclass EtlTest(unittest.TestCase):\n"
+        "    def test_one(self):\n        legacy_data = {1: ['A']}\n\n        data = {'a': 1}\n"
+        "        self.assertEqual(transform(legacy_data), data)\n\n"
+        "    def test_long(self):\n" + "        x = 1\n" * 20 + "        self.assertEqual(transform({2: ['B']}), {'b': 2})\n")
+    raw = run(tmp_path, "unittest", "etl_test")
+    out = failures_only(raw)
+    assert "def test_one(self):\n    legacy_data = {1: ['A']}\n    data = {'a': 1}\n" in out, out
+    assert out.count("The test:") == 1  # the 22-line method is not shown whole
+    assert "AttributeError" in out and out.rstrip().endswith("FAILED (errors=2)")
