@@ -489,8 +489,11 @@ class AgentSession:
     def _generate(self, step: int, max_new: int, temperature: float | None = None) -> Iterator[AgentEvent]:
         prompt_ids = self.store.context_tokens(self.session_id)
         # a plan item's run (``next_file``) opens its file at every step: a retry after a block cut
-        # off by a loop is the same file again (the 0.5B answered it with prose)
-        opening = (PLAN_OPENING if self.plan_turn else self._file_opening()) if step == 1 or self.next_file else ""
+        # off by a loop is the same file again (the 0.5B answered it with prose); so does a run that
+        # ends at its write: a step past the first means no write changed the file yet, and a free
+        # step there answered "is_even now passes all tests" and wrote the example's parity.py (1.5B, etl)
+        every_step = self.next_file or self.end_on_write
+        opening = (PLAN_OPENING if self.plan_turn else self._file_opening()) if step == 1 or every_step else ""
         opening_ids = self.engine.tokenizer.encode(opening) if opening else []
         prompt_ids = prompt_ids + opening_ids
         force = step == 1 and self.engine.profile.agent.first_step_tool_call and not self.plan_turn
@@ -732,7 +735,7 @@ class AgentSession:
         return out
 
     def _file_opening(self) -> str:
-        """In a run that ends at its write (``end_on_write``), the reply's first step opens the
+        """In a run that ends at its write (``end_on_write``), each step opens the
         one file to write: a path line and the fence, so it cannot answer in prose instead (the
         1.5B did in 1 of 3 exercises) and the block's header is well-formed. The file: the one
         the last run wrote, else the one task file; none (free reply) when that is not one file."""

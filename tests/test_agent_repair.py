@@ -135,10 +135,12 @@ def test_test_after_write_ends_the_turn_at_the_write_and_asks_for_the_file_again
 
 
 def test_test_after_write_says_when_the_file_did_not_change(tmp_path):
-    result, engine = run(tmp_path, [rest("x + 5"), rest("x + 5"), edit("x * 2")], test_after_write=True)
+    result, engine = run(tmp_path, [rest("x + 5"), rest("x + 5"), rest("x * 2")], test_after_write=True)
     assert result["status"] == "passed" and len(engine.requests) == 3
     text = engine.tokenizer.decode(engine.requests[2].prompt_ids)
     assert "content unchanged. This is the same code that failed the checks" in text
+    # the step after the unchanged write opens the file again (no free step to answer in prose)
+    assert text.endswith("solver.py\n```python\n")
 
 
 def test_without_a_test_command_a_write_does_not_end_the_turn(tmp_path):
