@@ -517,7 +517,113 @@ inline float* out_row(const Problem& p, int b, int h, int i) {
   return p.out + ((size_t(b) * p.H + h) * p.L + i) * p.Dv;
 }
 
+// Key splits of a call whose batch row has `row_groups` (KV head, query tile) tasks over
+// `blocks` key blocks: enough tasks for the pool (kMinTasks), never more than the blocks.
+inline int key_splits(int row_groups, int blocks) {
+  return std::max(1, std::min(blocks, (kMinTasks + row_groups - 1) / row_groups));
+}
+
+// One output row from its key splits' (m, l, O) -- split sp's at part + sp * step -- merged
+// in split order (a split that saw no key is skipped).
+void merge_row(const float* part, size_t step, int n_splits, int Dv, float* dst) {
+  float M = kNegInf;
+  for (int sp = 0; sp < n_splits; ++sp) M = std::max(M, part[size_t(sp) * step]);
+  std::fill(dst, dst + Dv, 0.0f);
+  if (M == kNegInf) return;
+  float l = 0.0f;
+  for (int sp = 0; sp < n_splits; ++sp) {
+    const float* src = part + size_t(sp) * step;
+    if (src[0] == kNegInf) continue;
+    const float w = std::exp(src[0] - M);
+    l += w * src[1];
+    for (int d = 0; d < Dv; ++d) dst[d] += w * src[2 + d];
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int d = 0; d < Dv; ++d) dst[d] *= inv;
+}
+
+// A task's rows (sc, R of them) as final outputs (one key split) or as its (m, l, O) parts.
+void finish_rows(const Problem& p, const Split& t, const Scratch& sc, int R, float* part) {
+  const int rep = p.H / p.Hk;
+  for (int r = 0; r < R; ++r) {
+    const float* o = sc.o.data() + size_t(r) * p.Dv;
+    if (part) {
+      float* dst = part + size_t(r) * (p.Dv + 2);
+      dst[0] = sc.m[r];
+      dst[1] = sc.l[r];
+      std::copy(o, o + p.Dv, dst + 2);
+      continue;
+    }
+    float* dst = out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt);
+    const float inv = sc.l[r] > 0.0f ? 1.0f / sc.l[r] : 0.0f;
+    for (int d = 0; d < p.Dv; ++d) dst[d] = o[d] * inv;
+  }
+}
+
+std::atomic<bool>& rows_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+// A causal prompt forward (no window) with the decode's bits: every query position runs as
+// the decode step at that position runs -- its query heads of a KV head as one task's rows
+// (the decode kernels), its keys [0, i + offset + 1) split as a one-position call splits them,
+// the splits merged alike -- so the prompt's attention output, and with it every later layer's
+// K/V, equal what a token-by-token decode computes and stores (issue 30, item 4: a checkpoint
+// replayed cold gives the same answer). The decode's key mask adds 0 to a visible key's score,
+// which changes no value; the same work as the register tiles, in smaller pieces.
+void run_flash_rows(const Problem& p) {
+  const int rep = p.H / p.Hk;
+  struct Row {
+    int first, n_splits, b, kvh, i;
+  };
+  std::vector<Split> tasks;
+  std::vector<Row> rows;
+  rows.reserve(size_t(p.B) * p.L * p.Hk);
+  for (int b = 0; b < p.B; ++b)
+    for (int i = 0; i < p.L; ++i)
+      for (int kvh = 0; kvh < p.Hk; ++kvh) {
+        const int e = std::min(p.S, i + p.offset + 1);
+        const int blocks = (e + kBlock - 1) / kBlock;
+        const int n_splits = key_splits(p.Hk, blocks);
+        const int per = (blocks + n_splits - 1) / n_splits;
+        rows.push_back({int(tasks.size()), n_splits, b, kvh, i});
+        for (int sp = 0; sp < n_splits; ++sp)
+          tasks.push_back({b, kvh, i, 1, std::min(e, sp * per * kBlock), std::min(e, (sp + 1) * per * kBlock)});
+      }
+  // Where each task's parts go (-1: its row has one split, written straight to the output).
+  std::vector<int> slot(tasks.size(), -1);
+  int n_parts = 0;
+  for (const Row& r : rows)
+    if (r.n_splits > 1)
+      for (int sp = 0; sp < r.n_splits; ++sp) slot[size_t(r.first) + sp] = n_parts++;
+  thread_local std::vector<float> kept_part;
+  std::vector<float>& part = kept_part;
+  const size_t part_stride = size_t(rep) * (p.Dv + 2);
+  if (part.size() < size_t(n_parts) * part_stride) part.resize(size_t(n_parts) * part_stride);
+  Pool& pool = Pool::get();
+  pool.run(int(tasks.size()), [&](int ti) {
+    thread_local Scratch sc;
+    const Split& t = tasks[ti];
+    run_split(p, t, sc);
+    finish_rows(p, t, sc, rep, slot[ti] < 0 ? nullptr : part.data() + size_t(slot[ti]) * part_stride);
+  });
+  if (n_parts == 0) return;
+  pool.run(int(rows.size()), [&](int ri) {
+    const Row& row = rows[ri];
+    if (row.n_splits == 1) return;
+    const float* first = part.data() + size_t(slot[row.first]) * part_stride;
+    for (int r = 0; r < rep; ++r)
+      merge_row(first + size_t(r) * (p.Dv + 2), part_stride, row.n_splits, p.Dv,
+                out_row(p, row.b, row.kvh * rep + r, row.i));
+  });
+}
+
 void run_flash(const Problem& p) {
+  if (p.mode == 1 && p.window == 0 && p.L > 1 && rows_switch().load(std::memory_order_relaxed)) {
+    run_flash_rows(p);
+    return;
+  }
   const int rep = p.H / p.Hk;
   const int nt_max = std::max(1, std::min(p.L, kTileRows / rep));
   const int n_tiles = (p.L + nt_max - 1) / nt_max;
@@ -537,7 +643,7 @@ void run_flash(const Problem& p) {
   // speculative verify run as L single-query rows) then splits its keys exactly as the same
   // row alone in a decode step does, and gets the step's bits.
   const int row_groups = p.Hk * n_tiles;
-  const int n_splits = std::max(1, std::min(max_blocks, (kMinTasks + row_groups - 1) / row_groups));
+  const int n_splits = key_splits(row_groups, max_blocks);
   std::vector<Split> tasks;
   tasks.reserve(size_t(groups) * n_splits);
   for (int b = 0; b < p.B; ++b)
@@ -573,44 +679,16 @@ void run_flash(const Problem& p) {
     thread_local Scratch sc;
     const Split& t = tasks[ti];
     run_split(p, t, sc);
-    const int R = rep * t.nt;
-    for (int r = 0; r < R; ++r) {
-      const float* o = sc.o.data() + size_t(r) * p.Dv;
-      if (n_splits > 1) {
-        float* dst = part.data() + size_t(ti) * part_stride + size_t(r) * (p.Dv + 2);
-        dst[0] = sc.m[r];
-        dst[1] = sc.l[r];
-        std::copy(o, o + p.Dv, dst + 2);
-        continue;
-      }
-      float* dst = out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt);
-      const float inv = sc.l[r] > 0.0f ? 1.0f / sc.l[r] : 0.0f;
-      for (int d = 0; d < p.Dv; ++d) dst[d] = o[d] * inv;
-    }
+    finish_rows(p, t, sc, rep * t.nt, n_splits > 1 ? part.data() + size_t(ti) * part_stride : nullptr);
   });
   if (n_splits == 1) return;
   // Merge the splits of each (b, kvh, tile): splits are consecutive in `tasks`.
   run(groups, [&](int g) {
     const Split& t = tasks[size_t(g) * n_splits];
     const int R = rep * t.nt;
-    for (int r = 0; r < R; ++r) {
-      float M = kNegInf;
-      for (int sp = 0; sp < n_splits; ++sp)
-        M = std::max(M, part[(size_t(g) * n_splits + sp) * part_stride + size_t(r) * (p.Dv + 2)]);
-      float* dst = out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt);
-      std::fill(dst, dst + p.Dv, 0.0f);
-      if (M == kNegInf) continue;
-      float l = 0.0f;
-      for (int sp = 0; sp < n_splits; ++sp) {
-        const float* src = part.data() + (size_t(g) * n_splits + sp) * part_stride + size_t(r) * (p.Dv + 2);
-        if (src[0] == kNegInf) continue;
-        const float w = std::exp(src[0] - M);
-        l += w * src[1];
-        for (int d = 0; d < p.Dv; ++d) dst[d] += w * src[2 + d];
-      }
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      for (int d = 0; d < p.Dv; ++d) dst[d] *= inv;
-    }
+    for (int r = 0; r < R; ++r)
+      merge_row(part.data() + size_t(g) * n_splits * part_stride + size_t(r) * (p.Dv + 2), part_stride, n_splits,
+                p.Dv, out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt));
   });
 }
 
@@ -681,6 +759,8 @@ void run_reference(const Problem& p) {
 
 }  // namespace
 
+bool attn_rows_on() { return rows_switch().load(std::memory_order_relaxed); }
+bool set_attn_rows(bool on) { return rows_switch().exchange(on); }
 bool decode512_on() { return use_avx512() && decode512_switch().load(std::memory_order_relaxed); }
 bool set_decode512(bool on) { return decode512_switch().exchange(on); }
 
