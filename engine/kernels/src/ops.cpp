@@ -389,7 +389,7 @@ void prepare_amx(const QmmProblem& p, PreparedX& x, std::vector<float>& dt) {
   });
 }
 
-// Many rows on the AVX512-VNNI GEMM: the row path's int8 activations, quantized on all threads,
+// Many rows on the AVX512-VNNI GEMM (or the AVX2 / AVX-VNNI row path): the row path's int8 activations, quantized on all threads,
 // each row on its own (so the same bits).
 void prepare_gemm512(const QmmProblem& p, PreparedX& x) {
   size_x(p, true, x, size_t(p.M));
@@ -418,26 +418,20 @@ bool vnni_gemm_active() {
 // and the status report share.
 enum class RowsPath { amx, vnni512, float_panels, int8_rows, int8_many };
 
-// Whether many-row matmuls leave the int8 paths for the float panels (set_vnni_gemm(false)
-// everywhere: the A/B arm, and prompts whose K/V need not match a decode's).
-std::atomic<bool>& int8_many_switch() {
-  static std::atomic<bool> on{true};
-  return on;
-}
-
 RowsPath rows_path(int rows) {
   // AMX tiles run int8 activations only (16-bit ones go to the VNNI GEMM, the same bits as rows).
   if (rows >= amx_rows() && amx_on() && !x16_on()) return RowsPath::amx;
   if (rows < dense_min_rows()) return RowsPath::int8_rows;
   if (vnni_gemm_active()) return RowsPath::vnni512;
   // AVX2 / AVX-VNNI: the decode row path over every row (a weight group decoded once for all
-  // rows), so a prompt forward writes the K/V a decode would, bit for bit (issue 30, item 4).
-  if (best_isa() != Isa::avx512vnni && int8_many_switch().load(std::memory_order_relaxed))
+  // rows), so a prompt forward writes the K/V a decode would, bit for bit (issue 30, item 4);
+  // set_vnni_gemm(false) sends these to the float panels too (A/B).
+  if (best_isa() != Isa::avx512vnni && vnni_gemm_switch().load(std::memory_order_relaxed))
     return RowsPath::int8_many;
   return RowsPath::float_panels;
 }
 
-// The int8 many-row paths (AMX tiles, VNNI GEMM) for n problems on the same x (same M, K and
+// The int8 many-row paths (AMX tiles, VNNI GEMM, the AVX2 / AVX-VNNI row path) for n problems on the same x (same M, K and
 // group size): x quantized once, then each problem's chunks of whole 16-column panels. The
 // kernels read x only, so each output is what its problem alone would give.
 void run_qmm_shared(const QmmProblem* ps, int n, RowsPath path) {
@@ -610,10 +604,7 @@ bool set_rows512(bool on) { return rows512_switch().exchange(on); }
 bool rows512_pipe_on() { return rows512_pipe_switch().load(std::memory_order_relaxed); }
 bool set_rows512_pipe(bool on) { return rows512_pipe_switch().exchange(on); }
 bool vnni_gemm_on() { return vnni_gemm_active(); }
-bool set_vnni_gemm(bool on) {
-  int8_many_switch().store(on);  // the AVX2 / AVX-VNNI many-row int8 path follows it
-  return vnni_gemm_switch().exchange(on);
-}
+bool set_vnni_gemm(bool on) { return vnni_gemm_switch().exchange(on); }
 bool shared_job_on() { return shared_job_switch().load(std::memory_order_relaxed); }
 bool set_shared_job(bool on) { return shared_job_switch().exchange(on); }
 bool x16_on() { return x16_switch().load(std::memory_order_relaxed); }
