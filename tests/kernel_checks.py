@@ -104,3 +104,18 @@ def assert_rows_are_solo_rows(x: mx.array, wq, s, b, gs: int, bits: int, ref: np
         for i in range(m):
             assert mx.array_equal(y[i], solo[i]).item(), (m, i)
     return solo
+
+
+def blas_rows_depend_on_count() -> bool:
+    """True when an fp32 matmul here (MLX on OpenBLAS) gives a row other bits inside a 70-row
+    product than inside a 16-row one: OpenBLAS's sgemm kernels for this CPU block the rows by
+    count (its AVX2 kernels do; on the AVX-512 machines measured they did not). fp32 forwards of
+    different lengths then differ in the last bits whatever the engine does."""
+    x = mx.array(np.random.default_rng(0).standard_normal((70, 64)).astype(np.float32))
+    w = mx.array(np.random.default_rng(1).standard_normal((384, 64)).astype(np.float32))
+    return not mx.array_equal((x @ w.T)[-1], (x[-16:] @ w.T)[-1]).item()
+
+
+BLAS_ROWS_REASON = ("CPU feature missing: this CPU's OpenBLAS fp32 sgemm gives a row other bits by row "
+                    "count (its AVX2 kernels), so fp32 forwards of other lengths differ in the last bits")
+

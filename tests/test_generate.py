@@ -1,7 +1,6 @@
 """Decode loop: compiled static-cache decoding matches mlx_lm exactly on tiny models."""
 
 import engine  # noqa: F401
-from engine import kernels
 from engine.generation.generate import generate_step
 from engine.generation.kv_cache import StaticKVCache, WindowKVCache, make_cache
 from engine.sampling import SamplingParams
@@ -10,6 +9,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_model
+
+from tests.kernel_checks import BLAS_ROWS_REASON, blas_rows_depend_on_count
 
 PROMPT = [5, 40, 77, 101, 200, 13, 64, 90, 91, 92, 150, 151, 152, 153, 20, 21, 22, 23, 24, 25]
 
@@ -43,9 +44,7 @@ def test_greedy_matches_stock(which, compiled, model_dirs):
     assert ours == _stock_greedy(model, PROMPT, 40)
 
 
-@pytest.mark.skipif(kernels.available() and kernels.prefill_path() == "float panels",
-                    reason="CPU feature missing: no AMX or VNNI-512 prompt path here; prompt forwards in "
-                           "float panels are not bit-equal to the int8 decode rows (issue 30, item 4)")
+@pytest.mark.skipif(blas_rows_depend_on_count(), reason=BLAS_ROWS_REASON)
 @pytest.mark.parametrize("which", ["llama", "qwen2", "gemma3"])
 def test_teacher_forced_logits_bit_exact(which, model_dirs):
     """Feeding the same tokens one at a time, the compiled step's logits equal mlx_lm's."""

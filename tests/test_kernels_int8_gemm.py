@@ -3,8 +3,10 @@ AVX512-VNNI register tiles (src/qmm_gemm512.cpp) -- checked as one parametrized 
 are the row path's bit for bit (prefill rows equal decode rows), for every format the row path
 takes, row and column remainders and odd K; the same bits on 1 and 2 threads; off (set_amx /
 set_vnni_gemm) the float panels run again. Each path
-is skipped where the CPU (or the OS, for AMX's tile state) does not have it."""
+is skipped where the CPU (or the OS, for AMX's tile state) does not have it. Narrowed to AVX2 or
+AVX-VNNI (a subprocess), the many rows run the decode row path itself: the same bits again."""
 
+import json
 import os
 import subprocess
 import sys
@@ -142,17 +144,48 @@ def test_switched_off_runs_the_float_panels(path):
     assert mx.array_equal(off, panels).item() and not mx.array_equal(on, off).item()
 
 
+def narrow_many_rows_mismatches() -> list:
+    """In a process narrowed to AVX2 / AVX-VNNI: the path, and the cases where many rows (the
+    row path over every row, "int8 many rows") differ from the rows one by one or 15 at a time."""
+    bad = []
+    for bits in (4, 5, 8):
+        for fmt in ("f32", "half"):
+            for i, (M, N, K) in enumerate(SHAPES[:5]):
+                wq, s, b = _weights(N, K, bits, 32, 10 * bits + i, fmt)
+                x = mx.array(np.random.default_rng(i).standard_normal((M, K)).astype(np.float32))
+                y = kernels.quantized_matmul(x, wq, s, b, 32, bits)
+                for step in (1, 15):
+                    if not mx.array_equal(y, _rows_one_by_one(x, wq, s, b, 32, bits, step)).item():
+                        bad.append([bits, fmt, M, N, K, step])
+    return [kernels.prefill_path(), bad]
+
+
 @pytest.mark.skipif(not kernels.available(), reason="CPU kernels not built")
-def test_narrower_instruction_set_has_no_int8_gemm():
+@pytest.mark.parametrize("isa", ["avx2", "avxvnni"])
+def test_narrower_instruction_set_runs_the_row_path_over_many_rows(isa):
+    """Without AVX512-VNNI the many-row matmuls run the decode row path over every row (int8
+    activations, a weight group decoded once for all rows): the decode rows' bits, so a prompt
+    forward writes the K/V a decode writes; set_vnni_gemm(False) brings back the float panels."""
+    if isa == "avxvnni" and "avx_vnni" not in kernels._cpu_flags():
+        pytest.skip("CPU feature missing: no AVX-VNNI here")
     code = (
-        "import engine\nfrom engine import kernels\n"
-        "print(kernels._load().amx(), kernels._load().vnni_gemm(), kernels.status()['prefill'])\n"
+        "import json, engine\nfrom engine import kernels\n"
+        "from tests.test_kernels_int8_gemm import narrow_many_rows_mismatches\n"
+        "ext = kernels._load()\n"
+        "head = [ext.isa(), ext.amx(), ext.vnni_gemm()]\n"
+        "got = narrow_many_rows_mismatches()\n"
+        "kernels.set_vnni_gemm(False)\n"
+        "print(json.dumps(head + got + [kernels.prefill_path()]))\n"
     )
-    env = dict(os.environ, MLXTERM_KERNELS="avx2")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MLXTERM_KERNELS=isa, PYTHONPATH=root)
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=root
     )
-    assert out.returncode == 0 and out.stdout.strip() == "False False float panels", out.stderr
+    assert out.returncode == 0, out.stderr[-3000:]
+    name = {"avx2": "avx2", "avxvnni": "avx2+avxvnni"}[isa]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [name, False, False, "int8 many rows", [],
+                                                               "float panels"]
 
 
 @pytest.mark.parametrize("bits", [4, 8])

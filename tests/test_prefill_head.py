@@ -12,6 +12,8 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.utils import load_model
 
+from tests.kernel_checks import BLAS_ROWS_REASON, blas_rows_depend_on_count
+
 PROMPT = [(11 * i + 5) % 380 for i in range(70)]
 
 
@@ -40,9 +42,8 @@ FORMATS = ["fp32", "mlx-q4", pytest.param("kernels", marks=pytest.mark.skipif(
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", [5, HEAD_ROWS, 70])
 def test_last_logits_bit_identical(which, fmt, n, model_dirs):
-    if n > HEAD_ROWS and fmt == "fp32" and kernels.available() and kernels.prefill_path() == "float panels":
-        pytest.skip("CPU feature missing: no AMX or VNNI-512 prompt path here; a long prompt forward in "
-                    "float panels is not bit-equal to the int8 decode rows (issue 30, item 4)")
+    if n > HEAD_ROWS and fmt == "fp32" and blas_rows_depend_on_count():
+        pytest.skip(BLAS_ROWS_REASON)
     model = _model(model_dirs[which], fmt)
     tokens = mx.array(PROMPT[:n])[None]
     ref_cache = make_cache(model)

@@ -84,9 +84,18 @@ def test_verify_rows_equal_the_compiled_step_bit_for_bit(qmodels, which):
         got = _verify_logprobs(model, cache, nxt[:rows], exact=True)
         for i in range(rows):
             assert mx.array_equal(got[i], ref[i]), (rows, i, float(mx.abs(got[i] - ref[i]).max()))
+        # A plain causal forward runs its attention per position with the step's bits too
+        # (kernels.set_attn_rows, on by default: prefill = decode).
         plain = _verify_logprobs(model, cache, nxt[:rows], exact=False)
-        differs += sum(not mx.array_equal(plain[i], ref[i]) for i in range(rows))
-    # the control: ordinary multi-row attention does not give the step's bits here
+        for i in range(rows):
+            assert mx.array_equal(plain[i], ref[i]), (rows, i)
+        was = kernels.set_attn_rows(False)
+        try:
+            tiles = _verify_logprobs(model, cache, nxt[:rows], exact=False)
+        finally:
+            kernels.set_attn_rows(was)
+        differs += sum(not mx.array_equal(tiles[i], ref[i]) for i in range(rows))
+    # the control: the many-query attention tiles do not give the step's bits here
     assert differs > 0
 
 

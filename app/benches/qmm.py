@@ -7,6 +7,7 @@ alternated in order then reversed (A/B/B/A) in one process:
   amx      engine.kernels.quantized_matmul with the AMX path on and the VNNI GEMM off
            (kernels.set_amx_min_rows(2) in this process, so M < 16 runs on tiles too)
   vnni512  the AVX512-VNNI GEMM (src/qmm_gemm512.cpp) on, AMX off: M >= 16 (kernels.dense_rows())
+  int8     AVX2 / AVX-VNNI only: the int8 row path over every row for M >= 16 ("int8 many rows")
   float    both off (kernels.set_int8_prefill(False)): M >= 16 on the float panels
            (src/qmm_kernel.inc dense_run), M < 16 on the int8 row path (group_rows)
 Reported per arm: the median process CPU time per call (steadier than wall time on a shared
@@ -49,8 +50,9 @@ def run(args) -> dict:
     rows = [int(m) for m in args.rows.split(",")]
     ext = kernels._load()
     # (amx, vnni_gemm) switch settings per arm; only the paths this CPU has.
-    settings = {"amx": (True, False), "vnni512": (False, True), "float": (False, False)}
-    names = [a for a, have in (("amx", ext.amx()), ("vnni512", ext.isa() == "avx2+avx512vnni")) if have]
+    settings = {"amx": (True, False), "vnni512": (False, True), "int8": (False, True), "float": (False, False)}
+    wide = ext.isa() == "avx2+avx512vnni"
+    names = [a for a, have in (("amx", ext.amx()), ("vnni512", wide), ("int8", not wide)) if have]
     names.append("float")
     out = []
     table = [

@@ -84,8 +84,9 @@ def available() -> bool:
 def status() -> dict[str, Any]:
     """{"available", "reason" (why not, else None), "isa", "amx", "prefill", "activations",
     "threads"}; "amx": many-row matmuls run on AMX-INT8 tiles (src/qmm_amx.cpp); "prefill": the
-    path non-exact matmuls of 16+ rows take now -- "amx", "vnni512" (src/qmm_gemm512.cpp; both
-    the decode rows' bits) or "float panels"; "activations": what the int8 paths quantize
+    path non-exact matmuls of 16+ rows take now -- "amx", "vnni512" (src/qmm_gemm512.cpp),
+    "int8 many rows" (AVX2 / AVX-VNNI: the decode row path over every row; all three the
+    decode rows' bits) or "float panels"; "activations": what the int8 paths quantize
     activations to, "int8" or "int16" (``set_x16``)."""
     ext = _load()
     on_cpu = mx.default_device() == mx.cpu
@@ -127,10 +128,19 @@ def set_shared_job(on: bool) -> bool:
 
 def set_vnni_gemm(on: bool) -> bool:
     """Run non-exact many-row matmuls that AMX does not take on the AVX512-VNNI GEMM (int8
-    activations, the row path's bits) or on the float panels (A/B measurements); returns the
-    previous setting; on by default."""
+    activations, the row path's bits; on AVX2 / AVX-VNNI the row path itself over every row) or
+    on the float panels (A/B measurements); returns the previous setting; on by default."""
     ext = _load()
     return bool(ext.set_vnni_gemm(on)) if ext is not None else False
+
+
+def set_attn_rows(on: bool) -> bool:
+    """Run causal prompt attention (no sliding window) position by position with the decode
+    step's kernels, key splits and merge -- a cold prefill then writes the K/V a token-by-token
+    decode wrote, bit for bit -- or on the faster many-query tiles (A/B measurements); returns
+    the previous setting; on by default."""
+    ext = _load()
+    return bool(ext.set_attn_rows(on)) if ext is not None else False
 
 
 def set_x16(on: bool) -> bool:
@@ -166,7 +176,8 @@ def restore_int8_prefill(was: tuple[bool, bool]) -> None:
 
 def prefill_path(rows: int = 16) -> str | None:
     """The path a non-exact quantized matmul of ``rows`` rows takes now: "amx", "vnni512",
-    "float panels" or "int8 rows" (the decode row path); None without the kernels."""
+    "int8 many rows", "float panels" or "int8 rows" (the decode row path, below 16 rows); None
+    without the kernels."""
     ext = _load()
     return str(ext.qmm_path(rows)) if ext is not None else None
 

@@ -406,14 +406,12 @@ void pv(Scratch& sc, int R, const T* V, int n, int Dv, bool tiled = false) {
   }
 }
 
-// One task: rows of (b, kvh, i0..i0+nt) against keys [s0, s1); leaves the unnormalised O and
-// (m, l) per row in sc.
-void run_split(const Problem& p, const Split& t, Scratch& sc) {
+// A task's rows of (b, kvh, i0..i0+nt) into sc: q scaled (rotated, quantized for q8 K) and an
+// empty (m, l, O) per row. Many rows (prefill tiles, long verifies) run register tiles over a
+// transposed K block; decode-sized tasks (a row of a batch, a verify's single-query rows) keep
+// the dot-product path: which path runs depends on one batch row's shapes only.
+void begin_split(const Problem& p, const Split& t, Scratch& sc, bool tiled) {
   const int rep = p.H / p.Hk, R = rep * t.nt, D = p.D, Dv = p.Dv;
-  // Many rows (prefill tiles, long verifies): register tiles over a transposed K block.
-  // Decode-sized tasks (a row of a batch, a verify's single-query rows) keep the dot-product
-  // path: which path runs depends on one batch row's shapes only.
-  const bool tiled = R > 8;
   const int Rp = tiled ? (R + kRowTile - 1) / kRowTile * kRowTile : R;
   sc.q.assign(size_t(Rp) * D, 0.0f);
   sc.o.assign(size_t(R) * Dv, 0.0f);
@@ -442,6 +440,59 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
         for (int d = 0; d < D; ++d) sc.q[size_t(r) * D + d] = float(sc.qi[size_t(r) * D + d]) * sc.qs[size_t(r) * ng + d / p.G];
     }
   }
+}
+
+// The decode path's step over keys [kb, kb + n) for sc's R rows: float32 / float16 K and V
+// rows from kblk / vblk (float16 widened in registers as they are read: the same values as
+// widened first, so the same bits).
+template <typename T>
+void decode_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, const T* kblk, const T* vblk,
+                  const Prefetch& pf) {
+  scores(sc.q.data(), R, kblk, n, p.D, sc.s.data(), pf);
+  if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) return;
+  pv(sc, R, vblk, n, p.Dv);
+}
+
+// The same for 8-bit K/V rows (int8 dot products against sc's quantized q).
+void decode_block_q8(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, const uint8_t* kblk,
+                     const uint8_t* vblk, const Prefetch& pf) {
+  if (use_avx512()) avx512::q8_scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, p.D, p.G, sc.s.data(), pf);
+  else q8::scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, p.D, p.G, sc.s.data(), pf);
+  if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) return;
+  if (use_avx512()) avx512::q8_pv(sc.s.data(), R, vblk, p.vst, n, p.Dv, p.G, sc.o.data());
+  else q8::pv_rows(sc.s.data(), 0, R, vblk, p.vst, n, p.Dv, p.G, sc.o.data());
+}
+
+// Batch row b's K/V of KV head kvh.
+struct HeadKV {
+  const uint8_t *k8 = nullptr, *v8 = nullptr;
+  const float *kf32 = nullptr, *vf32 = nullptr;
+  const uint16_t *k16 = nullptr, *v16 = nullptr;
+};
+
+HeadKV head_kv(const Problem& p, int b, int kvh) {
+  const size_t kv_head = size_t(b) * p.Hk + kvh;
+  HeadKV h;
+  if (p.q8) {
+    h.k8 = static_cast<const uint8_t*>(p.k) + kv_head * p.S * p.kst;
+    h.v8 = static_cast<const uint8_t*>(p.v) + kv_head * p.S * p.vst;
+  } else if (p.half) {
+    h.k16 = static_cast<const uint16_t*>(p.k) + kv_head * p.S * p.D;
+    h.v16 = static_cast<const uint16_t*>(p.v) + kv_head * p.S * p.Dv;
+  } else {
+    h.kf32 = static_cast<const float*>(p.k) + kv_head * p.S * p.D;
+    h.vf32 = static_cast<const float*>(p.v) + kv_head * p.S * p.Dv;
+  }
+  return h;
+}
+
+// One task: rows of (b, kvh, i0..i0+nt) against keys [s0, s1); leaves the unnormalised O and
+// (m, l) per row in sc.
+void run_split(const Problem& p, const Split& t, Scratch& sc) {
+  const int rep = p.H / p.Hk, R = rep * t.nt, D = p.D, Dv = p.Dv;
+  const bool tiled = R > 8;
+  const int Rp = tiled ? (R + kRowTile - 1) / kRowTile * kRowTile : R;
+  begin_split(p, t, sc, tiled);
   // Keys any row of the tile can see.
   int klo = t.s0, khi = t.s1;
   if (p.mode == 1) {
@@ -451,14 +502,8 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     klo = std::max(klo, lo0);
     khi = std::min(khi, hi1);
   }
-  const size_t kv_head = size_t(t.b) * p.Hk + t.kvh;
-  const uint8_t* k8 = p.q8 ? static_cast<const uint8_t*>(p.k) + kv_head * p.S * p.kst : nullptr;
-  const uint8_t* v8 = p.q8 ? static_cast<const uint8_t*>(p.v) + kv_head * p.S * p.vst : nullptr;
-  const float* kf32 = p.half || p.q8 ? nullptr : static_cast<const float*>(p.k) + kv_head * p.S * D;
-  const float* vf32 = p.half || p.q8 ? nullptr : static_cast<const float*>(p.v) + kv_head * p.S * Dv;
-  const uint16_t* k16 = p.half ? static_cast<const uint16_t*>(p.k) + kv_head * p.S * D : nullptr;
-  const uint16_t* v16 = p.half ? static_cast<const uint16_t*>(p.v) + kv_head * p.S * Dv : nullptr;
-  if (p.half || p.q8) {
+  const HeadKV h = head_kv(p, t.b, t.kvh);
+  if (tiled && (p.half || p.q8)) {
     sc.kf.resize(size_t(kBlock) * D);
     sc.vf.resize(size_t(kBlock) * Dv);
   }
@@ -468,12 +513,12 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
     const int n = std::min(kBlock, khi - kb);
     if (tiled) {
       // float16 K/V are widened once per block (every row group re-reads them).
-      const float* kblk = kf32 + size_t(kb) * D;
+      const float* kblk = h.kf32 + size_t(kb) * D;
       if (p.half) {
-        widen(k16 + size_t(kb) * D, sc.kf.data(), n * D);
+        widen(h.k16 + size_t(kb) * D, sc.kf.data(), n * D);
         kblk = sc.kf.data();
       } else if (p.q8) {
-        widen_q8(k8 + size_t(kb) * p.kst, p.kst, n, D, p.G, sc.kf.data());
+        widen_q8(h.k8 + size_t(kb) * p.kst, p.kst, n, D, p.G, sc.kf.data());
         kblk = sc.kf.data();
       }
       transpose_block(kblk, n, D, sc.kt.data());
@@ -481,35 +526,28 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
       else scores_tiled(sc.q.data(), Rp, sc.kt.data(), n, D, sc.s.data());
       if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;
       if (p.half || p.q8) {
-        if (p.half) widen(v16 + size_t(kb) * Dv, sc.vf.data(), n * Dv);
-        else widen_q8(v8 + size_t(kb) * p.vst, p.vst, n, Dv, p.G, sc.vf.data());
+        if (p.half) widen(h.v16 + size_t(kb) * Dv, sc.vf.data(), n * Dv);
+        else widen_q8(h.v8 + size_t(kb) * p.vst, p.vst, n, Dv, p.G, sc.vf.data());
         pv(sc, R, static_cast<const float*>(sc.vf.data()), n, Dv, true);
       } else {
-        pv(sc, R, vf32 + size_t(kb) * Dv, n, Dv, true);
+        pv(sc, R, h.vf32 + size_t(kb) * Dv, n, Dv, true);
       }
       continue;
     }
     // Decode: float16 / 8-bit K/V widened in registers as they are read.
     if (p.q8) {
-      const uint8_t* kblk = k8 + size_t(kb) * p.kst;
-      const uint8_t* vblk = v8 + size_t(kb) * p.vst;
+      const uint8_t* kblk = h.k8 + size_t(kb) * p.kst;
+      const uint8_t* vblk = h.v8 + size_t(kb) * p.vst;
       const Prefetch pf{reinterpret_cast<const char*>(kblk), p.kst, reinterpret_cast<const char*>(vblk), p.vst, kb, khi, &pf_next};
-      if (use_avx512()) avx512::q8_scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data(), pf);
-      else q8::scores(sc.qi.data(), sc.qs.data(), R, kblk, p.kst, n, D, p.G, sc.s.data(), pf);
-      if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;
-      if (use_avx512()) avx512::q8_pv(sc.s.data(), R, vblk, p.vst, n, Dv, p.G, sc.o.data());
-      else q8::pv_rows(sc.s.data(), 0, R, vblk, p.vst, n, Dv, p.G, sc.o.data());
+      decode_block_q8(p, t, sc, R, kb, n, kblk, vblk, pf);
       continue;
     }
     const size_t es = p.half ? 2 : 4;  // bytes per K/V element
-    const char* kbase = p.half ? reinterpret_cast<const char*>(k16) : reinterpret_cast<const char*>(kf32);
-    const char* vbase = p.half ? reinterpret_cast<const char*>(v16) : reinterpret_cast<const char*>(vf32);
+    const char* kbase = p.half ? reinterpret_cast<const char*>(h.k16) : reinterpret_cast<const char*>(h.kf32);
+    const char* vbase = p.half ? reinterpret_cast<const char*>(h.v16) : reinterpret_cast<const char*>(h.vf32);
     const Prefetch pf{kbase + size_t(kb) * D * es, D * es, vbase + size_t(kb) * Dv * es, Dv * es, kb, khi, &pf_next};
-    if (p.half) scores(sc.q.data(), R, k16 + size_t(kb) * D, n, D, sc.s.data(), pf);
-    else scores(sc.q.data(), R, kf32 + size_t(kb) * D, n, D, sc.s.data(), pf);
-    if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) continue;
-    if (p.half) pv(sc, R, v16 + size_t(kb) * Dv, n, Dv);
-    else pv(sc, R, vf32 + size_t(kb) * Dv, n, Dv);
+    if (p.half) decode_block(p, t, sc, R, kb, n, h.k16 + size_t(kb) * D, h.v16 + size_t(kb) * Dv, pf);
+    else decode_block(p, t, sc, R, kb, n, h.kf32 + size_t(kb) * D, h.vf32 + size_t(kb) * Dv, pf);
   }
 }
 
@@ -517,7 +555,156 @@ inline float* out_row(const Problem& p, int b, int h, int i) {
   return p.out + ((size_t(b) * p.H + h) * p.L + i) * p.Dv;
 }
 
+// Key splits of a call whose batch row has `row_groups` (KV head, query tile) tasks over
+// `blocks` key blocks: enough tasks for the pool (kMinTasks), never more than the blocks.
+inline int key_splits(int row_groups, int blocks) {
+  return std::max(1, std::min(blocks, (kMinTasks + row_groups - 1) / row_groups));
+}
+
+// One output row from its key splits' (m, l, O) -- split sp's at part + sp * step -- merged
+// in split order (a split that saw no key is skipped).
+void merge_row(const float* part, size_t step, int n_splits, int Dv, float* dst) {
+  float M = kNegInf;
+  for (int sp = 0; sp < n_splits; ++sp) M = std::max(M, part[size_t(sp) * step]);
+  std::fill(dst, dst + Dv, 0.0f);
+  if (M == kNegInf) return;
+  float l = 0.0f;
+  for (int sp = 0; sp < n_splits; ++sp) {
+    const float* src = part + size_t(sp) * step;
+    if (src[0] == kNegInf) continue;
+    const float w = std::exp(src[0] - M);
+    l += w * src[1];
+    for (int d = 0; d < Dv; ++d) dst[d] += w * src[2 + d];
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int d = 0; d < Dv; ++d) dst[d] *= inv;
+}
+
+// A task's rows (sc, R of them) as final outputs (one key split) or as its (m, l, O) parts.
+void finish_rows(const Problem& p, const Split& t, const Scratch& sc, int R, float* part) {
+  const int rep = p.H / p.Hk;
+  for (int r = 0; r < R; ++r) {
+    const float* o = sc.o.data() + size_t(r) * p.Dv;
+    if (part) {
+      float* dst = part + size_t(r) * (p.Dv + 2);
+      dst[0] = sc.m[r];
+      dst[1] = sc.l[r];
+      std::copy(o, o + p.Dv, dst + 2);
+      continue;
+    }
+    float* dst = out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt);
+    const float inv = sc.l[r] > 0.0f ? 1.0f / sc.l[r] : 0.0f;
+    for (int d = 0; d < p.Dv; ++d) dst[d] = o[d] * inv;
+  }
+}
+
+std::atomic<bool>& rows_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+// A causal prompt forward (no window) with the decode's bits: every query position runs as
+// the decode step at that position runs -- its query heads of a KV head as one row set (the
+// decode kernels), its keys [0, i + offset + 1) split as a one-position call splits them, each
+// split's blocks in order, the splits merged alike -- so the prompt's attention output, and
+// with it every later layer's K/V, equal what a token-by-token decode computes and stores
+// (issue 30, item 4: a checkpoint replayed cold gives the same answer). The decode's key mask
+// adds 0 to a visible key's score, which changes no value. Positions whose keys end in the
+// same block split alike, so a task takes up to kRowsGroup of them for one split and reads
+// (and, float16, widens) each K/V block once for all of them.
+constexpr int kRowsGroup = 32;
+
+void run_flash_rows(const Problem& p) {
+  const int rep = p.H / p.Hk;
+  struct Group {
+    int b, kvh, i0, ni, n_splits, per, part;  // part: first (split, position) part slot, or -1
+  };
+  struct Task {
+    int group, sp;
+  };
+  std::vector<Group> groups;
+  std::vector<Task> tasks;
+  int n_parts = 0;
+  auto end_of = [&](int i) { return std::min(p.S, i + p.offset + 1); };  // keys position i sees
+  for (int b = 0; b < p.B; ++b)
+    for (int i0 = 0; i0 < p.L;) {
+      const int w = (end_of(i0) - 1) / kBlock;  // its last key block
+      int i1 = i0 + 1;
+      while (i1 < p.L && i1 - i0 < kRowsGroup && (end_of(i1) - 1) / kBlock == w) ++i1;
+      const int blocks = w + 1;
+      const int n_splits = key_splits(p.Hk, blocks);
+      const int per = (blocks + n_splits - 1) / n_splits;
+      for (int kvh = 0; kvh < p.Hk; ++kvh) {
+        const int part = n_splits > 1 ? n_parts : -1;
+        if (n_splits > 1) n_parts += n_splits * (i1 - i0);
+        for (int sp = 0; sp < n_splits; ++sp) tasks.push_back({int(groups.size()), sp});
+        groups.push_back({b, kvh, i0, i1 - i0, n_splits, per, part});
+      }
+      i0 = i1;
+    }
+  thread_local std::vector<float> kept_part;
+  std::vector<float>& part = kept_part;
+  const size_t part_stride = size_t(rep) * (p.Dv + 2);
+  if (part.size() < size_t(n_parts) * part_stride) part.resize(size_t(n_parts) * part_stride);
+  Pool& pool = Pool::get();
+  pool.run(int(tasks.size()), [&](int ti) {
+    thread_local std::vector<Scratch> scs;
+    thread_local std::vector<float> kf, vf;
+    const Group& g = groups[tasks[ti].group];
+    const int sp = tasks[ti].sp;
+    if (int(scs.size()) < g.ni) scs.resize(g.ni);
+    const int s0 = sp * g.per * kBlock, s1 = (sp + 1) * g.per * kBlock;
+    int khi = 0;
+    for (int j = 0; j < g.ni; ++j) {
+      const int e = end_of(g.i0 + j);
+      const Split t{g.b, g.kvh, g.i0 + j, 1, std::min(e, s0), std::min(e, s1)};
+      if (rep > 8) run_split(p, t, scs[j]);  // the decode's own many-head tiles, position by position
+      else begin_split(p, t, scs[j], false);
+      khi = std::max(khi, std::min(e, s1));
+    }
+    if (rep > 8) khi = s0;  // done above
+    const HeadKV h = head_kv(p, g.b, g.kvh);
+    const Prefetch none{};
+    for (int kb = s0; kb < khi; kb += kBlock) {
+      const int n = std::min(kBlock, khi - kb);
+      const float* kblk = h.kf32 ? h.kf32 + size_t(kb) * p.D : nullptr;
+      const float* vblk = h.vf32 ? h.vf32 + size_t(kb) * p.Dv : nullptr;
+      if (p.half) {
+        kf.resize(size_t(kBlock) * p.D);
+        vf.resize(size_t(kBlock) * p.Dv);
+        widen(h.k16 + size_t(kb) * p.D, kf.data(), n * p.D);
+        widen(h.v16 + size_t(kb) * p.Dv, vf.data(), n * p.Dv);
+        kblk = kf.data(), vblk = vf.data();
+      }
+      for (int j = 0; j < g.ni; ++j) {
+        const int e = end_of(g.i0 + j), nj = std::min(kBlock, std::min(e, s1) - kb);
+        const Split t{g.b, g.kvh, g.i0 + j, 1, std::min(e, s0), std::min(e, s1)};
+        if (p.q8) decode_block_q8(p, t, scs[j], rep, kb, nj, h.k8 + size_t(kb) * p.kst, h.v8 + size_t(kb) * p.vst, none);
+        else decode_block(p, t, scs[j], rep, kb, nj, kblk, vblk, none);
+      }
+    }
+    for (int j = 0; j < g.ni; ++j) {
+      const Split t{g.b, g.kvh, g.i0 + j, 1, 0, 0};
+      float* dst = g.part < 0 ? nullptr : part.data() + (size_t(g.part) + size_t(sp) * g.ni + j) * part_stride;
+      finish_rows(p, t, scs[j], rep, dst);
+    }
+  });
+  if (n_parts == 0) return;
+  pool.run(int(groups.size()), [&](int gi) {
+    const Group& g = groups[gi];
+    if (g.part < 0) return;
+    for (int j = 0; j < g.ni; ++j)
+      for (int r = 0; r < rep; ++r)
+        merge_row(part.data() + (size_t(g.part) + j) * part_stride + size_t(r) * (p.Dv + 2), size_t(g.ni) * part_stride,
+                  g.n_splits, p.Dv, out_row(p, g.b, g.kvh * rep + r, g.i0 + j));
+  });
+}
+
 void run_flash(const Problem& p) {
+  if (p.mode == 1 && p.window == 0 && p.L > 1 && rows_switch().load(std::memory_order_relaxed)) {
+    run_flash_rows(p);
+    return;
+  }
   const int rep = p.H / p.Hk;
   const int nt_max = std::max(1, std::min(p.L, kTileRows / rep));
   const int n_tiles = (p.L + nt_max - 1) / nt_max;
@@ -537,7 +724,7 @@ void run_flash(const Problem& p) {
   // speculative verify run as L single-query rows) then splits its keys exactly as the same
   // row alone in a decode step does, and gets the step's bits.
   const int row_groups = p.Hk * n_tiles;
-  const int n_splits = std::max(1, std::min(max_blocks, (kMinTasks + row_groups - 1) / row_groups));
+  const int n_splits = key_splits(row_groups, max_blocks);
   std::vector<Split> tasks;
   tasks.reserve(size_t(groups) * n_splits);
   for (int b = 0; b < p.B; ++b)
@@ -573,44 +760,16 @@ void run_flash(const Problem& p) {
     thread_local Scratch sc;
     const Split& t = tasks[ti];
     run_split(p, t, sc);
-    const int R = rep * t.nt;
-    for (int r = 0; r < R; ++r) {
-      const float* o = sc.o.data() + size_t(r) * p.Dv;
-      if (n_splits > 1) {
-        float* dst = part.data() + size_t(ti) * part_stride + size_t(r) * (p.Dv + 2);
-        dst[0] = sc.m[r];
-        dst[1] = sc.l[r];
-        std::copy(o, o + p.Dv, dst + 2);
-        continue;
-      }
-      float* dst = out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt);
-      const float inv = sc.l[r] > 0.0f ? 1.0f / sc.l[r] : 0.0f;
-      for (int d = 0; d < p.Dv; ++d) dst[d] = o[d] * inv;
-    }
+    finish_rows(p, t, sc, rep * t.nt, n_splits > 1 ? part.data() + size_t(ti) * part_stride : nullptr);
   });
   if (n_splits == 1) return;
   // Merge the splits of each (b, kvh, tile): splits are consecutive in `tasks`.
   run(groups, [&](int g) {
     const Split& t = tasks[size_t(g) * n_splits];
     const int R = rep * t.nt;
-    for (int r = 0; r < R; ++r) {
-      float M = kNegInf;
-      for (int sp = 0; sp < n_splits; ++sp)
-        M = std::max(M, part[(size_t(g) * n_splits + sp) * part_stride + size_t(r) * (p.Dv + 2)]);
-      float* dst = out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt);
-      std::fill(dst, dst + p.Dv, 0.0f);
-      if (M == kNegInf) continue;
-      float l = 0.0f;
-      for (int sp = 0; sp < n_splits; ++sp) {
-        const float* src = part.data() + (size_t(g) * n_splits + sp) * part_stride + size_t(r) * (p.Dv + 2);
-        if (src[0] == kNegInf) continue;
-        const float w = std::exp(src[0] - M);
-        l += w * src[1];
-        for (int d = 0; d < p.Dv; ++d) dst[d] += w * src[2 + d];
-      }
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      for (int d = 0; d < p.Dv; ++d) dst[d] *= inv;
-    }
+    for (int r = 0; r < R; ++r)
+      merge_row(part.data() + size_t(g) * n_splits * part_stride + size_t(r) * (p.Dv + 2), part_stride, n_splits,
+                p.Dv, out_row(p, t.b, t.kvh * rep + r / t.nt, t.i0 + r % t.nt));
   });
 }
 
@@ -681,6 +840,8 @@ void run_reference(const Problem& p) {
 
 }  // namespace
 
+bool attn_rows_on() { return rows_switch().load(std::memory_order_relaxed); }
+bool set_attn_rows(bool on) { return rows_switch().exchange(on); }
 bool decode512_on() { return use_avx512() && decode512_switch().load(std::memory_order_relaxed); }
 bool set_decode512(bool on) { return decode512_switch().exchange(on); }
 

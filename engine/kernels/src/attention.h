@@ -69,6 +69,12 @@ class FlashAttention : public mx::UnaryPrimitive {
 bool decode512_on();
 bool set_decode512(bool on);  // returns the previous setting
 
+// Causal prompt forwards (no window) run each query position as the decode step at that
+// position runs it (the decode's bits, so cold prefill K/V equal decoded ones); off: the
+// many-query register tiles (A/B).
+bool attn_rows_on();
+bool set_attn_rows(bool on);  // returns the previous setting
+
 // Float (..., D) -> q8 rows uint8 (..., D + 4 * D / G): per group of G dims, scale = max|x| / 127,
 // int8 = round-half-even(x * (127 / max|x|)) in -127..127 (an all-zero group: 0 and scale 0),
 // then the float32 scales. One op per cache write (the same rows as kv_cache.q8_pack's MLX ops,

@@ -147,6 +147,9 @@ NB_MODULE(_ext, m) {
         "True when decode-sized attention scores run two keys per zmm (AVX-512).");
   m.def("set_decode512", [](bool on) { return mlxterm::set_decode512(on); }, "on"_a,
         "Switch the AVX-512 decode attention scores on or off (A/B); returns the previous setting.");
+  m.def("set_attn_rows", [](bool on) { return mlxterm::set_attn_rows(on); }, "on"_a,
+        "Causal prompt attention per position with the decode's bits (on) or on the many-query tiles "
+        "(off, A/B); returns the previous setting.");
   m.def("vnni_gemm", [] { return mlxterm::vnni_gemm_on(); },
         "True when non-exact many-row matmuls (where AMX does not take them) run on the AVX512-VNNI GEMM.");
   m.def("set_vnni_gemm", [](bool on) { return mlxterm::set_vnni_gemm(on); }, "on"_a,

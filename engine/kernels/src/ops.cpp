@@ -513,7 +513,7 @@ void prepare_amx(const QmmProblem& p, PreparedX& x, std::vector<float>& dt) {
   });
 }
 
-// Many rows on the AVX512-VNNI GEMM: the row path's int8 activations, quantized on all threads,
+// Many rows on the AVX512-VNNI GEMM (or the AVX2 / AVX-VNNI row path): the row path's int8 activations, quantized on all threads,
 // each row on its own (so the same bits).
 void prepare_gemm512(const QmmProblem& p, PreparedX& x) {
   size_x(p, true, x, size_t(p.M));
@@ -540,16 +540,22 @@ bool vnni_gemm_active() {
 
 // Where a non-exact matmul of `rows` rows runs (qmm_path names it): the one decision run_qmm
 // and the status report share.
-enum class RowsPath { amx, vnni512, float_panels, int8_rows };
+enum class RowsPath { amx, vnni512, float_panels, int8_rows, int8_many };
 
 RowsPath rows_path(int rows) {
   // AMX tiles run int8 activations only (16-bit ones go to the VNNI GEMM, the same bits as rows).
   if (rows >= amx_rows() && amx_on() && !x16_on()) return RowsPath::amx;
   if (rows < dense_min_rows()) return RowsPath::int8_rows;
-  return vnni_gemm_active() ? RowsPath::vnni512 : RowsPath::float_panels;
+  if (vnni_gemm_active()) return RowsPath::vnni512;
+  // AVX2 / AVX-VNNI: the decode row path over every row (a weight group decoded once for all
+  // rows), so a prompt forward writes the K/V a decode would, bit for bit (issue 30, item 4);
+  // set_vnni_gemm(false) sends these to the float panels too (A/B).
+  if (best_isa() != Isa::avx512vnni && vnni_gemm_switch().load(std::memory_order_relaxed))
+    return RowsPath::int8_many;
+  return RowsPath::float_panels;
 }
 
-// The int8 many-row paths (AMX tiles, VNNI GEMM) for n problems on the same x (same M, K and
+// The int8 many-row paths (AMX tiles, VNNI GEMM, the AVX2 / AVX-VNNI row path) for n problems on the same x (same M, K and
 // group size): x quantized once, then each problem's chunks of whole 16-column panels. The
 // kernels read x only, so each output is what its problem alone would give.
 void run_qmm_shared(const QmmProblem* ps, int n, RowsPath path) {
@@ -566,12 +572,21 @@ void run_qmm_shared(const QmmProblem* ps, int n, RowsPath path) {
   }
   prepare_gemm512(ps[0], xs);
   const XView xv = x_view(xs);
+  if (path == RowsPath::int8_many) {
+    const Kernel k = pick(false);
+    run_panel_chunks(ps, n, [&](int i, int n0, int n1) { k(ps[i], xv, n0, n1); });
+    return;
+  }
   run_panel_chunks(ps, n, [&](int i, int n0, int n1) { gemm512::qmm_gemm(ps[i], xv, n0, n1); });
+}
+
+bool int8_many_path(RowsPath path) {
+  return path == RowsPath::amx || path == RowsPath::vnni512 || path == RowsPath::int8_many;
 }
 
 void run_qmm(const QmmProblem& p0, bool exact) {
   const RowsPath path = exact ? RowsPath::float_panels : rows_path(p0.M);
-  if (path == RowsPath::amx || path == RowsPath::vnni512) {
+  if (int8_many_path(path)) {
     run_qmm_shared(&p0, 1, path);  // float16 scales read as such, as the row path does
     return;
   }
@@ -682,7 +697,7 @@ namespace mlxterm {
 void qmm_run(const QmmProblem& p, bool exact) { run_qmm(p, exact); }
 void qmm_run_shared_x(const QmmProblem* ps, int n) {
   const RowsPath path = rows_path(ps[0].M);
-  bool shared = path == RowsPath::amx || path == RowsPath::vnni512;
+  bool shared = int8_many_path(path);
   for (int i = 1; i < n; ++i)
     shared = shared && ps[i].x == ps[0].x && ps[i].M == ps[0].M && ps[i].K == ps[0].K &&
              ps[i].group_size == ps[0].group_size;
@@ -722,6 +737,7 @@ const char* qmm_path(int rows) {
     case RowsPath::amx: return "amx";
     case RowsPath::vnni512: return "vnni512";
     case RowsPath::float_panels: return "float panels";
+    case RowsPath::int8_many: return "int8 many rows";
     default: return "int8 rows";
   }
 }

@@ -150,7 +150,8 @@ bool rows512_pipe_on();
 bool set_rows512_pipe(bool on);
 // Non-exact matmuls of qmm_dense_min_rows() rows or more run on the AVX512-VNNI GEMM
 // (qmm_gemm512.cpp) where AMX does not take them: best_isa() is avx512vnni and it is switched
-// on (set_vnni_gemm(false) turns it off: the float panels run).
+// on (set_vnni_gemm(false) turns it off: the float panels run). Below avx512vnni the same
+// switch runs them on the row path over every row ("int8 many rows", the decode rows' bits).
 bool vnni_gemm_on();
 // Turn the VNNI GEMM on or off at run time (A/B in one process); returns the old setting.
 bool set_vnni_gemm(bool on);
@@ -158,7 +159,7 @@ bool set_vnni_gemm(bool on);
 // off: one job per matmul (A/B). set_shared_job returns the old setting.
 bool shared_job_on();
 bool set_shared_job(bool on);
-// The path a non-exact matmul of `rows` rows takes now: "amx", "vnni512", "float panels" or
-// "int8 rows" (the row path, below the many-row threshold).
+// The path a non-exact matmul of `rows` rows takes now: "amx", "vnni512", "int8 many rows",
+// "float panels" or "int8 rows" (the row path, below the many-row threshold).
 const char* qmm_path(int rows);
 }  // namespace mlxterm
