@@ -30,15 +30,16 @@ from agents.evidence import Evidence
 from agents.tasks import Check
 from agents.transcript import Transcript
 from tools.bash import execute
-from tools.sandbox import Sandbox, SandboxPolicy, SandboxRefused, SandboxStatus
+from tools.sandbox import Limits, Sandbox, SandboxPolicy, SandboxRefused, SandboxStatus
 
 CHECK_OUTPUT_CHARS = 4000
 
 
 def agent_sandbox(network: bool = False, status: SandboxStatus | None = None, *,
-                  unconfined_ok: bool = True, hide: Sequence[str] = ()) -> Sandbox:
+                  unconfined_ok: bool = True, hide: Sequence[str] = (), limits: Limits | None = None) -> Sandbox:
     """The sandbox for agent shells and checks (``network``: keep the host network; ``hide``:
-    more paths to keep out, e.g. a run directory inside the workspace).
+    more paths to keep out, e.g. a run directory inside the workspace; ``limits``: a task's
+    resource limits, else the defaults).
 
     ``unconfined_ok`` (default True): where no sandbox works, the agent's ``bash`` still runs,
     unconfined -- ``agents.policy`` then forces every call to be approved by a person (or the
@@ -53,8 +54,10 @@ def agent_sandbox(network: bool = False, status: SandboxStatus | None = None, *,
     packages = [str(root / name) for name in ("agents", "app", "engine", "tools")]
     packages += _installed_package_dirs(("agents", "app", "engine", "tools"))
     read_only = sorted({sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), *packages})
-    return Sandbox(SandboxPolicy(network=network, hide=tuple(hide), read_only=tuple(read_only)), status,
-                   unconfined_ok=unconfined_ok)
+    policy = SandboxPolicy(network=network, hide=tuple(hide), read_only=tuple(read_only))
+    if limits is not None:
+        policy = replace(policy, limits=limits)
+    return Sandbox(policy, status, unconfined_ok=unconfined_ok)
 
 
 def _installed_package_dirs(names: tuple[str, ...]) -> list[str]:

@@ -196,7 +196,7 @@ class HeadlessRun:
                                unconfined_allow=self.cli_allow, protected=task.protected,
                                interactive=False, temperature=task.temperature, seed=task.seed,
                                max_tokens_per_step=task.max_tokens, network=task.network,
-                               sandbox_hide=self.evidence.protect())
+                               sandbox_hide=self.evidence.protect(), sandbox_limits=task.sandbox_limits)
         if self.resume_id is not None:
             self.agent = AgentSession.open(engine, store, self.resume_id, options=options, transcript=transcript)
             meta = store.get_meta(self.resume_id)
@@ -281,7 +281,7 @@ class HeadlessRun:
         # checks run model-written code: the agent's sandbox, or the task's own for --checks-only;
         # they write only their evidence folder (quality.json, screenshots), never the run dir;
         # ``workspace``: another folder to check (a candidate's scratch copy)
-        sandbox = self.agent.sandbox if self.agent is not None else agent_sandbox(network=self.task.network)
+        sandbox = self.agent.sandbox if self.agent is not None else agent_sandbox(network=self.task.network, limits=self.task.sandbox_limits)
         workspace = workspace or self.workspace
         return run_check(check, workspace, sandbox, env=self._check_env(workspace),
                          unconfined_ok="bash" in self.cli_allow, evidence=self.evidence,

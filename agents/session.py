@@ -70,7 +70,7 @@ from agents.protocol import (
 )
 from agents.transcript import Transcript
 from tools import ToolRegistry, ToolResult, default_registry
-from tools.sandbox import warn_once
+from tools.sandbox import Limits, warn_once
 
 log = logging.getLogger(__name__)
 MIN_STEP_TOKENS = 32  # below this a step cannot say anything useful: stop with "context"
@@ -117,6 +117,7 @@ class AgentOptions:
     corrective_turns: int = 1  # per run: "nothing was written" nudges before a final answer counts
     protected: tuple[str, ...] = ()  # workspace paths (globs) write_file / edit_file may not change
     sandbox_hide: tuple[str, ...] = ()  # host paths bash must not see (a task run's own directory)
+    sandbox_limits: Limits | None = None  # a task's sandbox limits (None: the defaults)
 
 
 @dataclass
@@ -174,7 +175,8 @@ class AgentSession:
         self.transcript = transcript or Transcript(None)
         agent_cfg = engine.profile.agent
         names = self.options.tools or agent_cfg.tools
-        self.sandbox = agent_sandbox(network=self.options.network, hide=self.options.sandbox_hide)
+        self.sandbox = agent_sandbox(network=self.options.network, hide=self.options.sandbox_hide,
+                                     limits=self.options.sandbox_limits)
         base = default_registry(workspace, sandbox=self.sandbox)
         self.registry = ToolRegistry(base.workspace, [base.get(n) for n in names if base.get(n)])
         edit_format = self.options.edit_format or agent_cfg.edit_format

@@ -12,6 +12,7 @@
     limits: {steps: 4, tokens: 600, wall_s: 120}
     sampling: {temperature: 0.2, seed: 0, max_tokens: 256}   # max_tokens: per step
     network: false                   # optional; true lets bash and checks reach the network
+    sandbox: {workspace_bytes: 2000000000, memory_bytes: 4000000000}   # optional; tools.sandbox.Limits fields
     test_command: python3 -m unittest hello_test   # optional; the prompt tells the agent to run it
     repair_rounds: 3                 # optional; failing check output goes back this often (default: profile)
     protected: [hello_test.py]       # optional; paths (globs) the agent's file edits may not change
@@ -37,9 +38,11 @@ from engine.errors import MlxtermError
 import yaml
 
 from tools import TOOL_NAMES
+from tools.sandbox import Limits
 
 TOP_KEYS = ("name", "prompt", "workspace_template", "profile", "system", "examples", "allow",
-            "limits", "sampling", "checks", "network", "test_command", "repair_rounds", "protected", "plan")
+            "limits", "sampling", "checks", "network", "test_command", "repair_rounds", "protected", "plan",
+            "sandbox")
 LIMIT_KEYS = ("steps", "tokens", "wall_s")
 SAMPLING_KEYS = ("temperature", "seed", "max_tokens")
 CHECK_KEYS = ("name", "run", "timeout_s")
@@ -79,6 +82,7 @@ class TaskSpec:
     repair_rounds: int | None = None  # None: the profile's agent.repair_rounds
     protected: tuple[str, ...] = ()
     plan: bool | None = None  # None: plan when the prompt names 2+ files the workspace lacks
+    sandbox_limits: Limits | None = None  # the task's ``sandbox:`` limits (None: the defaults)
 
     def full_prompt(self) -> str:
         """The prompt the agent gets: the task's, plus how to run its tests when it names them."""
@@ -137,6 +141,14 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
     plan = data.get("plan")
     if plan is not None and not isinstance(plan, bool):
         raise fail("plan", "expected true or false")
+    sandbox_limits = None
+    if data.get("sandbox") is not None:
+        if not isinstance(data["sandbox"], dict):
+            raise fail("sandbox", "expected a mapping of limits, e.g. {workspace_bytes: 2000000000}")
+        try:
+            sandbox_limits = Limits.from_mapping(data["sandbox"])
+        except ValueError as e:
+            raise fail("sandbox", str(e)) from None
     limits = _section(path, "limits", data.get("limits"), LIMIT_KEYS)
     sampling = _section(path, "sampling", data.get("sampling"), SAMPLING_KEYS)
     return TaskSpec(
@@ -160,6 +172,7 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
         repair_rounds=_number(path, "repair_rounds", data.get("repair_rounds"), integer=True, minimum=0),
         protected=_strings(path, "protected", data.get("protected")),
         plan=plan,
+        sandbox_limits=sandbox_limits,
     )
 
 

@@ -48,6 +48,9 @@ def good_engine():
     ("prompt: hi\nchecks: {name: x}\n", "checks: expected a list"),
     ("prompt: hi\nchecks: [{name: x}]\n", "checks[0].run: required"),
     ("prompt: hi\nchecks: [{run: x, timeout: 3}]\n", "checks[0].timeout: unknown key"),
+    ("prompt: hi\nsandbox: {workspace: 3}\n", "sandbox: unknown sandbox limit 'workspace'"),
+    ("prompt: hi\nsandbox: {workspace_bytes: -1}\n", "sandbox: sandbox limit 'workspace_bytes' must be a positive number"),
+    ("prompt: hi\nsandbox: 5\n", "sandbox: expected a mapping of limits"),
     ("prompt: [unclosed\n", "not valid YAML at line"),
     ("- a list\n", "must be a mapping"),
 ])
@@ -72,6 +75,9 @@ def test_task_defaults_and_values(tmp_path):
     assert task.temperature == 0.2 and task.seed == 0 and task.max_tokens is None
     assert task.workspace_template == (tmp_path / "tpl").resolve() and task.allow == ("bash",)
     assert task.checks[0].name == "content" and task.checks[0].timeout_s == 60
+    assert task.sandbox_limits is None
+    capped = load_task(write_task(tmp_path, HELLO + "sandbox: {workspace_bytes: 1000000, cpus: 1}\n", "capped.yaml"))
+    assert capped.sandbox_limits.workspace_bytes == 1_000_000 and capped.sandbox_limits.cpus == 1.0
 
 
 def test_passing_run_writes_result_transcript_and_session(tmp_path):

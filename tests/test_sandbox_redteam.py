@@ -454,6 +454,19 @@ def test_a_check_that_ends_past_the_cap_does_not_pass(ws):
     assert "grew past its size cap" in record["output"], record["output"]
 
 
+def test_a_tasks_own_sandbox_limits_cap_its_checks(ws, base):
+    """``sandbox: {workspace_bytes: ...}`` in a task file reaches the sandbox its checks run in."""
+    from agents.headless import HeadlessRun
+    from agents.tasks import load_task
+
+    (base / "t.yaml").write_text(f"prompt: fill\nsandbox: {{workspace_bytes: {CAP}}}\nchecks:\n"
+                                 "  - name: fill\n    run: head -c 30000000 /dev/zero > big; exit 0\n")
+    result = HeadlessRun(load_task(base / "t.yaml"), workspace=ws, run_dir=base / "run").checks_only()
+    check = result["checks"][0]
+    assert check["sandboxed"] and not check["passed"], check
+    assert (ws / "big").stat().st_size <= CAP
+
+
 def test_one_file_past_the_workspace_cap_stops_in_the_kernel(ws):
     """RLIMIT_FSIZE is never above the cap: one big file stops at it, and the call says the
     workspace went over."""
