@@ -208,11 +208,13 @@ def main(argv: list[str]) -> None:
     except OSError as e:
         sys.stderr.write(f"mlxterm sandbox: Landlock rules could not be applied ({e}); not running the command\n")
         sys.exit(126)
-    # Python ignores these at start and an ignored signal stays ignored across exec: give the
-    # command the defaults a shell expects (`yes | head` ends quietly, RLIMIT_FSIZE kills)
-    for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    # an ignored signal stays ignored across exec: Python ignores SIGPIPE and SIGXFSZ at start,
+    # a host under nohup SIGHUP; give the command the defaults a shell expects (`yes | head`
+    # ends quietly, RLIMIT_FSIZE kills)
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, signal.SIG_DFL)
     os.execv(command[0], command)
 
 

@@ -80,8 +80,10 @@ int main(int argc, char **argv) {
         if (allow(ruleset, pseudo[i], handled & FILE_RIGHTS) < 0) return fail(pseudo[i]);
     if (syscall(RESTRICT_SELF, ruleset, 0) < 0) return fail("landlock_restrict_self");
     close(ruleset);
-    signal(SIGPIPE, SIG_DFL);
-    signal(SIGXFSZ, SIG_DFL);
+    /* every disposition back to the default: an ignored signal stays ignored across exec, and
+       the host's (SIGHUP under nohup, SIGPIPE under Python) must not reach the command */
+    for (int s = 1; s < NSIG; s++)
+        if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
     execv(argv[split + 1], argv + split + 1);
     return fail(argv[split + 1]);
 }
