@@ -216,7 +216,9 @@ async def test_deny_then_always_allow(tmp_path):
 
 async def test_escape_cancels_running_tool_and_streaming_text():
     app, engine = make_app([
-        Reply(call("bash", command="sleep 30"), delay_s=0.02),
+        # a long command keeps the call forming for seconds: on a loaded machine the pilot may
+        # look only after a short call has been parsed and is asking for approval
+        Reply(call("bash", command="sleep 30  # " + "z" * 120), delay_s=0.02),
         Reply("thinking " * 200, delay_s=0.01),
     ])
     async with app.run_test(size=SIZE) as pilot:
@@ -224,7 +226,8 @@ async def test_escape_cancels_running_tool_and_streaming_text():
         screen = main(app)
         await task(pilot, "wait a while")
         # The card is there while the model is still writing the call.
-        await wait_for(pilot, lambda: cards(app) and cards(app)[0].tool == "bash", what="a forming card")
+        await wait_for(pilot, lambda: cards(app) and cards(app)[0].tool == "bash"
+                       and cards(app)[0].state == "forming", what="a forming card")
         forming = cards(app)[0]
         assert forming.state == "forming" and str(forming.title).endswith("forming…")
         assert '"name": "bash"' in str(forming.query_one(".tool-args").render())
