@@ -1,13 +1,16 @@
-"""Parallel candidates: N drafts of the next reply in one batched run, kept only if one passes.
+"""Parallel candidates: N drafts of the next reply in one batched run; the checks pick one.
 
 Between repair rounds (the checks failed), the repair message's context is sent to the engine N
 times at once with different seeds; the batched scheduler decodes the rows together after the
-shared prefix is restored from the session's checkpoint. Each draft's file edits are applied to
-a scratch copy of the workspace and the task's checks run there. The first draft that passes is
-adopted: the repair message and that reply go into the session (exact tokens), its edits run in
-the real workspace through the ordinary tools (cards, diffs, approvals). When none passes
-nothing is kept and the ordinary repair round follows. Drafts never reach the model, so the
-first-try result stays what it was.
+shared prefix is restored from the session's checkpoint. In a run that ends at its write, every
+draft starts with the file's forced opening (path line and fence) and stops at the block's
+closing fence, as the loop's own step does. Each draft's file edits are applied to a scratch copy
+of the workspace and the task's checks run there. The first draft that passes is adopted: the
+repair message and that reply go into the session (exact tokens), its edits run in the real
+workspace through the ordinary tools (cards, diffs, approvals). When none passes, the caller may
+adopt the best one (most tests passed, ``best``) as the round's reply instead of decoding an
+ordinary round after them. Drafts never reach the model before that, so the first-try result
+stays what it was.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +29,11 @@ from engine.serving.events import Done
 from agents.events import AgentEvent
 from agents.parser import ToolCallParser
 from agents.session import AgentSession
+from agents.test_output import tests_passed
 from tools import ToolRegistry, default_registry
 
 WRITES = ("write_file", "edit_file")
+CLOSING_FENCE = "\n```\n"  # ends a draft that was opened on its file (stop string)
 
 
 @dataclass
@@ -38,18 +43,30 @@ class Draft:
     done: Done
     parser: ToolCallParser
     handle: Any
+    opening_ids: list[int] = field(default_factory=list)
     edits: int = 0
     edit_errors: int = 0
+    changed: bool = False  # an edit changed a file of the workspace
     checks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return bool(self.checks) and all(c["passed"] for c in self.checks)
 
+    @property
+    def tests_passed(self) -> int:
+        """Tests passed over the checks (a check whose output has no test summary counts as one
+        test, passed or not); -1 when no check ran."""
+        if not self.checks:
+            return -1
+        counts = [tests_passed(c.get("output") or "") for c in self.checks]
+        return sum(int(c["passed"]) if n is None else n for c, n in zip(self.checks, counts, strict=True))
+
     def record(self) -> dict[str, Any]:
         return {"index": self.index, "seed": self.seed, "completion_tokens": self.done.usage.completion_tokens,
                 "finish_reason": self.done.finish_reason, "edits": self.edits, "edit_errors": self.edit_errors,
-                "checks_passed": sum(1 for c in self.checks if c["passed"]), "passed": self.passed}
+                "changed": self.changed, "checks_passed": sum(1 for c in self.checks if c["passed"]),
+                "tests_passed": self.tests_passed, "passed": self.passed}
 
 
 @dataclass
@@ -67,24 +84,35 @@ class CandidateRound:
 
 
 def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed: int) -> tuple[list[Draft], float]:
-    """N replies to ``message`` (not stored) decoded together; (drafts, seconds)."""
+    """N replies to ``message`` (not stored) decoded together; (drafts, seconds). Each draft's
+    ``done`` holds the forced opening in its text and tokens, like a step of the loop."""
     engine = agent.engine
-    prompt_ids = agent.prompt_with(message)
+    opening = agent.file_opening()
+    opening_ids = engine.tokenizer.encode(opening) if opening else []
+    prompt_ids = agent.prompt_with(message) + opening_ids
     budget = agent.step_budget(len(prompt_ids))
+    stop = (CLOSING_FENCE,) if opening else ()
     t0 = time.monotonic()
     handles = []
     for i in range(n):
-        params = engine.sampling(max_tokens=budget, temperature=temperature, seed=seed + i,
+        params = engine.sampling(max_tokens=budget, temperature=temperature, seed=seed + i, stop=stop,
                                  repetition_penalty=engine.profile.agent.repetition_penalty)
         handles.append(engine.submit(GenerationRequest(list(prompt_ids), params, split_reasoning=False,
                                                        priority=Priority.AGENT)))
     drafts = []
     for i, h in enumerate(handles):
         done = h.result()
-        parser = ToolCallParser(agent.tool_params, id_prefix="draft", text_edits=agent.edit_format != "json")
+        if opening:
+            text = done.text
+            if done.finish_reason == "stop" and "\n```" not in text:
+                text += CLOSING_FENCE  # the stop string ended it: the block is whole
+            done = replace(done, text=opening + text,
+                           completion_token_ids=opening_ids + list(done.completion_token_ids))
+        parser = ToolCallParser(agent.tool_params, id_prefix="draft", text_edits=agent.edit_format != "json",
+                                infer_path=agent.infer_path)
         parser.feed(done.text)
         parser.finish()
-        drafts.append(Draft(i, seed + i, done, parser, h))
+        drafts.append(Draft(i, seed + i, done, parser, h, opening_ids))
     return drafts, time.monotonic() - t0
 
 
@@ -103,9 +131,11 @@ def try_drafts(agent: AgentSession, drafts: list[Draft],
             base = default_registry(ws, sandbox=agent.sandbox)
             registry = ToolRegistry(base.workspace, [base.get(n) for n in WRITES])
             for call in writes:
-                ok = registry.run(call.name, call.arguments).ok
-                d.edits += ok
-                d.edit_errors += not ok
+                result = registry.run(call.name, call.arguments)
+                d.edits += result.ok
+                d.edit_errors += not result.ok
+                data = result.data
+                d.changed = d.changed or (result.ok and bool(data.get("diff") or data.get("created")))
             if d.edits:
                 d.checks = run_checks_in(ws)
         finally:
@@ -115,12 +145,22 @@ def try_drafts(agent: AgentSession, drafts: list[Draft],
     return None
 
 
+def best(drafts: list[Draft]) -> Draft | None:
+    """The failing draft to keep when none passed: one that changed the file and passed the most
+    tests (the earliest of equals); None when no draft's edits changed anything."""
+    changed = [d for d in drafts if d.changed and d.checks]
+    return max(changed, key=lambda d: (d.tests_passed, -d.index)) if changed else None
+
+
 def candidate_round(agent: AgentSession, message: str, n: int, run_checks_in: Callable[[Path], list[dict[str, Any]]],
-                    *, temperature: float, seed: int) -> Iterator[AgentEvent | CandidateRound]:
-    """Draft, check, adopt the first passing draft (its events are yielded); last the round's record."""
+                    *, temperature: float, seed: int, keep_best: bool = False) -> Iterator[AgentEvent | CandidateRound]:
+    """Draft, check, adopt the first passing draft (its events are yielded), or with ``keep_best``
+    the best failing one; last the round's record (``chosen``: the draft adopted, if any)."""
     t0 = time.monotonic()
     drafts, decode_s = draft(agent, message, n, temperature=temperature, seed=seed)
     chosen = try_drafts(agent, drafts, run_checks_in)
+    if chosen is None and keep_best:
+        chosen = best(drafts)
     if chosen is not None:
-        yield from agent.adopt(message, chosen.done, chosen.parser, chosen.handle)
+        yield from agent.adopt(message, chosen.done, chosen.parser, chosen.handle, chosen.opening_ids)
     yield CandidateRound(drafts, chosen, time.monotonic() - t0, decode_s)

@@ -7,7 +7,9 @@ repairs (the 1.5B rewrites the identical failing file, even sampled at 0.7). The
 check output reached the model) is kept apart from the final one, so a run reports both its
 first try and its result after repair. ``mlxterm run`` and the board's attempts both use this.
 With ``candidates`` > 1 each round first drafts that many replies at once and keeps one that
-passes (``agents.candidates``) before it falls back to the ordinary round.
+passes (``agents.candidates``); when none does, a run that ends at its write keeps the best
+failing draft as the round's reply (checked and repaired like any other), and other runs fall
+back to the ordinary round.
 
 Status words: ``passed`` only when at least one check ran and every one passed; ``unchecked``
 when a task has no checks; ``failed`` otherwise (``error`` / ``cancelled`` come from the run).
@@ -157,12 +159,16 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
     round_log: list[dict[str, Any]] = []
     candidate_log: list[dict[str, Any]] = []  # candidate rounds that kept nothing
     message, round_no = prompt, 0
+    adopted: AgentDone | None = None  # a failing draft kept as the round's reply
     agent.end_on_write = bool(test_command) and agent.engine.profile.agent.test_after_write
     while True:
         left = None if limits.wall_s is None else max(0.001, limits.wall_s - (time.monotonic() - t0))
         done = None
         temperature = repair_temperature if round_no else None
-        if prior is not None and round_no == 0:
+        if adopted is not None:
+            done, adopted = adopted, None
+            runs.append(done)
+        elif prior is not None and round_no == 0:
             done = runs[-1] if runs else AgentDone(0, "answered", "", 0, 0, 0, 0.0)
         else:
             for ev in agent.run(message, AgentLimits(steps=limits.steps, tokens=limits.tokens, wall_s=left),
@@ -180,8 +186,11 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
         if first_try is None:
             first_try = summary
         else:
-            round_log.append({"round": round_no, **summary, "steps": done.step,
-                              "completion_tokens": done.completion_tokens, "stop_reason": done.reason})
+            entry = {"round": round_no, **summary, "steps": done.step,
+                     "completion_tokens": done.completion_tokens, "stop_reason": done.reason}
+            if "candidates" in done.extra:  # the round's reply was the best of its drafts
+                entry.update(stop_reason="candidate_best", candidates=done.extra["candidates"])
+            round_log.append(entry)
             if transcript is not None:
                 transcript.write("repair_result", done.step, round=round_no, **summary)
         if summary["status"] != "failed" or round_no >= rounds or done.reason not in REPAIRABLE:
@@ -197,20 +206,33 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
             transcript.write("repair", done.step, round=round_no, message=message)
         if candidates > 1 and run_checks_in is not None and agent.ends_with_answer():
             picked = None
+            # in a run that ends at its write the best failing draft is the round's reply: an
+            # ordinary round after the drafts would decode one more sample of the same kind
+            keep_best = agent.end_on_write
+            adopt_t0 = time.monotonic()
             for ev in candidate_round(agent, message, candidates, run_checks_in, temperature=candidate_temperature,
-                                      seed=seed + 1000 * round_no):
+                                      seed=seed + 1000 * round_no, keep_best=keep_best):
                 if isinstance(ev, CandidateRound):
                     picked = ev
                 else:
                     yield ev
+            changed = list(dict.fromkeys(agent.changed_files)) if picked.chosen is not None else []
             if transcript is not None:
                 transcript.write("candidates", done.step, round=round_no, **picked.record())
-            if picked.chosen is not None:
+            if picked.chosen is not None and picked.chosen.passed:
                 checks = run_checks()
                 round_log.append({"round": round_no, **check_summary(checks), "steps": 1,
                                   "completion_tokens": picked.chosen.done.usage.completion_tokens,
                                   "stop_reason": "candidate", "candidates": picked.record()})
                 break  # it passed on the scratch copy; the real workspace's result is the attempt's
+            if picked.chosen is not None:  # the best failing draft: checked like an ordinary round's reply
+                usage = picked.chosen.done.usage
+                adopted = AgentDone(1, "wrote" if changed else "answered", "", usage.prompt_tokens,
+                                    usage.cached_tokens, usage.completion_tokens,
+                                    round(time.monotonic() - adopt_t0, 3),
+                                    extra={"changed_files": changed, "corrective_turns": 0,
+                                           "candidates": picked.record()})
+                continue
             candidate_log.append({"round": round_no, **picked.record()})
     agent.end_on_write = False
     outcome = RepairOutcome(runs[-1] if runs else done, checks, first_try, round_log, runs)

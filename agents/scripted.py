@@ -231,6 +231,12 @@ class ScriptedEngine:
                 if piece:
                     parts.append(piece)
                     handle.emit(TextDelta(piece))
+                text = "".join(parts)
+                stop = next((s for s in req.params.stop if s and s in text), None)
+                if stop is not None:  # like the engine: the reply ends at a stop string, without it
+                    parts = [text[: text.index(stop)]]
+                    finish = "stop"
+                    break
             tail = detok.flush()
             if tail:
                 parts.append(tail)

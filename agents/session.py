@@ -458,19 +458,30 @@ class AgentSession:
         profile = self.engine.profile
         return self.options.max_tokens_per_step or profile.agent.max_tokens_per_step or profile.sampling.max_tokens
 
-    def adopt(self, message: str, done: Done, parser: ToolCallParser, handle) -> Iterator[AgentEvent]:
-        """Store ``message`` and a reply generated for it elsewhere (``prompt_with(message)`` was its
-        prompt, ``handle`` its request), then run the reply's calls: as if the loop had made it."""
+    def file_opening(self) -> str:
+        """What the next step's reply starts with (the file's path line and fence, or nothing)."""
+        return self._file_opening()
+
+    def adopt(self, message: str, done: Done, parser: ToolCallParser, handle,
+              opening_ids: list[int] | None = None) -> Iterator[AgentEvent]:
+        """Store ``message`` and a reply generated for it elsewhere (``prompt_with(message)`` and
+        ``opening_ids`` were its prompt, ``handle`` its request; ``done`` holds the opening too),
+        then run the reply's calls as if the loop had made it. Returns the files they changed."""
         msgs = self.store.messages(self.session_id, tokens=False)
         step = max((m.meta.get("step", 0) for m in msgs), default=0) + 1
         self._append([{"role": "user", "content": message}], generation_prompt=True, metas=[{"step": step}], step=step)
-        partial = PartialReply(self.store, self.session_id, handle, meta={"step": step, "candidate": True})
-        self._record_reply(step, done, parser, None, 0.0, partial)
+        partial = PartialReply(self.store, self.session_id, _Opened(handle, opening_ids or []),
+                               meta={"step": step, "candidate": True})
+        self._record_reply(step, done, parser, None, 0.0, partial, {"candidate": True})
         for call in parser.calls:
             yield ToolCallParsed(step, call)
+        self.changed_files = []
         pending = _pending(parser)
         if pending:
-            yield from self._run_tools(step, pending)
+            _, wrote = yield from self._run_tools(step, pending)
+            if wrote:
+                self._last_written = list(dict.fromkeys(self.changed_files))
+        return list(self.changed_files)
 
     # -- one step -----------------------------------------------------------------------------
     def _budget(self, step: int, tokens_left: int | None) -> Iterator[AgentEvent]:
@@ -514,7 +525,7 @@ class AgentSession:
         yield StepStart(step, len(prompt_ids), max_new, constraint is not None)
         text_edits = self.edit_format != "json"
         parser = ToolCallParser(self.tool_params, id_prefix=f"call_{step}", text_edits=text_edits,
-                                infer_path=self._infer_path if text_edits else None)
+                                infer_path=self.infer_path if text_edits else None)
         with self._lock:
             self._handle = handle = self.engine.submit(request)
             if self._cancel.is_set():
@@ -580,7 +591,7 @@ class AgentSession:
         return done, parser
 
     def _record_reply(self, step: int, done: Done, parser: ToolCallParser, constraint, mask_ms0: float,
-                      partial: PartialReply) -> None:
+                      partial: PartialReply, extra_meta: dict[str, Any] | None = None) -> None:
         tok = self.engine.tokenizer
         ids = list(done.completion_token_ids)
         body = ids[:-1] if ids and ids[-1] in tok.eos_ids else ids
@@ -608,6 +619,7 @@ class AgentSession:
             meta["constraint"] = cinfo
         if done.error:
             meta["error"] = done.error
+        meta.update(extra_meta or {})
         msg = partial.finish(parser.visible_text.strip(), tool_calls=calls or None, token_ids=ids, meta=meta)
         self.transcript.message(msg, step)
 
@@ -723,7 +735,7 @@ class AgentSession:
 
     def _task_files(self, prompt: str) -> list[str]:
         """Existing, unprotected workspace files the task prompt names: where a fenced block
-        with no path line may go (``_infer_path``)."""
+        with no path line may go (``infer_path``)."""
         ws = self.registry.workspace
         out = []
         for token in dict.fromkeys(PATH_TOKEN.findall(prompt)):
@@ -750,7 +762,7 @@ class AgentSession:
         lang = next((lang for lang, exts in LANG_EXTS.items() if ext in exts and len(lang) > 2), "")
         return f"{files[0]}\n```{lang}\n"
 
-    def _infer_path(self, lang: str) -> str | None:
+    def infer_path(self, lang: str) -> str | None:
         """The one task file a ``lang`` fenced block can be, or None."""
         exts = LANG_EXTS.get(lang.lower(), ())
         matches = [t for t in self._targets or [] if t.rsplit(".", 1)[-1].lower() in exts]

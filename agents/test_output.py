@@ -128,3 +128,24 @@ def _pytest(text: str, max_failures: int, block_lines: int) -> str:
     if len(blocks) > max_failures:
         out += f"\n\n[... {len(blocks) - max_failures} more failures not shown ...]"
     return f"{out}\n\n{summary_match.group(0)}"
+
+
+_RAN = re.compile(r"^Ran (\d+) tests? in ", re.M)
+_UNITTEST_FAILED = re.compile(r"^FAILED \((.*)\)$", re.M)
+_PYTEST_COUNT = re.compile(r"\b(\d+) (passed|failed|errors?)\b")
+
+
+def tests_passed(text: str) -> int | None:
+    """How many tests passed, read from unittest's or pytest's summary; None when the output has
+    none (a crash before the runner started counts as None, not 0). Ranks failing drafts."""
+    ran = _RAN.findall(text)
+    if ran:
+        total = int(ran[-1])
+        failed = _UNITTEST_FAILED.findall(text)
+        bad = sum(int(n) for n in re.findall(r"(?:failures|errors)=(\d+)", failed[-1])) if failed else 0
+        return max(0, total - bad)
+    summary = _PYTEST_SUMMARY.findall(text)
+    if summary:
+        last = [m for m in _PYTEST_SUMMARY.finditer(text)][-1].group(0)
+        return sum(int(n) for n, word in _PYTEST_COUNT.findall(last) if word == "passed")
+    return None

@@ -2,6 +2,8 @@
 
 import json
 
+from engine.sessions import SessionStore
+
 from agents.headless import HeadlessRun
 from agents.repair import check_status, repair_message, trim_output
 from agents.scripted import ScriptedEngine, scripted_profile
@@ -34,11 +36,33 @@ def make_task(tmp_path, extra=""):
     return load_task(tmp_path / "task.yaml")
 
 
-def run(tmp_path, replies, extra="", candidates=None, **agent):
+def run(tmp_path, replies, extra="", candidates=None, store=None, task=None, **agent):
     engine = ScriptedEngine(replies, profile=scripted_profile(edit_format="whole", **agent))
-    task = make_task(tmp_path, extra)
-    result = HeadlessRun(task, engine=engine, run_dir=tmp_path / "run", candidates=candidates).run()
+    task = task or make_task(tmp_path, extra)
+    result = HeadlessRun(task, engine=engine, run_dir=tmp_path / "run", candidates=candidates, store=store).run()
     return result, engine
+
+
+UNITTEST_TASK = """\
+prompt: "Make double(x) in solver.py return twice x."
+workspace_template: tmpl
+test_command: python3 -m unittest -q test_solver
+checks:
+  - name: tests
+    run: python3 -m unittest -q test_solver
+"""
+UNITTESTS = """\
+import unittest
+import solver
+
+
+class DoubleTest(unittest.TestCase):
+    def test_two(self):
+        self.assertEqual(solver.double(2), 4)
+
+    def test_three(self):
+        self.assertEqual(solver.double(3), 6)
+"""
 
 
 def test_failing_checks_go_back_to_the_same_session_until_they_pass(tmp_path):
@@ -153,13 +177,45 @@ def test_without_a_test_command_a_write_does_not_end_the_turn(tmp_path):
 
 
 def test_candidates_follow_a_run_that_ended_at_its_write(tmp_path):
-    replies = [rest("x + 5"), edit("x + 3"), edit("2 * x")]
-    result, engine = run(tmp_path, replies, candidates=2, test_after_write=True)
+    # each draft starts with the file's opening and stops at its closing fence (what follows is cut)
+    replies = [rest("x + 5"), rest("x + 3") + "\nThe tests pass now.", rest("2 * x") + "\nsolver_test.py"]
+    store = SessionStore(tmp_path / "sessions")
+    result, engine = run(tmp_path, replies, candidates=2, store=store, test_after_write=True)
     assert result["status"] == "passed" and result["first_try"]["status"] == "failed"
     assert result["repair_rounds"][0]["candidates"]["chosen"] == 1 and len(engine.requests) == 3
-    # the drafts' prompt continues the stored context exactly (the write's result, then the repair turn)
+    # the drafts' prompt continues the stored context exactly (the write's result, then the repair
+    # turn) and ends with the file's forced opening
     first, draft = engine.requests[0].prompt_ids, engine.requests[1].prompt_ids
-    assert draft[: len(first)] == first
+    assert draft[: len(first)] == first and engine.tokenizer.decode(draft).endswith("solver.py\n```python\n")
+    assert engine.requests[1].params.stop == ("\n```\n",)
+    # the adopted reply is stored with its opening and cut at the fence, its tokens exactly as fed
+    last = [m for m in store.messages(store.list()[0].id) if m.role == "assistant"][-1]
+    assert last.meta["candidate"] and "The tests pass" not in last.content and "solver_test" not in last.content
+    assert engine.tokenizer.decode(last.token_ids).startswith("solver.py\n```python\ndef double(x):")
+
+
+def test_when_no_draft_passes_the_best_one_is_the_rounds_reply(tmp_path):
+    # first try fails both tests; the drafts pass none / one / none of them: the one that passes
+    # one test is kept (no ordinary round decoded after it), then round 2's second draft passes
+    (tmp_path / "tmpl").mkdir()
+    (tmp_path / "tmpl" / "solver.py").write_text("def double(x):\n    pass\n")
+    (tmp_path / "tmpl" / "test_solver.py").write_text(UNITTESTS)
+    (tmp_path / "task.yaml").write_text(UNITTEST_TASK + "protected: [test_solver.py]\n")
+    replies = [rest("x + 5"), rest("x + 7"), rest("4 if x == 2 else 0"), rest("None"),
+               rest("x + 1"), rest("x * 2"), rest("x - 1")]
+    result, engine = run(tmp_path, replies, task=load_task(tmp_path / "task.yaml"), candidates=3,
+                         test_after_write=True)
+    assert result["status"] == "passed" and result["first_try"]["status"] == "failed"
+    first, second = result["repair_rounds"]
+    assert first["stop_reason"] == "candidate_best" and first["status"] == "failed"
+    assert first["candidates"]["chosen"] == 1
+    assert [d["tests_passed"] for d in first["candidates"]["drafts"]] == [0, 1, 0]
+    assert second["stop_reason"] == "candidate" and second["candidates"]["chosen"] == 1
+    assert len(engine.requests) == 1 + 3 + 3 and result["candidate_rounds"] == []
+    # round 2's drafts see the kept draft as the last reply, and its failure
+    text = engine.tokenizer.decode(engine.requests[4].prompt_ids)
+    assert "repair round 2 of 3" in text and "return 4 if x == 2 else 0" in text
+    assert (tmp_path / "run" / "workspace" / "solver.py").read_text().endswith("return x * 2\n")
 
 
 def test_a_refused_test_file_beside_the_solution_still_ends_the_run_at_the_write(tmp_path):

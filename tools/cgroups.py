@@ -40,16 +40,19 @@ def choice() -> dict:
     return {"process_limit": "rlimit", "cgroup_note": f"rlimits only; no writable cgroup v1 pids hierarchy, not v2: {note}"}
 
 
+def _read_proc(name: str) -> str | None:
+    """``/proc/self/<name>``, or None where it cannot be read (not Linux, no /proc)."""
+    try:
+        with open(f"/proc/self/{name}") as f:
+            return f.read()
+    except OSError:
+        return None
+
 
 def own_v1(controller: str) -> str | None:
     """This process's own cgroup v1 directory for ``controller`` when root may make groups
     in it (a group made there is nested, so a container's own limits still apply)."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
+    for line in (_read_proc("cgroup") or "").splitlines():
         parts = line.split(":", 2)
         if len(parts) == 3 and controller in parts[1].split(","):
             path = os.path.join(CGROUP_V1, controller, parts[2].lstrip("/"))
@@ -70,13 +73,8 @@ V2_CONTROLLERS = ("pids", "memory", "cpu")  # pids is required; memory and cpu w
 def v2_mount(mountinfo: str | None = None) -> str | None:
     """Where the unified (v2) hierarchy is mounted (``/sys/fs/cgroup`` on a pure v2 host,
     ``/sys/fs/cgroup/unified`` on a hybrid one), from ``/proc/self/mountinfo``."""
-    if mountinfo is None:
-        try:
-            with open("/proc/self/mountinfo") as f:
-                mountinfo = f.read()
-        except OSError:
-            return None
-    for line in mountinfo.splitlines():
+    mountinfo = _read_proc("mountinfo") if mountinfo is None else mountinfo
+    for line in (mountinfo or "").splitlines():
         left, _, right = line.partition(" - ")
         if right.split(" ", 1)[0] == "cgroup2":
             return left.split()[4]
@@ -85,13 +83,8 @@ def v2_mount(mountinfo: str | None = None) -> str | None:
 
 def v2_own(mount: str, cgroup: str | None = None) -> str | None:
     """This process's own v2 cgroup directory (the ``0::`` line of ``/proc/self/cgroup``)."""
-    if cgroup is None:
-        try:
-            with open("/proc/self/cgroup") as f:
-                cgroup = f.read()
-        except OSError:
-            return None
-    for line in cgroup.splitlines():
+    cgroup = _read_proc("cgroup") if cgroup is None else cgroup
+    for line in (cgroup or "").splitlines():
         if line.startswith("0::"):
             return os.path.normpath(os.path.join(mount, line[3:].strip().lstrip("/")))
     return None
