@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.runtime import GenerationRequest, Priority
-from engine.serving.events import Done
+from engine.serving.events import Done, TextDelta
 
 from agents.events import AgentEvent
+from agents.loops import LoopGuard
 from agents.parser import ToolCallParser
 from agents.session import AgentSession
 from agents.test_output import tests_passed
@@ -96,12 +98,23 @@ def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed
     handles = []
     for i in range(n):
         params = engine.sampling(max_tokens=budget, temperature=temperature, seed=seed + i, stop=stop,
+                                 top_p=1.0, min_p=engine.profile.agent.candidate_min_p,
                                  repetition_penalty=engine.profile.agent.repetition_penalty)
         handles.append(engine.submit(GenerationRequest(list(prompt_ids), params, split_reasoning=False,
                                                        priority=Priority.AGENT)))
+    # a draft that loops would hold the whole batch to its token budget: watch each stream
+    looped = [False] * n
+    watchers = [threading.Thread(target=_stop_if_looping, args=(h, looped, i), daemon=True)
+                for i, h in enumerate(handles)]
+    for w in watchers:
+        w.start()
+    for w in watchers:
+        w.join()
     drafts = []
     for i, h in enumerate(handles):
         done = h.result()
+        if done.finish_reason == "cancelled" and looped[i]:
+            done = replace(done, finish_reason="looped")
         if opening:
             text = done.text
             if done.finish_reason == "stop" and "\n```" not in text:
@@ -114,6 +127,18 @@ def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed
         parser.finish()
         drafts.append(Draft(i, seed + i, done, parser, h, opening_ids))
     return drafts, time.monotonic() - t0
+
+
+def _stop_if_looping(handle, looped: list[bool], i: int) -> None:
+    """Follow draft ``i``'s stream; cancel it (and mark it in ``looped``) once it repeats itself."""
+    guard, text = LoopGuard(), ""
+    for ev in handle:
+        if isinstance(ev, TextDelta):
+            text += ev.text
+            if guard.update(text):
+                looped[i] = True
+                handle.cancel()
+                return
 
 
 def try_drafts(agent: AgentSession, drafts: list[Draft],

@@ -444,6 +444,10 @@ class AgentSession:
         fed, new = self._tokens_after([{"role": "user", "content": message}], True)
         return fed + new[0]
 
+    def close_turn(self) -> None:
+        """End a turn a run left open after tool results, so a user message may follow."""
+        self._close_interrupted_turn()
+
     def ends_with_answer(self) -> bool:
         """Whether the context ends with a finished turn (a new user message may follow): an
         assistant reply, or the results of a step that ended the run at its writes."""

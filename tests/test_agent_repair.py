@@ -6,7 +6,7 @@ from engine.sessions import SessionStore
 
 from agents.headless import HeadlessRun
 from agents.repair import check_status, repair_message, trim_output
-from agents.scripted import ScriptedEngine, scripted_profile
+from agents.scripted import Reply, ScriptedEngine, scripted_profile
 from agents.tasks import load_task
 from agents.transcript import read_transcript
 
@@ -244,3 +244,27 @@ def test_a_test_after_write_step_stops_when_the_opened_file_closes(tmp_path):
     records = read_transcript(tmp_path / "run" / "transcript.jsonl")
     (resp,) = [r for r in records if r["type"] == "response"]
     assert resp["finish_reason"] == "stop" and resp["usage"]["completion_tokens"] < 200
+
+
+def test_a_looping_draft_is_stopped_and_never_kept(tmp_path):
+    # draft 0 repeats one line until it is stopped (it would hold the batch to its token budget);
+    # draft 1 passes and is kept
+    loop = "def double(x):\n" + "    x = x + 0\n" * 400
+    replies = [rest("x + 5"), Reply(loop, end=False), rest("x * 2")]
+    result, engine = run(tmp_path, replies, candidates=2, test_after_write=True, max_tokens_per_step=8000)
+    assert result["status"] == "passed"
+    drafts = result["repair_rounds"][0]["candidates"]["drafts"]
+    assert drafts[0]["finish_reason"] == "looped" and drafts[0]["completion_tokens"] < len(loop) // 2
+    assert drafts[1]["passed"]
+
+
+def test_candidates_follow_a_run_that_stopped_on_repeats(tmp_path):
+    # the first run writes a failing file, then repeats a test run until the loop guard stops it:
+    # its turn is left open after tool results; the drafts still come (the turn is closed first)
+    bash = '<tool_call>\n{"name": "bash", "arguments": {"command": "true"}}\n</tool_call>'
+    replies = [edit("x + 5"), bash, bash, edit("x * 2"), edit("x + 3")]
+    result, engine = run(tmp_path, replies, candidates=2)
+    assert result["first_try"]["status"] == "failed" and result["status"] == "passed"
+    records = read_transcript(tmp_path / "run" / "transcript.jsonl")
+    assert [r["reason"] for r in records if r["type"] == "done"][0] == "repeated"
+    assert result["repair_rounds"][0]["stop_reason"] == "candidate" and len(engine.requests) == 5
