@@ -33,7 +33,9 @@ import copy
 import json
 import threading
 import time
+import weakref
 from collections.abc import Iterable
+from typing import Any
 
 import engine  # noqa: F401  (loads OpenBLAS before mlx)
 
@@ -41,6 +43,7 @@ import mlx.core as mx
 import numpy as np
 
 from agents.grammar import LIT, STR, State, ToolCallGrammar, is_plain_string_byte
+from agents.protocol import CLOSE, OPEN
 
 _UNKNOWN = -2
 _DEAD = -1
@@ -529,3 +532,18 @@ def table_width(engine_like) -> int:
 
 def eos_ids(tokenizer) -> Iterable[int]:
     return sorted(getattr(tokenizer, "eos_ids", ()))
+
+
+_MASK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def shared_masks(model_engine, schemas: list[dict[str, Any]]) -> ToolCallMasks:
+    """One ToolCallMasks per (tokenizer, tool set): its mask cache outlives single runs."""
+    tok = model_engine.tokenizer
+    per_tok = _MASK_CACHE.setdefault(tok, {})
+    key = tuple(sorted(s["function"]["name"] for s in schemas))
+    masks = per_tok.get(key)
+    if masks is None:
+        grammar = ToolCallGrammar.from_schemas(schemas, close_marker=CLOSE)
+        masks = per_tok[key] = ToolCallMasks(grammar, TokenTable(tok, table_width(model_engine)), OPEN)
+    return masks

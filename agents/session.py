@@ -14,14 +14,9 @@ Use it from a plain loop (``for ev in session.run(prompt)``) or from asyncio
 from __future__ import annotations
 
 import asyncio
-import fnmatch
-import json
 import logging
-import os
-import re
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -31,46 +26,42 @@ from engine.errors import MlxtermError
 from engine.runtime import GenerationRequest, Priority
 from engine.serving.events import Done
 from engine.serving.events import TextDelta as EngineTextDelta
-from engine.sessions import Message, SessionStore
-from engine.sessions.partial import PartialReply, recover_interrupted
+from engine.sessions import SessionStore
+from engine.sessions.partial import PartialReply
 
-from agents import compaction
+from agents import replies
 from agents.checks import agent_sandbox
-from agents.constrained import TokenTable, ToolCallConstraint, ToolCallMasks, table_width
-from agents.edits import LANG_EXTS, PATH_TOKEN
+from agents.constrained import ToolCallConstraint, shared_masks
+from agents.context import SessionContext
+from agents.edits import LANG_EXTS
 from agents.events import (
     AgentDone,
     AgentEvent,
     ApprovalNeeded,
     ApprovalRequest,
-    Compacted,
     Corrective,
     StepDone,
     StepStart,
-    TextDelta,
-    ToolCallForming,
-    ToolCallMalformed,
     ToolCallParsed,
     ToolFinished,
     ToolStarted,
 )
-from agents.grammar import ToolCallGrammar
-from agents.ledger import TokenLedger, render_dict
+from agents.ledger import TokenLedger
 from agents.loops import LoopGuard
-from agents.parser import Forming, Malformed, Parsed, ParseEvent, Text, ToolCallParser, call_name
+from agents.options import AgentError, AgentLimits, AgentOptions
+from agents.parser import Malformed, Parsed, ToolCallParser
 from agents.policy import ApprovalPolicy
 from agents.prompts import corrective_message, example_messages, system_prompt
 from agents.protocol import (
-    CLOSE,
-    OPEN,
     ToolCall,
     malformed_result,
     template_renders_tools,
     tool_map,
 )
+from agents.targets import TaskFiles
 from agents.transcript import Transcript
 from tools import ToolRegistry, ToolResult, default_registry
-from tools.sandbox import Limits, warn_once
+from tools.sandbox import warn_once
 
 log = logging.getLogger(__name__)
 MIN_STEP_TOKENS = 32  # below this a step cannot say anything useful: stop with "context"
@@ -84,73 +75,11 @@ _DATA_KEYS = ("path", "exit_code", "timed_out", "cancelled", "created", "bytes_w
               "lines_added", "lines_removed", "content_truncated", "denied", "malformed", "sandboxed", "repeated")
 
 
-class AgentError(MlxtermError):
-    """An agent cannot run with this engine, workspace or session."""
-
-
-@dataclass
-class AgentLimits:
-    """Per-run limits; None falls back to the profile (steps) or means no limit."""
-
-    steps: int | None = None
-    tokens: int | None = None  # completion tokens over the whole run
-    wall_s: float | None = None
-
-
-@dataclass
-class AgentOptions:
-    """How the agent runs; every None falls back to the profile's ``agent:`` / ``sampling:``."""
-
-    system_prompt: str | None = None  # base prompt (the tools block is added when needed)
-    examples: bool = True  # few-shot example turns at the start of a new session
-    tools: tuple[str, ...] | None = None
-    approvals: Mapping[str, str] | None = None
-    allow: tuple[str, ...] = ()  # tools allowed without asking (headless --allow)
-    unconfined_allow: tuple[str, ...] | None = None  # explicit consent to run unsandboxed (None: allow)
-    interactive: bool = True  # False: "ask" means deny (nobody to ask)
-    constrained: bool | None = None
-    temperature: float | None = None
-    seed: int | None = None  # step n samples with seed + n
-    max_tokens_per_step: int | None = None
-    network: bool = False  # bash (and task checks) may reach the network from the sandbox
-    edit_format: str | None = None  # whole | diff | json (profile agent.edit_format)
-    corrective_turns: int = 1  # per run: "nothing was written" nudges before a final answer counts
-    protected: tuple[str, ...] = ()  # workspace paths (globs) write_file / edit_file may not change
-    sandbox_hide: tuple[str, ...] = ()  # host paths bash must not see (a task run's own directory)
-    sandbox_limits: Limits | None = None  # a task's sandbox limits (None: the defaults)
-
-
 @dataclass
 class _Totals:
     prompt: int = 0
     cached: int = 0
     completion: int = 0
-
-
-@dataclass
-class _Pending:
-    """A call (or malformed call) waiting for its result, in reply order."""
-
-    id: str
-    name: str
-    call: ToolCall | None = None
-    error: str | None = None
-    raw: str = ""
-
-
-_MASK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def shared_masks(engine, schemas: list[dict[str, Any]]) -> ToolCallMasks:
-    """One ToolCallMasks per (tokenizer, tool set): its mask cache outlives single runs."""
-    tok = engine.tokenizer
-    per_tok = _MASK_CACHE.setdefault(tok, {})
-    key = tuple(sorted(s["function"]["name"] for s in schemas))
-    masks = per_tok.get(key)
-    if masks is None:
-        grammar = ToolCallGrammar.from_schemas(schemas, close_marker=CLOSE)
-        masks = per_tok[key] = ToolCallMasks(grammar, TokenTable(tok, table_width(engine)), OPEN)
-    return masks
 
 
 class AgentSession:
@@ -195,6 +124,8 @@ class AgentSession:
         self.tool_params = tool_map(self.registry.schemas())
         self.native_tools = template_renders_tools(engine.render)
         self.ledger = TokenLedger(engine, self.schemas if self.native_tools else None)
+        self.files = TaskFiles(self.registry.workspace, self.options.protected)
+        self.context = SessionContext(store, self.session_id, self.ledger, engine.tokenizer, self.transcript)
         self.constrained = (agent_cfg.constrained_tool_calls if self.options.constrained is None
                             else self.options.constrained) and bool(self.schemas)
         self.masks = shared_masks(engine, self.schemas) if self.constrained else None
@@ -244,7 +175,7 @@ class AgentSession:
 
     def _bootstrap(self) -> None:
         text = system_prompt(self.options.system_prompt, self.schemas, self.native_tools, self.edit_format)
-        self._append([{"role": "system", "content": text}], generation_prompt=False, metas=[{}])
+        self.context.append([{"role": "system", "content": text}], generation_prompt=False, metas=[{}])
         if not self.options.examples:
             return
         for m in example_messages(self.registry.names(), self.edit_format):
@@ -255,7 +186,7 @@ class AgentSession:
                 calls = [ToolCall(m["call_id"], name, args).as_message_call()]
                 meta["raw_text"] = m["content"]
             msg = {k: m[k] for k in ("role", "content", "tool_call_id", "name") if k in m}
-            self._append([msg], generation_prompt=m["role"] in ("user", "tool"), metas=[meta],
+            self.context.append([msg], generation_prompt=m["role"] in ("user", "tool"), metas=[meta],
                          tool_calls=[calls])
         self.store.set_meta(self.session_id, {"agent": self.describe()})
 
@@ -350,13 +281,13 @@ class AgentSession:
         self._commands_run = 0  # bash calls that ran in this run
         repeats = 0
         if self._targets is None:
-            self._targets = self._task_files(prompt)
+            self._targets = self.files.named_in(prompt)
         self.transcript.write("run", 0, session_id=self.session_id, profile=self.engine.profile.name,
                               workspace=str(self.workspace), prompt=prompt, limits=asdict(limits),
                               agent=self.describe(), tools=self.schemas)
         try:
-            self._close_interrupted_turn()
-            self._append([{"role": "user", "content": prompt}], generation_prompt=True, metas=[{}])
+            self.context.close_interrupted_turn()
+            self.context.append([{"role": "user", "content": prompt}], generation_prompt=True, metas=[{}])
             while reason is None:
                 if self._cancel.is_set():
                     reason = self._stop_reason or "cancelled"
@@ -380,7 +311,7 @@ class AgentSession:
                 if done.error:
                     reason, error = "error", done.error
                     break
-                pending = _pending(parser)
+                pending = replies.pending(parser)
                 if not pending and done.finish_reason == "stop" and not self._cancel.is_set():
                     nudge = self._correction(prompt, parser)
                     if nudge is not None:
@@ -434,19 +365,19 @@ class AgentSession:
         self.corrective_turns += 1
         step = self.store.messages(self.session_id, tokens=False)[-1].meta.get("step", 0)
         self.transcript.write("corrective", step, message=message)
-        self._append([{"role": "user", "content": message}], generation_prompt=True,
+        self.context.append([{"role": "user", "content": message}], generation_prompt=True,
                      metas=[{"corrective": True, "step": step}], step=step)
         return Corrective(step, message)
 
     # -- drafts from outside the loop (agents.candidates) ---------------------------------------
     def prompt_with(self, message: str) -> list[int]:
         """The context as it would be after a user ``message`` (nothing is stored)."""
-        fed, new = self._tokens_after([{"role": "user", "content": message}], True)
+        fed, new = self.context.tokens_after([{"role": "user", "content": message}], True)
         return fed + new[0]
 
     def close_turn(self) -> None:
         """End a turn a run left open after tool results, so a user message may follow."""
-        self._close_interrupted_turn()
+        self.context.close_interrupted_turn()
 
     def ends_with_answer(self) -> bool:
         """Whether the context ends with a finished turn (a new user message may follow): an
@@ -473,14 +404,14 @@ class AgentSession:
         then run the reply's calls as if the loop had made it. Returns the files they changed."""
         msgs = self.store.messages(self.session_id, tokens=False)
         step = max((m.meta.get("step", 0) for m in msgs), default=0) + 1
-        self._append([{"role": "user", "content": message}], generation_prompt=True, metas=[{"step": step}], step=step)
-        partial = PartialReply(self.store, self.session_id, _Opened(handle, opening_ids or []),
+        self.context.append([{"role": "user", "content": message}], generation_prompt=True, metas=[{"step": step}], step=step)
+        partial = PartialReply(self.store, self.session_id, replies.Opened(handle, opening_ids or []),
                                meta={"step": step, "candidate": True})
         self._record_reply(step, done, parser, None, 0.0, partial, {"candidate": True})
         for call in parser.calls:
             yield ToolCallParsed(step, call)
         self.changed_files = []
-        pending = _pending(parser)
+        pending = replies.pending(parser)
         if pending:
             _, wrote = yield from self._run_tools(step, pending)
             if wrote:
@@ -496,7 +427,7 @@ class AgentSession:
             want = min(want, tokens_left)
         used = self.store.get(self.session_id).token_count
         if limit - used < want:
-            ev = self._compact(step, want - (limit - used), limit - want)
+            ev = self.context.compact(step, want - (limit - used), limit - want)
             if ev is not None:
                 yield ev
             used = self.store.get(self.session_id).token_count
@@ -534,18 +465,18 @@ class AgentSession:
             self._handle = handle = self.engine.submit(request)
             if self._cancel.is_set():
                 handle.cancel()
-        partial = PartialReply(self.store, self.session_id, _Opened(handle, opening_ids), meta={"step": step})
+        partial = PartialReply(self.store, self.session_id, replies.Opened(handle, opening_ids), meta={"step": step})
         done: Done | None = None
         guard, raw, early, file_closed = LoopGuard(), opening, None, False
         for pe in parser.feed(opening):
-            yield _event(step, pe)
+            yield replies.event(step, pe)
         try:
             for ev in handle:
                 if isinstance(ev, EngineTextDelta):
                     closed = False
                     for pe in parser.feed(ev.text):
                         closed = closed or (bool(opening) and isinstance(pe, Parsed) and not self.plan_turn)
-                        yield _event(step, pe)
+                        yield replies.event(step, pe)
                     partial.update(parser.visible_text)  # a kill keeps the step's reply so far
                     raw += ev.text
                     if closed and early is None and not file_closed:
@@ -562,7 +493,7 @@ class AgentSession:
             for pe in parser.finish():
                 if early is not None and early[0] == "planned" and isinstance(pe, Malformed):
                     continue  # the file block the plan stopped at: not a call
-                yield _event(step, pe)
+                yield replies.event(step, pe)
         finally:
             with self._lock:
                 self._handle = None
@@ -611,7 +542,7 @@ class AgentSession:
                               error=done.error, constraint=cinfo,
                               lane=done.lane, batch_max=done.batch_max)
         calls = []
-        for p in _pending(parser):
+        for p in replies.pending(parser):
             if p.call is not None:
                 calls.append(p.call.as_message_call())
             else:
@@ -628,7 +559,7 @@ class AgentSession:
         self.transcript.message(msg, step)
 
     # -- tools --------------------------------------------------------------------------------
-    def _run_tools(self, step: int, pending: list[_Pending]) -> Iterator[AgentEvent]:
+    def _run_tools(self, step: int, pending: list[replies.Pending]) -> Iterator[AgentEvent]:
         """Run the step's calls; returns (whether every one repeated an earlier call (a loop),
         whether the run ends here because every call wrote a file and ``end_on_write`` is set)."""
         messages, metas = [], []
@@ -656,7 +587,7 @@ class AgentSession:
                 result = replace(result, content=f"{result.content} This is the same code that failed the checks: "
                                                  "change it to fix the failures.")
             if earlier is None:
-                self._seen_calls.setdefault(_pending_key(p), step)
+                self._seen_calls.setdefault(replies.pending_key(p), step)
             yield ToolFinished(step, p.id, p.name, result, approval, int(data.get("duration_ms", 0)),
                                data.get("exit_code") if p.name == "bash" else None, diff)
             self.transcript.write("tool_result", step, call_id=p.id, name=p.name, ok=result.ok,
@@ -676,15 +607,15 @@ class AgentSession:
                  and all(p.name in ("write_file", "edit_file") for p in pending))
         if wrote:  # the run ends here: the turn stays open for the repair message (no generation prompt)
             metas = [{**m, "ends_run": True} for m in metas]
-        self._append(messages, generation_prompt=not wrote, metas=metas, step=step)
+        self.context.append(messages, generation_prompt=not wrote, metas=metas, step=step)
         return repeated == len(pending), wrote
 
-    def _repeat_of(self, p: _Pending) -> int | None:
+    def _repeat_of(self, p: replies.Pending) -> int | None:
         """The step of an earlier identical call (or identical malformed one) with no file change
         since, or None."""
-        return self._seen_calls.get(_pending_key(p))
+        return self._seen_calls.get(replies.pending_key(p))
 
-    def _one_tool(self, step: int, p: _Pending) -> Iterator[AgentEvent]:
+    def _one_tool(self, step: int, p: replies.Pending) -> Iterator[AgentEvent]:
         if p.call is None and p.name in ("write_file", "edit_file") and self.edit_format != "json":
             content = f"Error: {p.error or 'the edit is malformed'}. Nothing was written."  # a text edit
             return ToolResult(False, content, {"malformed": True, "raw": p.raw}, p.error), "malformed"
@@ -721,7 +652,7 @@ class AgentSession:
     def refuses(self, call: ToolCall) -> str | None:
         """Why the agent would refuse this call before running it (protected path, an inferred
         path whose block is no whole file), or None."""
-        return self._protected(call) or (self._not_whole(call) if call.inferred_path else None)
+        return self.files.protected(call) or (self.files.not_whole(call) if call.inferred_path else None)
 
     def _stop_early(self, parser: ToolCallParser, guard: LoopGuard, raw: str) -> tuple[str, str] | None:
         """(finish reason, note) when the step should stop now: the reply loops, it started
@@ -733,24 +664,9 @@ class AgentSession:
         path = parser.open_edit_path
         if path and self.plan_turn:
             return "planned", f"the planning reply stopped where it began writing {path}"
-        if path and self._protected_path(path):
+        if path and self.files.protected_path(path):
             return "protected", f"stopped: {path} is protected by the task and cannot be changed"
         return None
-
-    def _task_files(self, prompt: str) -> list[str]:
-        """Existing, unprotected workspace files the task prompt names: where a fenced block
-        with no path line may go (``infer_path``)."""
-        ws = self.registry.workspace
-        out = []
-        for token in dict.fromkeys(PATH_TOKEN.findall(prompt)):
-            try:
-                real = ws.resolve(token)
-            except Exception:  # noqa: BLE001 (outside the workspace or malformed: not a target)
-                continue
-            name = ws.display(real)
-            if real.is_file() and not self._protected_path(name):
-                out.append(name)
-        return out
 
     def _file_opening(self) -> str:
         """In a run that ends at its write (``end_on_write``), each step opens the
@@ -772,208 +688,4 @@ class AgentSession:
         matches = [t for t in self._targets or [] if t.rsplit(".", 1)[-1].lower() in exts]
         return matches[0] if len(matches) == 1 else None
 
-    def _not_whole(self, call: ToolCall) -> str | None:
-        """Why a block with no path line is not written over its inferred file (it does not look
-        like the whole file: an excerpt in an explanation), or None."""
-        path = call.arguments["path"]
-        try:
-            old = self.registry.workspace.resolve(path).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return None
-        new = call.arguments["content"]
-        if path.endswith(".py"):
-            missing = [n for n in _top_level_names(old) if n not in _top_level_names(new)]
-            if not missing:
-                return None
-            what = f"it lacks {', '.join(missing[:5])} of {path}"
-        elif len(new.splitlines()) * 2 >= len(old.splitlines()):
-            return None
-        else:
-            what = f"it is much shorter than {path}"
-        return (f"Not written: the code block has no path line and does not look like the whole file ({what}). "
-                f"To write {path}, put its path on the line before the block and give the whole file.")
-
-    def _protected(self, call: ToolCall) -> str | None:
-        """Why a write to a protected path (a task's tests) is refused, or None."""
-        if call.name not in ("write_file", "edit_file"):
-            return None
-        return self._protected_path(call.arguments.get("path", ""))
-
-    def _protected_path(self, path: str) -> str | None:
-        if not self.options.protected:
-            return None
-        try:
-            rel = self.registry.workspace.display(self.registry.workspace.resolve(path))
-        except Exception:  # noqa: BLE001 (an invalid path: the tool itself says why)
-            return None
-        if any(fnmatch.fnmatch(rel, pattern) for pattern in self.options.protected):
-            return (f"{rel} is protected by the task (it holds the tests): it cannot be changed. "
-                    "Change the solution instead.")
-        return None
-
     # -- messages -----------------------------------------------------------------------------
-    def _append(self, messages: list[dict[str, Any]], *, generation_prompt: bool, metas: list[dict[str, Any]],
-                step: int = 0, tool_calls: list | None = None) -> list[Message]:
-        _, ids = self._tokens_after(messages, generation_prompt)
-        stored = []
-        for i, (m, tokens, meta) in enumerate(zip(messages, ids, metas, strict=True)):
-            calls = tool_calls[i] if tool_calls else None
-            msg = self.store.add_message(self.session_id, m["role"], m["content"], tool_calls=calls,
-                                         tool_call_id=m.get("tool_call_id"), name=m.get("name"),
-                                         token_ids=tokens, meta=meta)
-            self.transcript.message(msg, step)
-            stored.append(msg)
-        return stored
-
-    def _tokens_after(self, messages: list[dict[str, Any]], generation_prompt: bool) -> tuple[list[int], list[list[int]]]:
-        """(the stored context's tokens, each of ``messages``' tokens appended after it). A run
-        that ended at its write (``ends_run``) left no generation prompt after its results."""
-        history = self.store.messages(self.session_id)
-        fed = [t for m in history for t in m.token_ids]
-        prompted = False if history and history[-1].meta.get("ends_run") else None
-        return fed, self.ledger.tokens_for([render_dict(m) for m in history], fed, messages, generation_prompt,
-                                           prompted)
-
-    def _close_interrupted_turn(self) -> None:
-        """A run stopped after tool results (or a crash after the user message) leaves the
-        context ending in a generation prompt; close that turn with an empty assistant reply
-        so the next user message follows a complete turn. A reply left streaming by a killed
-        process is marked interrupted and kept (its exact tokens stay in the context)."""
-        recover_interrupted(self.store, self.session_id)
-        last = self.store.messages(self.session_id, tokens=False)[-1:]
-        if last and last[0].role in ("user", "tool") and not last[0].meta.get("ends_run"):
-            self._append([{"role": "assistant", "content": ""}], generation_prompt=False,
-                         metas=[{"interrupted": True}])
-
-    def _compact(self, step: int, tokens_over: int, room: int) -> Compacted | None:
-        """Shorten old tool results so the prompt fits ``room`` with some slack."""
-        messages = self.store.messages(self.session_id)
-        before = sum(m.token_count for m in messages)
-        target = int(room * compaction.TARGET_FRACTION)
-        need = max(tokens_over, before - target)
-        tok = self.engine.tokenizer
-        plan = compaction.plan(messages, need, lambda text: len(tok.encode(text)) + 8)
-        if not plan.indices:
-            return None
-        first = plan.indices[0]
-        self.store.delete_last(self.session_id, len(messages) - first)
-        removed = sum(len(_renderable(messages[i])) - len(plan.new_content[i]) for i in plan.indices)
-        superseded = [{"index": i, "path": path} for i, path in plan.superseded.items()]
-        self.transcript.write("compaction", step, from_index=first, messages=list(plan.indices),
-                              tokens_before=before, chars_removed=removed, superseded=superseded)
-        roles = [m.role for m in messages]
-        for m in messages[first:]:
-            following = roles[m.index + 1] if m.index + 1 < len(roles) else None
-            self._readd(m, plan.new_content.get(m.index), step, following)
-        after = self.store.get(self.session_id).token_count
-        record = {"step": step, "messages": list(plan.indices), "tokens_before": before,
-                  "tokens_after": after, "chars_removed": removed, "superseded": superseded}
-        history = self.store.get_meta(self.session_id).get("compactions", [])
-        self.store.set_meta(self.session_id, {"compactions": [*history, record]})
-        self.transcript.write("compaction_done", step, tokens_after=after)
-        return Compacted(step, plan.indices, before, after, removed)
-
-    def _readd(self, m: Message, new_content: str | None, step: int, following: str | None) -> None:
-        """Put message ``m`` back after a compaction (assistant turns keep their exact tokens
-        unless an older file version in them is replaced: then their raw text is re-rendered)."""
-        if m.role == "assistant" and new_content is not None:
-            old_raw = m.meta.get("raw_text", m.content)
-            meta = {**m.meta, "raw_text": new_content,
-                    "compacted": {"original_chars": len(old_raw), "step": step, "superseded": True}}
-            content = _replace_block(m.content, old_raw, new_content)
-            history = self.store.messages(self.session_id)
-            fed = [t for h in history for t in h.token_ids]
-            ids = self.ledger.tokens_for([render_dict(h) for h in history], fed,
-                                         [{"role": "assistant", "content": new_content}], False)[0]
-            msg = self.store.add_message(self.session_id, "assistant", content, reasoning=m.reasoning,
-                                         tool_calls=m.tool_calls, token_ids=ids, meta=meta)
-            self.transcript.message(msg, step)
-            return
-        if m.role == "assistant":
-            msg = self.store.add_message(self.session_id, "assistant", m.content, reasoning=m.reasoning,
-                                         tool_calls=m.tool_calls, token_ids=m.token_ids, meta=m.meta)
-            self.transcript.message(msg, step)
-            return
-        meta = dict(m.meta)
-        content = m.content
-        if new_content is not None:
-            meta["compacted"] = {"original_chars": len(m.content), "step": step}
-            content = new_content
-        history = self.store.messages(self.session_id)
-        gp = m.role in ("user", "tool") and following in (None, "assistant")
-        fed = [t for h in history for t in h.token_ids]
-        d = {"role": m.role, "content": content}
-        if m.tool_call_id:
-            d["tool_call_id"] = m.tool_call_id
-        if m.name:
-            d["name"] = m.name
-        ids = self.ledger.tokens_for([render_dict(h) for h in history], fed, [d], gp)[0]
-        msg = self.store.add_message(self.session_id, m.role, content, tool_calls=m.tool_calls,
-                                     tool_call_id=m.tool_call_id, name=m.name, token_ids=ids, meta=meta)
-        self.transcript.message(msg, step)
-
-
-def _renderable(m: Message) -> str:
-    return m.meta.get("raw_text", m.content) if m.role == "assistant" else m.content
-
-
-def _replace_block(content: str, old_raw: str, new_raw: str) -> str:
-    """The visible text of an assistant turn after its raw text changed from ``old_raw`` to
-    ``new_raw``: the same replacement where the changed part appears in it, else as it was."""
-    start = len(os.path.commonprefix([old_raw, new_raw]))
-    end = len(os.path.commonprefix([old_raw[start:][::-1], new_raw[start:][::-1]]))
-    removed, added = old_raw[start:len(old_raw) - end], new_raw[start:len(new_raw) - end]
-    return content.replace(removed, added, 1) if removed and removed in content else content
-
-
-_TOP_LEVEL = re.compile(r"^(?:async\s+)?(?:def|class)\s+(\w+)", re.MULTILINE)
-
-
-def _top_level_names(source: str) -> list[str]:
-    """Top-level function and class names of Python source (by line, so broken code still counts)."""
-    return list(dict.fromkeys(_TOP_LEVEL.findall(source)))
-
-
-def _pending_key(p: _Pending) -> tuple[str, str]:
-    """What makes two calls the same: name and arguments (a malformed one: its error and raw text;
-    the 1.5B started the protected test file 20 times in a row, each stopped at its first line)."""
-    if p.call is None and p.name in ("write_file", "edit_file"):
-        # a file block cut off (by a loop or a protected path): how far it streamed before the
-        # stop landed varies, and so does the note on the error; the file and the cause do not
-        return f"malformed:{p.name}", (p.error or "").split(" (")[0]
-    if p.call is None:
-        return f"malformed:{p.name}", f"{p.error}\n{p.raw}"
-    return p.call.name, json.dumps(p.call.arguments, sort_keys=True, ensure_ascii=False)
-
-
-def _pending(parser: ToolCallParser) -> list[_Pending]:
-    items = [_Pending(c.id, c.name, call=c, raw=c.raw) for c in parser.calls]
-    items += [_Pending(b.id, b.name or call_name(b.raw) or "", error=b.error, raw=b.raw) for b in parser.malformed]
-    items.sort(key=lambda p: int(p.id.rsplit("_", 1)[1]))  # reply order
-    return items
-
-
-def _event(step: int, pe: ParseEvent) -> AgentEvent:
-    if isinstance(pe, Text):
-        return TextDelta(step, pe.text)
-    if isinstance(pe, Forming):
-        return ToolCallForming(step, pe.index, pe.text, pe.name)
-    if isinstance(pe, Parsed):
-        return ToolCallParsed(step, pe.call)
-    assert isinstance(pe, Malformed)
-    return ToolCallMalformed(step, pe.id, pe.raw, pe.error)
-
-
-class _Opened:
-    """A generation handle whose ``token_ids`` start with the reply's forced opening, so a
-    partial reply saved mid-stream holds the exact tokens that were fed."""
-
-    def __init__(self, handle, opening_ids: list[int]):
-        self._handle, self._opening = handle, opening_ids
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self._opening + list(self._handle.token_ids)
-
-    def __getattr__(self, name: str):
-        return getattr(self._handle, name)

@@ -9,12 +9,11 @@ from engine.runtime import GenerationRequest
 import numpy as np
 import pytest
 
-from agents.constrained import ToolCallConstraint
+from agents.constrained import ToolCallConstraint, shared_masks
 from agents.headless import HeadlessRun
 from agents.parser import ToolCallParser
 from agents.prompts import example_messages, system_prompt
 from agents.protocol import tool_map
-from agents.session import shared_masks
 from agents.tasks import load_task
 from agents.transcript import read_transcript
 from tools import default_registry

@@ -254,7 +254,7 @@ def test_a_real_engine_reuses_the_prefix_after_an_old_version_is_dropped(tmp_pat
         ws.mkdir()
         agent = AgentSession.create(engine, store, ws, options=AgentOptions(system_prompt="t", examples=False))
         sid, tok = agent.session_id, engine.tokenizer
-        agent._append([{"role": "user", "content": "write index.html"}], generation_prompt=True, metas=[{}])
+        agent.context.append([{"role": "user", "content": "write index.html"}], generation_prompt=True, metas=[{}])
         for n in range(2):
             content = "".join(f"<p>version {n} line {i}</p>\n" for i in range(12))
             raw = f"index.html\n```html\n{content}```"
@@ -262,7 +262,7 @@ def test_a_real_engine_reuses_the_prefix_after_an_old_version_is_dropped(tmp_pat
                     "function": {"name": "write_file", "arguments": {"path": "index.html", "content": content}}}
             store.add_message(sid, "assistant", "", tool_calls=[call], token_ids=tok.encode(raw) + [min(tok.eos_ids)],
                               meta={"raw_text": raw, "step": n + 1})
-            agent._append([{"role": "tool", "content": "Wrote index.html.", "tool_call_id": f"c{n}",
+            agent.context.append([{"role": "tool", "content": "Wrote index.html.", "tool_call_id": f"c{n}",
                             "name": "write_file"}], generation_prompt=True,
                           metas=[{"ok": True, "path": "index.html", "step": n + 1}])
 
@@ -273,7 +273,7 @@ def test_a_real_engine_reuses_the_prefix_after_an_old_version_is_dropped(tmp_pat
             return done.usage.prompt_tokens, done.usage.cached_tokens
 
         ask()  # the engine checkpoints this context
-        event = agent._compact(3, 1, 100_000)
+        event = agent.context.compact(3, 1, 100_000)
         assert event is not None
         msgs = store.messages(sid)
         first = event.messages[0]

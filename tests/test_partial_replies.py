@@ -102,7 +102,7 @@ def test_an_agent_step_interrupted_mid_reply_is_kept_and_the_next_run_follows_it
     agent = AgentSession.create(engine, store, tmp_path, options=options)
     sid = agent.session_id
     # A step's reply as a killed process leaves it: user message, then a partial reply.
-    agent._append([{"role": "user", "content": "first task"}], generation_prompt=True, metas=[{}])
+    agent.context.append([{"role": "user", "content": "first task"}], generation_prompt=True, metas=[{}])
     handle = FakeHandle()
     handle.token_ids.extend(engine.tokenizer.encode("I will st"))
     step = PartialReply(store, sid, handle, meta={"step": 1})

@@ -110,8 +110,7 @@ def edit_step_constraint(engine, prompt: list[int], max_tokens: int):
     """A factory of the agent's tool-call constraint for ``edit_step_prompt``'s reply: the same
     grammar and masks an agent session uses (``constrained_tool_calls``), advanced over the
     opened part of the call, so it constrains what the model writes after it."""
-    from agents.constrained import ToolCallConstraint
-    from agents.session import shared_masks
+    from agents.constrained import ToolCallConstraint, shared_masks
 
     msgs, tools = edit_step_messages(source_file())
     opened = prompt[len(engine.chat_prompt(msgs, tools=tools)):]
