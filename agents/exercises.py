@@ -171,8 +171,9 @@ def restore_and_test_command(ex: Exercise) -> str:
 
 def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: int | None = None,
                   profile: str | None = None, steps: int | None = None, tokens: int | None = None,
-                  wall_s: float | None = None) -> TaskSpec:
-    """The agent task for one exercise (``repair_rounds`` None: the profile's)."""
+                  wall_s: float | None = None, seed: int | None = None) -> TaskSpec:
+    """The agent task for one exercise (``repair_rounds`` None: the profile's; ``seed``: step n
+    samples with seed + n, so a run repeats token for token)."""
     return TaskSpec(
         path=ex.dir / "exercise.json",
         name=ex.slug,
@@ -186,4 +187,5 @@ def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: in
         repair_rounds=repair_rounds,
         protected=tuple(ex.test),
         plan=False,  # one solution file to fix: no plan (instructions may name other files)
+        seed=seed,
     )

@@ -144,6 +144,8 @@ def test_bench_end_to_end_scores_by_the_original_tests(tmp_path, monkeypatch, ca
     assert data["bench"] == "agent" and data["split"] == "report" and data["exercises"] == ["double-it", "vowel-count"]
     assert data["count"] == 2 and data["passed_after_repair"] == 1 and data["pct_after_repair"] == 50.0
     assert data["profile"] == "scripted" and data["reference"] is None and data["repair_rounds"] == 0
+    # seeded by default (step n samples with seed + n), so a bench run repeats token for token
+    assert data["seed"] == 0 and [r.params.seed for r in engine.requests[:2]] == [1, 2]
     by = {r["slug"]: r for r in data["results"]}
     assert by["double-it"]["passed_after_repair"] is True and by["double-it"]["score_exit_code"] == 0
     bad = by["vowel-count"]

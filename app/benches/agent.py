@@ -50,6 +50,9 @@ def add_arguments(p) -> None:
                    help="rounds of test output given back after a failed first try (default: the profile's)")
     p.add_argument("--steps", type=int, help="agent step limit per exercise (default: the profile's)")
     p.add_argument("--wall-s", type=float, help="agent wall-time limit per exercise in seconds")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampling seed of every exercise's run (step n samples with seed + n); default 0, so a "
+                        "run repeats; a negative value samples unseeded")
     p.add_argument("--candidates", type=int, default=None,
                    help="drafts decoded together per repair round, one that passes kept (default: the profile's)")
 
@@ -212,7 +215,8 @@ def run(args) -> dict:
     try:
         for i, ex in enumerate(chosen, 1):
             task = exercise_task(ex, tmp / "templates", repair_rounds=args.repair_rounds,
-                                 steps=args.steps, wall_s=args.wall_s)
+                                 steps=args.steps, wall_s=args.wall_s,
+                                 seed=None if args.seed is not None and args.seed < 0 else args.seed)
             rec = run_exercise(ex, task, engine, store, tmp / "runs" / ex.slug, args.candidates)
             rec["split"] = split_of(ex.slug)
             records.append(rec)
@@ -248,6 +252,7 @@ def run(args) -> dict:
         "interrupted": interrupted,
         "exercises_total": len(exercises),
         "repair_rounds": args.repair_rounds,
+        "seed": None if args.seed < 0 else args.seed,
         "candidates": args.candidates,
         **summary,
         "reference": reference,
