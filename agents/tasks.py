@@ -83,6 +83,7 @@ class TaskSpec:
     protected: tuple[str, ...] = ()
     plan: bool | None = None  # None: plan when the prompt names 2+ files the workspace lacks
     sandbox_limits: Limits | None = None  # the task's ``sandbox:`` limits (None: the defaults)
+    sandbox: dict[str, Any] = field(default_factory=dict)  # the same as written (a board card keeps it)
 
     def full_prompt(self) -> str:
         """The prompt the agent gets: the task's, plus how to run its tests when it names them."""
@@ -173,6 +174,7 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
         protected=_strings(path, "protected", data.get("protected")),
         plan=plan,
         sandbox_limits=sandbox_limits,
+        sandbox=dict(data.get("sandbox") or {}),
     )
 
 

@@ -24,6 +24,7 @@ from agents.board.dispatcher import Dispatcher
 from agents.board.model import Card, CheckSpec
 from agents.board.store import BoardStore, default_path
 from agents.checks import agent_sandbox, run_check
+from agents.scripted import scripted_profile
 from agents.tasks import Check
 from tests.board_engine import RoutedEngine, answer, write
 from tests.ci_strict import sandbox_skip_reason
@@ -181,6 +182,47 @@ def test_yaml_card_checks_read_their_task_folder_inside_the_sandbox(tmp_path):
     (att,) = board.attempts(card.id)
     assert att.status == "passed", att.checks
     assert att.checks[0]["sandboxed"] is True and "a.txt ok" in att.checks[0]["output"]
+    board.close()
+
+
+@needs_sandbox
+def test_a_yaml_cards_sandbox_limits_cap_its_checks(tmp_path):
+    """``sandbox: {workspace_bytes: ...}`` in the task YAML goes with the card (stored) to the
+    sandbox its attempt's checks run in: a check that writes past the cap is stopped at it."""
+    cap = 24 << 20
+    yaml = task_folder(tmp_path, "a", run="head -c 30000000 /dev/zero > big; exit 0",
+                       extra=f"sandbox: {{workspace_bytes: {cap}}}\n")
+    board = BoardStore(tmp_path / "board.sqlite3")
+    from agents.tasks import load_task
+
+    card = board.add(actions.card_from_task(load_task(yaml), state="queued"))
+    assert board.get(card.id).sandbox == {"workspace_bytes": cap}
+    engine = RoutedEngine({"a": [write("a.txt", "a"), answer()]})
+    Dispatcher(board, SessionStore(tmp_path / "s.sqlite3"), lambda p: engine, default_profile="scripted").drain()
+    att = board.attempts(card.id)[0]
+    check = att.checks[0]
+    # stopped at the cap (the kernel's file-size limit, or the cap's own watch), not at the
+    # defaults' 1 GiB per file / 8 GiB per workspace
+    assert check["sandboxed"] and ("File size limit exceeded" in check["output"] or "size cap" in check["output"])
+    assert (Path(board.get(card.id).workspace_dir) / "big").stat().st_size <= cap
+    board.close()
+
+
+def test_a_cards_repair_round_drafts_candidates_and_keeps_the_one_that_passes(tmp_path):
+    """With the profile's ``agent.candidates``, a card's repair round drafts that many replies
+    at once; each is checked on a scratch copy and the passing one is adopted in the card's
+    workspace (as ``mlxterm run`` does)."""
+    board = BoardStore(tmp_path / "board.sqlite3")
+    card = board.add(Card(id=0, title="a", prompt="[card-a] create a.txt containing a", state="queued",
+                          checks=[CheckSpec("content", 'test "$(cat a.txt)" = a')], repair_rounds=1))
+    engine = RoutedEngine({"a": [write("a.txt", "b"), answer(), write("a.txt", "c"), write("a.txt", "a")]},
+                          profile=scripted_profile(candidates=2))
+    Dispatcher(board, SessionStore(tmp_path / "s.sqlite3"), lambda p: engine, default_profile="scripted").drain()
+    (att,) = board.attempts(card.id)
+    assert att.status == "passed", att.checks
+    assert (Path(board.get(card.id).workspace_dir) / "a.txt").read_text() == "a"
+    drafts = [r for r in engine.requests if r.session_id is None and "[card-a]" in engine.tokenizer.decode(r.prompt_ids)]
+    assert len(drafts) == 2 and len({r.params.seed for r in drafts}) == 2
     board.close()
 
 

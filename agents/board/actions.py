@@ -27,7 +27,7 @@ def card_from_task(task: TaskSpec, **overrides: Any) -> Card:
                 checks=[CheckSpec(c.name, c.run, c.timeout_s) for c in task.checks], limits=limits,
                 sampling=sampling, allow=list(task.allow), system=task.system, examples=task.examples,
                 task_file=str(Path(task.path).resolve()), task_dir=str(Path(task.path).resolve().parent),
-                test_command=task.test_command, repair_rounds=task.repair_rounds)
+                test_command=task.test_command, repair_rounds=task.repair_rounds, sandbox=dict(task.sandbox))
     for k, v in overrides.items():
         if v is not None:
             setattr(card, k, v)

@@ -73,6 +73,7 @@ class Card:
     base: str | None = None  # git: the commit the card's branch started from
     checks: list[CheckSpec] = field(default_factory=list)
     limits: dict[str, Any] = field(default_factory=dict)  # steps, tokens, wall_s
+    sandbox: dict[str, Any] = field(default_factory=dict)  # tools.sandbox.Limits fields (the task YAML's sandbox:)
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, seed, max_tokens
     allow: list[str] = field(default_factory=list)
     system: str | None = None

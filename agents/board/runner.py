@@ -66,6 +66,7 @@ from agents.repair import (
 from agents.session import AgentLimits, AgentOptions, AgentSession
 from agents.tasks import Check
 from agents.transcript import Transcript
+from tools.sandbox import Limits
 
 FEEDBACK_CHARS = 2000  # check output given back to the next attempt
 _WARM_LOCK = threading.Lock()
@@ -241,17 +242,20 @@ class AttemptRun:
             env["MLXTERM_TASK_DIR"] = task_dir
         return env
 
-    def run_checks(self, transcript: Transcript | None = None) -> list[dict[str, Any]]:
-        """The card's checks in its workspace, in the agent's sandbox; the task folder readable,
-        the evidence folder writable."""
+    def run_checks(self, transcript: Transcript | None = None, workspace: Path | None = None) -> list[dict[str, Any]]:
+        """The card's checks in its workspace (or ``workspace``: a candidate draft's scratch
+        copy), in the agent's sandbox; the task folder readable, the evidence folder writable."""
         card = self.card
         evidence = self.evidence
         evidence.folder.mkdir(parents=True, exist_ok=True)
         task_dir = ws_mod.task_dir(card)
         env = self.check_env()
+        folder = workspace or Path(card.workspace_dir)
+        if workspace is not None:
+            env["MLXTERM_WORKSPACE"] = str(workspace.resolve())
         tool, self.tool = self.tool, "checks"
         try:
-            return [run_check(Check(c.name, c.run, c.timeout_s), Path(card.workspace_dir), self.agent.sandbox,
+            return [run_check(Check(c.name, c.run, c.timeout_s), folder, self.agent.sandbox,
                               env=env, evidence=evidence, readable=(task_dir,) if task_dir else (),
                               transcript=transcript)
                     for c in card.checks]
@@ -263,7 +267,8 @@ class AttemptRun:
         s = card.sampling
         options = AgentOptions(system_prompt=card.system, examples=card.examples, allow=tuple(card.allow),
                                interactive=self.interactive, temperature=s.get("temperature"),
-                               seed=s.get("seed"), max_tokens_per_step=s.get("max_tokens"))
+                               seed=s.get("seed"), max_tokens_per_step=s.get("max_tokens"),
+                               sandbox_limits=Limits.from_mapping(card.sandbox) if card.sandbox else None)
         if att.kind in ("followup", "resume") and att.session_id:
             self.agent = AgentSession.open(self.engine, self.sessions, att.session_id, options=options,
                                            transcript=transcript)
@@ -284,9 +289,13 @@ class AttemptRun:
         ttft_known = True
         outcome: RepairOutcome | None = None
         self.round = 0
+        agent_cfg = self.engine.profile.agent
         for ev in run_with_repair(self.agent, att.prompt, limits, lambda: self.run_checks(transcript), rounds,
                                   test_command=card.test_command, transcript=transcript,
-                                  cancelled=self._cancelled.is_set):
+                                  cancelled=self._cancelled.is_set,
+                                  run_checks_in=lambda ws: self.run_checks(None, ws),
+                                  candidates=agent_cfg.candidates, candidate_temperature=agent_cfg.candidate_temperature,
+                                  repair_temperature=agent_cfg.repair_temperature, seed=card.sampling.get("seed") or 0):
             if isinstance(ev, RepairOutcome):
                 outcome = ev
                 continue
