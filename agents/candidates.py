@@ -36,6 +36,7 @@ from tools import ToolRegistry, default_registry
 
 WRITES = ("write_file", "edit_file")
 CLOSING_FENCE = "\n```\n"  # ends a draft that was opened on its file (stop string)
+MIN_FILE_BUDGET = 512  # tokens a draft of a file may always take (a stub grows into a solution)
 
 
 @dataclass
@@ -93,6 +94,8 @@ def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed
     opening_ids = engine.tokenizer.encode(opening) if opening else []
     prompt_ids = agent.prompt_with(message) + opening_ids
     budget = agent.step_budget(len(prompt_ids))
+    if opening:
+        budget = min(budget, file_budget(agent, opening))
     stop = (CLOSING_FENCE,) if opening else ()
     t0 = time.monotonic()
     handles = []
@@ -127,6 +130,19 @@ def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed
         parser.finish()
         drafts.append(Draft(i, seed + i, done, parser, h, opening_ids))
     return drafts, time.monotonic() - t0
+
+
+def file_budget(agent: AgentSession, opening: str) -> int:
+    """Tokens a draft of the opened file may take: twice the file as it is now, at least
+    ``MIN_FILE_BUDGET``. The batch runs until its longest draft ends, so one draft that rambles
+    on to the step's budget (2048 tokens on the 1.5B preset) holds all of them; a repair that
+    more than doubles a file is rare, and a cut-off draft is simply not kept."""
+    path = opening.split("\n", 1)[0]
+    try:
+        current = agent.workspace.joinpath(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        current = ""
+    return max(MIN_FILE_BUDGET, 2 * len(agent.engine.tokenizer.encode(current)) + 64)
 
 
 def _stop_if_looping(handle, looped: list[bool], i: int) -> None:

@@ -180,7 +180,8 @@ def test_candidates_follow_a_run_that_ended_at_its_write(tmp_path):
     # each draft starts with the file's opening and stops at its closing fence (what follows is cut)
     replies = [rest("x + 5"), rest("x + 3") + "\nThe tests pass now.", rest("2 * x") + "\nsolver_test.py"]
     store = SessionStore(tmp_path / "sessions")
-    result, engine = run(tmp_path, replies, candidates=2, store=store, test_after_write=True)
+    result, engine = run(tmp_path, replies, candidates=2, store=store, test_after_write=True,
+                         max_tokens_per_step=2048)
     assert result["status"] == "passed" and result["first_try"]["status"] == "failed"
     assert result["repair_rounds"][0]["candidates"]["chosen"] == 1 and len(engine.requests) == 3
     # the drafts' prompt continues the stored context exactly (the write's result, then the repair
@@ -188,6 +189,7 @@ def test_candidates_follow_a_run_that_ended_at_its_write(tmp_path):
     first, draft = engine.requests[0].prompt_ids, engine.requests[1].prompt_ids
     assert draft[: len(first)] == first and engine.tokenizer.decode(draft).endswith("solver.py\n```python\n")
     assert engine.requests[1].params.stop == ("\n```\n",)
+    assert engine.requests[1].params.max_tokens == 512  # twice the file, at least 512: not the step's 2048
     # the adopted reply is stored with its opening and cut at the fence, its tokens exactly as fed
     last = [m for m in store.messages(store.list()[0].id) if m.role == "assistant"][-1]
     assert last.meta["candidate"] and "The tests pass" not in last.content and "solver_test" not in last.content
@@ -250,11 +252,11 @@ def test_a_looping_draft_is_stopped_and_never_kept(tmp_path):
     # draft 0 repeats one line until it is stopped (it would hold the batch to its token budget);
     # draft 1 passes and is kept
     loop = "def double(x):\n" + "    x = x + 0\n" * 400
-    replies = [rest("x + 5"), Reply(loop, end=False), rest("x * 2")]
+    replies = [rest("x + 5"), Reply(loop, end=False, delay_s=0.002), rest("x * 2")]
     result, engine = run(tmp_path, replies, candidates=2, test_after_write=True, max_tokens_per_step=8000)
     assert result["status"] == "passed"
     drafts = result["repair_rounds"][0]["candidates"]["drafts"]
-    assert drafts[0]["finish_reason"] == "looped" and drafts[0]["completion_tokens"] < len(loop) // 2
+    assert drafts[0]["finish_reason"] == "looped" and drafts[0]["completion_tokens"] < 400  # budget: 512
     assert drafts[1]["passed"]
 
 
