@@ -90,3 +90,15 @@ def running_server(profile: Path | str, home: Path, *args: str, env: dict | None
         yield server
     finally:
         server.stop()
+
+
+@contextmanager
+def tiny_server(tmp_path_factory, tiny_llama_dir, name: str):
+    """``mlxterm serve`` on loopback with the tiny random model and room for long replies (the
+    remote-profile tests: plain chat, the TUI). Each module gets its own (a cold prefix cache)."""
+    from tests.tiny_models import write_profile
+
+    prof = write_profile(tmp_path_factory.mktemp(name) / "tiny.yaml", tiny_llama_dir,
+                         context={"max_context": 4096})
+    with running_server(prof, tmp_path_factory.mktemp(f"{name}-home")) as s:
+        yield s

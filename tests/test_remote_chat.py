@@ -22,17 +22,12 @@ import yaml
 from app.tui.controller import ChatController
 from app.tui.format import clean
 from app.tui.plain import run_plain
-from tests.serve_server import running_server
+from tests.serve_server import tiny_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_llama_dir):
-    """``mlxterm serve`` on the tiny model, with room for long replies (the cancel test)."""
-    from tests.tiny_models import write_profile
-
-    prof = write_profile(tmp_path_factory.mktemp("remote-chat") / "tiny.yaml", tiny_llama_dir,
-                         context={"max_context": 4096})
-    with running_server(prof, tmp_path_factory.mktemp("remote-chat-home")) as s:
+    with tiny_server(tmp_path_factory, tiny_llama_dir, "remote-chat") as s:
         yield s
 
 

@@ -8,18 +8,14 @@ from engine.sessions.chat import remote_mark
 
 import pytest
 
-from tests.serve_server import running_server
+from tests.serve_server import tiny_server
 from tests.test_remote_chat import closed_port, remote_profile
 from tests.test_tui_app import SIZE, idle, loaded, main_screen, make_app, send, views, wait_for
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_llama_dir):
-    from tests.tiny_models import write_profile
-
-    prof = write_profile(tmp_path_factory.mktemp("tui-remote") / "tiny.yaml", tiny_llama_dir,
-                         context={"max_context": 4096})
-    with running_server(prof, tmp_path_factory.mktemp("tui-remote-home")) as s:
+    with tiny_server(tmp_path_factory, tiny_llama_dir, "tui-remote") as s:
         yield s
 
 
