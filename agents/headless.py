@@ -129,10 +129,10 @@ class HeadlessRun:
             else:
                 transcript.write("resume", 0, session_id=self.resume_id, profile=self.profile,
                                  progress=self._sessions().get_meta(self.resume_id).get("progress"))
-            if engine is None:
-                from engine.runtime import Engine
+            if engine is None:  # a local model, or a remote profile's server (the text protocol)
+                from engine.serving.remote_engine import load_engine
 
-                engine = Engine.load(self.profile)
+                engine = load_engine(self.profile)
             store = self._sessions()
             before = workspace_fingerprint(self.workspace)
             outcome = self._run_agent(engine, store, transcript)

@@ -76,3 +76,16 @@ class TokenLedger:
             before = self.render(done, False) if not last else after
         return out
 
+
+class MessageLedger:
+    """For an engine without a tokenizer (a remote server applies its own template): messages
+    are stored with no tokens; the server is sent the messages themselves (``messages_for``)."""
+
+    def tokens_for(self, history, fed_ids, new, generation_prompt, history_prompted=None) -> list[list[int]]:
+        return [[] for _ in new]
+
+
+def messages_for(history: Sequence[Message]) -> list[dict[str, Any]]:
+    """The stored messages as an OpenAI-style request's ``messages``: assistant turns as the text
+    they were generated as (tool calls in the text protocol), tool results as ``tool`` turns."""
+    return [render_dict(m) for m in history]

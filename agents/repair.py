@@ -204,9 +204,10 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
         message = repair_message(checks, test_command, agent.workspace, round_no, rounds, written)
         if transcript is not None:
             transcript.write("repair", done.step, round=round_no, message=message)
-        if candidates > 1 and run_checks_in is not None:
+        drafts = candidates > 1 and run_checks_in is not None and not agent.remote  # drafts: local batching
+        if drafts:
             agent.close_turn()  # a run that stopped after tool results (looped, repeated) left it open
-        if candidates > 1 and run_checks_in is not None and agent.ends_with_answer():
+        if drafts and agent.ends_with_answer():
             picked = None
             # in a run that ends at its write the best failing draft is the round's reply: an
             # ordinary round after the drafts would decode one more sample of the same kind

@@ -46,7 +46,7 @@ from agents.events import (
     ToolFinished,
     ToolStarted,
 )
-from agents.ledger import TokenLedger
+from agents.ledger import MessageLedger, TokenLedger, messages_for
 from agents.loops import LoopGuard
 from agents.options import AgentError, AgentLimits, AgentOptions
 from agents.parser import Malformed, Parsed, ToolCallParser
@@ -122,12 +122,16 @@ class AgentSession:
         text_only = ("write_file", "edit_file") if self.edit_format != "json" else ()
         self.schemas = [s for s in self.registry.schemas() if s["function"]["name"] not in text_only]
         self.tool_params = tool_map(self.registry.schemas())
-        self.native_tools = template_renders_tools(engine.render)
-        self.ledger = TokenLedger(engine, self.schemas if self.native_tools else None)
+        # a remote server (engine.serving.remote_engine) has no tokenizer or template here: the
+        # text protocol, no constrained decoding, messages sent as messages
+        self.remote = bool(getattr(engine, "remote", False))
+        self.native_tools = not self.remote and template_renders_tools(engine.render)
+        self.ledger = MessageLedger() if self.remote else TokenLedger(engine, self.schemas if self.native_tools else None)
         self.files = TaskFiles(self.registry.workspace, self.options.protected)
-        self.context = SessionContext(store, self.session_id, self.ledger, engine.tokenizer, self.transcript)
+        self.context = SessionContext(store, self.session_id, self.ledger, getattr(engine, "tokenizer", None),
+                                      self.transcript)
         self.constrained = (agent_cfg.constrained_tool_calls if self.options.constrained is None
-                            else self.options.constrained) and bool(self.schemas)
+                            else self.options.constrained) and bool(self.schemas) and not self.remote
         self.masks = shared_masks(engine, self.schemas) if self.constrained else None
         self.policy = ApprovalPolicy(self.options.approvals or agent_cfg.approval,
                                      allow=self.options.allow, interactive=self.options.interactive,
@@ -442,6 +446,7 @@ class AgentSession:
         # step there answered "is_even now passes all tests" and wrote the example's parity.py (1.5B, etl)
         every_step = self.next_file or self.end_on_write
         opening = (PLAN_OPENING if self.plan_turn else self._file_opening()) if step == 1 or every_step else ""
+        opening = "" if self.remote else opening  # a server's reply cannot be given its first words
         opening_ids = self.engine.tokenizer.encode(opening) if opening else []
         prompt_ids = prompt_ids + opening_ids
         force = step == 1 and self.engine.profile.agent.first_step_tool_call and not self.plan_turn
@@ -454,6 +459,7 @@ class AgentSession:
         request = GenerationRequest(prompt_ids, params, session_id=self.session_id,
                                     split_reasoning=self.engine.profile.chat.reasoning, constraint=constraint,
                                     priority=Priority.AGENT)
+        messages = messages_for(self.store.messages(self.session_id, tokens=False)) if self.remote else None
         self.transcript.write("request", step, prompt_tokens=len(prompt_ids), max_tokens=max_new,
                               constrained=constraint is not None,
                               sampling={"temperature": params.temperature, "top_p": params.top_p, "seed": seed})
@@ -462,7 +468,8 @@ class AgentSession:
         parser = ToolCallParser(self.tool_params, id_prefix=f"call_{step}", text_edits=text_edits,
                                 infer_path=self.infer_path if text_edits else None)
         with self._lock:
-            self._handle = handle = self.engine.submit(request)
+            self._handle = handle = (self.engine.submit_messages(messages, params) if self.remote
+                                     else self.engine.submit(request))
             if self._cancel.is_set():
                 handle.cancel()
         partial = PartialReply(self.store, self.session_id, replies.Opened(handle, opening_ids), meta={"step": step})
@@ -527,10 +534,12 @@ class AgentSession:
 
     def _record_reply(self, step: int, done: Done, parser: ToolCallParser, constraint, mask_ms0: float,
                       partial: PartialReply, extra_meta: dict[str, Any] | None = None) -> None:
-        tok = self.engine.tokenizer
         ids = list(done.completion_token_ids)
-        body = ids[:-1] if ids and ids[-1] in tok.eos_ids else ids
-        raw = tok.decode(body)
+        if self.remote:  # no tokens here: the text the server sent is the reply
+            raw = done.text
+        else:
+            tok = self.engine.tokenizer
+            raw = tok.decode(ids[:-1] if ids and ids[-1] in tok.eos_ids else ids)
         usage = {"prompt_tokens": done.usage.prompt_tokens, "cached_tokens": done.usage.cached_tokens,
                  "completion_tokens": done.usage.completion_tokens}
         cinfo = None

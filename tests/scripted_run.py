@@ -13,6 +13,7 @@ import re
 import sys
 
 from engine import runtime
+from engine.serving import remote_engine
 
 from agents.scripted import Reply, ScriptedEngine, scripted_profile
 
@@ -37,6 +38,7 @@ class FileWriter(ScriptedEngine):
 def main() -> int:
     engine = FileWriter([], profile=scripted_profile(edit_format="whole", max_tokens=600))
     runtime.Engine.load = classmethod(lambda cls, profile=None: engine)
+    remote_engine.load_engine = lambda profile=None: engine  # what `mlxterm run` loads with
     from app.cli import main as cli_main
 
     return cli_main(sys.argv[1:])

@@ -293,11 +293,11 @@ def _run(args) -> int:
     lock = threading.Lock()
 
     def engine_for(profile: str):
-        from engine.runtime import Engine
+        from engine.serving.remote_engine import load_engine
 
         with lock:
             if profile not in engines:
-                engines[profile] = Engine.load(profile)
+                engines[profile] = load_engine(profile)  # a remote profile: its server
             return engines[profile]
 
     default: list[str] = []

@@ -149,10 +149,11 @@ class RemoteEngine:
         self.close()
 
 
-def load_engine(profile: Profile | str):
-    """An ``Engine`` for a local profile, a ``RemoteEngine`` for a remote one."""
+def load_engine(profile: Profile | str | None):
+    """An ``Engine`` for a local profile, a ``RemoteEngine`` for a remote one (None: the default)."""
+    from engine.profiles import DEFAULT_PROFILE
     from engine.runtime import Engine
 
     if not isinstance(profile, Profile):
-        profile = load_profile(profile)
+        profile = load_profile(profile or DEFAULT_PROFILE)
     return RemoteEngine.load(profile) if profile.model.remote is not None else Engine.load(profile)

@@ -1,0 +1,159 @@
+"""Agents on a remote profile (``model.remote``): ``mlxterm run``'s headless agent and a board card
+talk to an OpenAI-compatible server over HTTP, in the text protocol (no tokenizer, template or
+constrained decoding here). The server is this project's own ``serve`` app on loopback, in
+process, over a scripted model (so its replies are known); the client is the remote profile's
+``RemoteEngine``."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+from engine.serving.remote_engine import RemoteEngine
+from engine.sessions import SessionStore
+
+import pytest
+import yaml
+
+from agents.headless import HeadlessRun
+from agents.protocol import format_call
+from agents.scripted import ScriptedEngine, scripted_profile
+from agents.tasks import load_task
+from agents.transcript import read_transcript
+from app.serve.app import ServerState, build_app
+
+TASK = """\
+prompt: "Make double(x) in solver.py return twice x."
+workspace_template: tmpl
+checks:
+  - name: tests
+    run: python3 -c "import solver; assert solver.double(2) == 4, solver.double(2)"
+"""
+
+
+class ScriptedServer:
+    """The serve app over a scripted engine, on a loopback port, in a thread."""
+
+    def __init__(self, replies):
+        import uvicorn
+
+        self.engine = ScriptedEngine(replies, profile=scripted_profile(max_tokens=600))
+        self.engine.active_requests = 0
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(build_app(ServerState(self.engine)), log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def serve_script():
+    servers = []
+
+    def start(replies):
+        servers.append(ScriptedServer(replies))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def remote_profile(path, base_url: str) -> str:
+    data = {"name": "far", "model": {"remote": {"base_url": base_url, "model": "scripted"}},
+            "sampling": {"temperature": 0.0, "max_tokens": 600},
+            "agent": {"capable": True, "edit_format": "whole", "repair_rounds": 1}}
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def edit(body: str) -> str:
+    return f"solver.py\n```python\ndef double(x):\n    return {body}\n```"
+
+
+def test_a_headless_run_on_a_remote_profile_writes_checks_and_repairs(tmp_path, serve_script):
+    # first try: a wrong file, then an answer; the checks fail and go back; the repair writes it right
+    server = serve_script([edit("x + 5"), "Done.", edit("x * 2"), "Fixed."])
+    (tmp_path / "tmpl").mkdir()
+    (tmp_path / "tmpl" / "solver.py").write_text("def double(x):\n    pass\n")
+    (tmp_path / "task.yaml").write_text(TASK)
+    engine = RemoteEngine.load(remote_profile(tmp_path / "far.yaml", server.base_url))
+    store = SessionStore(tmp_path / "sessions.sqlite3")
+    result = HeadlessRun(load_task(tmp_path / "task.yaml"), engine=engine, run_dir=tmp_path / "run",
+                         store=store).run()
+    assert result["status"] == "passed" and result["first_try"]["status"] == "failed", result
+    assert (tmp_path / "run" / "workspace" / "solver.py").read_text().endswith("return x * 2\n")
+    # the server got messages (no tokens were made here): the system prompt with the text
+    # protocol's tool descriptions, the task, and in the repair round the failing check's output
+    requests = [server.engine.tokenizer.decode(r.prompt_ids) for r in server.engine.requests]
+    assert len(requests) == 4 and "Make double(x)" in requests[0] and "<tool_call>" in requests[0]
+    assert "The checks failed" in requests[2] and "AssertionError: 7" in requests[2]
+    assert "return x + 5" in requests[2]  # the earlier reply went back as the text it was
+    stored = store.messages(store.list()[0].id)
+    assert not any(m.token_ids for m in stored), [m.token_ids for m in stored]  # messages only: no tokenizer here
+    records = read_transcript(tmp_path / "run" / "transcript.jsonl")
+    assert [r["name"] for r in records if r["type"] == "tool_result"] == ["write_file", "write_file"]
+    run = next(r for r in records if r["type"] == "run")
+    assert run["agent"]["constrained"] is False and run["agent"]["protocol"] == "text"
+
+
+def test_a_remote_agent_runs_bash_through_the_text_protocol(tmp_path, serve_script):
+    server = serve_script([format_call("bash", {"command": "echo hello > out.txt && cat out.txt"}),
+                           "out.txt says hello."])
+    (tmp_path / "task.yaml").write_text('prompt: "Write hello into out.txt with bash."\nallow: [bash]\n')
+    engine = RemoteEngine.load(remote_profile(tmp_path / "far.yaml", server.base_url))
+    result = HeadlessRun(load_task(tmp_path / "task.yaml"), engine=engine, run_dir=tmp_path / "run",
+                         store=SessionStore(tmp_path / "s.sqlite3")).run()
+    assert result["stop_reason"] == "answered" and result["final_text"] == "out.txt says hello."
+    assert (tmp_path / "run" / "workspace" / "out.txt").read_text() == "hello\n"
+    # the tool's output went back to the server as a tool turn
+    second = server.engine.tokenizer.decode(server.engine.requests[1].prompt_ids)
+    assert "hello" in second[second.rindex("echo hello"):]
+
+
+def test_a_board_card_on_a_remote_profile(tmp_path, serve_script):
+    from agents.board.dispatcher import Dispatcher
+    from agents.board.model import Card, CheckSpec
+    from agents.board.store import BoardStore
+
+    server = serve_script([format_call("write_file", {"path": "a.txt", "content": "a"}), "Wrote a.txt."])
+    engine = RemoteEngine.load(remote_profile(tmp_path / "far.yaml", server.base_url))
+    board = BoardStore(tmp_path / "board.sqlite3")
+    card = board.add(Card(id=0, title="a", prompt="create a.txt containing a", state="queued",
+                          checks=[CheckSpec("content", 'test "$(cat a.txt)" = a')]))
+    Dispatcher(board, SessionStore(tmp_path / "s.sqlite3"), lambda p: engine, default_profile="far").drain()
+    (att,) = board.attempts(card.id)
+    assert att.status == "passed", (att.status, att.error, att.checks)
+    assert board.get(card.id).state == "review"
+    assert (Path(board.get(card.id).workspace_dir) / "a.txt").read_text() == "a"
+    board.close()
+
+
+def test_mlxterm_run_with_a_remote_profile(tmp_path, serve_script, capsys):
+    from app.cli import main
+
+    server = serve_script([edit("x * 2"), "Done."])
+    (tmp_path / "tmpl").mkdir()
+    (tmp_path / "tmpl" / "solver.py").write_text("def double(x):\n    pass\n")
+    (tmp_path / "task.yaml").write_text(TASK)
+    profile = remote_profile(tmp_path / "far.yaml", server.base_url)
+    code = main(["run", str(tmp_path / "task.yaml"), "--profile", profile, "--run-dir", str(tmp_path / "run"),
+                 "--json"])
+    assert code == 0, capsys.readouterr()
+    assert (tmp_path / "run" / "workspace" / "solver.py").read_text().endswith("return x * 2\n")
