@@ -172,13 +172,13 @@ def test_server_down_or_erroring_is_one_line_and_the_session_survives(server, tm
     assert "no-such-model" in line[0]
 
 
-def test_remote_profiles_do_not_run_agents(server, tmp_path):
+def test_remote_profiles_make_text_protocol_agents(server, tmp_path):
     controller = ChatController(SessionStore(), remote_profile(tmp_path / "far.yaml", server.base_url))
     info = controller.load()
     try:
         assert info.remote == server.base_url and controller.remote and controller.probe() is None
-        with pytest.raises(MlxtermError, match="agent mode needs a model loaded here.*far runs on http"):
-            controller.new_agent(tmp_path)
+        agent = controller.new_agent(tmp_path)  # the server runs it (tests/test_agent_remote.py)
+        assert agent.remote and not agent.constrained and agent.describe()["protocol"] == "text"
         assert controller.new_session().meta["remote"]["base_url"] == server.base_url
     finally:
         controller.close()

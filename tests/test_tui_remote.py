@@ -86,7 +86,28 @@ async def test_a_server_that_is_down_is_named_and_the_chat_is_kept(tmp_path):
         stored = app.controller.messages(screen.session_id)
         assert [m.content for m in stored if m.role == "user"] == ["anyone?"]
         assert [s.title for s in app.controller.sessions()] == ["anyone?"]
-        await pilot.press(*"/agent", "enter")  # agents need a model loaded here
-        await pilot.pause()
-        assert any(n.startswith("Agent mode needs a model loaded here; profile gone runs on "
-                                f"{down}") for n in notes(app))
+
+
+async def test_agent_mode_on_a_remote_profile(tmp_path):
+    """/agent on a remote profile: the server (the serve app over a scripted model) runs the
+    agent in the text protocol; the tool card, the file and the final answer are as on a local
+    model."""
+    from tests.test_agent_remote import ScriptedServer
+    from tests.test_agent_remote import remote_profile as agent_profile
+    from tests.test_tui_agent import cards, idle, replies, start_agent, task
+
+    server = ScriptedServer(['notes.txt\n```text\nremote hello\n```', "notes.txt is written."])
+    try:
+        app = make_app(agent_profile(tmp_path / "far.yaml", server.base_url))
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            await start_agent(pilot)
+            screen = main_screen(app)
+            await task(pilot, "write remote hello into notes.txt")
+            await idle(pilot)
+            (card,) = cards(app)
+            assert card.tool == "write_file" and card.state == "done"
+            assert (screen.agent.workspace / "notes.txt").read_text() == "remote hello\n"
+            assert replies(app)[-1] == "notes.txt is written."
+    finally:
+        server.close()

@@ -110,12 +110,9 @@ class AgentActions:
             self.notify("Agent mode needs the model; wait for it to load.", severity="warning")
             return
         loaded = self.controller.engine.profile
-        if self.controller.remote:  # agent steps are token-id prompts for a model loaded here
-            self.notify(f"Agent mode needs a model loaded here; profile {loaded.name} runs on "
-                        f"{self.controller.info().remote}. Pick a local profile with /profile.",
-                        severity="warning", timeout=10)
-            return
-        if not loaded.agent.capable:
+        # a remote profile's server runs the agent in the text protocol (docs/serving.md); a
+        # local one that cannot do agent work hands over to the best installed one
+        if not loaded.agent.capable and not self.controller.remote:
             from agents.choose import best_agent_profile
 
             try:

@@ -13,8 +13,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.errors import MlxtermError
-
 from agents.board.dispatcher import Dispatcher
 from agents.board.model import ACTIVE
 from agents.board.store import BoardStore, default_path
@@ -43,17 +41,14 @@ class BoardService:
     def engine_for(self, profile: str):
         eng = self.controller.engine
         if eng is not None and eng.profile.name == profile:
-            if self.controller.remote:  # cards are agent runs: token-id prompts for a local engine
-                raise MlxtermError(f"board cards need a model loaded here; profile {profile} runs on "
-                                   f"{eng.base_url}")
-            return eng
+            return eng  # a remote profile's server runs cards in the text protocol
         with self._lock:
             if profile not in self._engines:
                 factory = self.controller.engine_factory
                 if factory is None:
-                    from engine.runtime import Engine
+                    from engine.serving.remote_engine import load_engine
 
-                    self._engines[profile] = Engine.load(profile)
+                    self._engines[profile] = load_engine(profile)
                 else:
                     self._engines[profile] = factory(profile)
             return self._engines[profile]
@@ -63,7 +58,7 @@ class BoardService:
         from agents.choose import best_agent_profile
 
         eng = self.controller.engine
-        if eng is not None and eng.profile.agent.capable and not self.controller.remote:
+        if eng is not None and eng.profile.agent.capable:
             return eng.profile.name
         return best_agent_profile()
 

@@ -83,7 +83,7 @@ class ChatController:
 
     @property
     def remote(self) -> bool:
-        """The loaded profile runs on a remote server (chat only; no agents, no board cards)."""
+        """The loaded profile runs on a remote server (its agents use the text protocol)."""
         return is_remote(self.engine)
 
     def probe(self) -> str | None:
@@ -269,7 +269,7 @@ class ChatController:
 
         from agents.session import AgentSession
 
-        engine = self._local_engine("agent mode")
+        engine = self._engine()  # a remote profile's server runs it in the text protocol
         if workspace is not None:
             return AgentSession.create(engine, self.store, Path(workspace).expanduser(),
                                        title=AGENT_TITLE)
@@ -286,7 +286,7 @@ class ChatController:
         """Continue a stored agent session with the loaded model (``AgentSession.open``)."""
         from agents.session import AgentSession
 
-        return AgentSession.open(self._local_engine("agent mode"), self.store, session_id)
+        return AgentSession.open(self._engine(), self.store, session_id)
 
     def name_agent(self, session_id: str, task: str) -> None:
         """Title a new agent session after its first task."""
@@ -299,13 +299,6 @@ class ChatController:
         if self.engine is None or self.service is None:
             raise ChatError("no model is loaded yet; wait for it or pick a profile with /profile.")
         return self.engine
-
-    def _local_engine(self, what: str):
-        engine = self._engine()
-        if is_remote(engine):
-            raise ChatError(f"{what} needs a model loaded here; profile {engine.profile.name} runs on "
-                            f"{engine.base_url} (pick a local profile with /profile).")
-        return engine
 
 
 def is_remote(engine) -> bool:
