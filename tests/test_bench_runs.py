@@ -226,5 +226,5 @@ def test_bench_sampling_run_times_each_filter_and_decodes_both_arms(profile_path
     (d,) = out["decode"]
     assert d["top_p"] == 0.9 and d["tokens"] == 4
     for arm in ("sort", "kernel") if kernels.available() else ("sort",):
-        assert len(d["runs"][arm]) == 2 and d[f"{arm}_tok_s"] > 0
+        assert len(d["runs"][arm]) == 2 and d[f"{arm}_tok_s"] > 0 and d[f"{arm}_cpu_ms_per_token"] > 0
     assert "| 3000 | 2 |" in out["summary"]

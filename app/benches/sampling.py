@@ -10,8 +10,9 @@ Two parts, each alternating its arms in order then reversed (A/B/C/C/B/A) every 
              kernel  engine/kernels/src/topp.cpp (only where the kernels run)
   decode   with ``--profiles``: each profile's model decodes ``--max-tokens`` tokens of a
            story prompt with the profile's own sampling (seed 1, no EOS stop), arms ``sort``
-           and ``kernel``; decode tok/s after the first token (the compiled step is re-traced
-           for every run, both arms alike).
+           and ``kernel``; decode tok/s after the first token and process CPU ms per decoded
+           token (steadier on a shared machine; the compiled step is re-traced for every run,
+           both arms alike).
 Reported: medians per arm and the ratios to ``sort``.
 """
 
@@ -134,8 +135,9 @@ def _decode_part(args, arms: dict) -> tuple[list[dict], list[str]]:
     names = [a for a in ("sort", "kernel") if a in arms]
     out, table = [], [
         "| profile | top_p | " + " | ".join(f"{a} tok/s" for a in names) + " | "
+        + " | ".join(f"{a} CPU ms/token" for a in names) + " | "
         + " | ".join(f"{a} vs sort" for a in names[1:]) + " |",
-        "|---" * (2 + 2 * len(names) - 1) + "|",
+        "|---" * (2 + 3 * len(names) - 1) + "|",
     ]
     for name in (p.strip() for p in args.profiles.split(",") if p.strip()):
         profile = load_profile(name)
@@ -143,6 +145,7 @@ def _decode_part(args, arms: dict) -> tuple[list[dict], list[str]]:
         params = _params_from_profile(profile).with_overrides(seed=1, max_tokens=args.max_tokens, ignore_eos=True)
         prompt = bundle.tokenizer.encode(PROMPT)
         speeds: dict[str, list[float]] = {a: [] for a in names}
+        cpu: dict[str, list[float]] = {a: [] for a in names}
         for _ in range(args.rounds):
             for arm in names + names[::-1]:
                 with _Using(arms[arm]):
@@ -150,11 +153,14 @@ def _decode_part(args, arms: dict) -> tuple[list[dict], list[str]]:
                     cache = make_cache(bundle.model)
                     steps = generate_step(bundle.model, prompt, cache, params,
                                           prefill_model=bundle.prefill_model)
-                    speeds[arm].append(_time_stream(o.token for o in steps)[1])
+                    _, tps, _, cpu_ms = _time_stream(o.token for o in steps)
+                    speeds[arm].append(tps)
+                    cpu[arm].append(cpu_ms)
         med = {a: statistics.median(v) for a, v in speeds.items()}
         row = {"profile": name, "top_p": params.top_p, "temperature": params.temperature,
                "tokens": args.max_tokens, "runs": {a: [round(s, 2) for s in v] for a, v in speeds.items()}}
         row.update({f"{a}_tok_s": round(med[a], 2) for a in names})
+        row.update({f"{a}_cpu_ms_per_token": round(statistics.median(cpu[a]), 2) for a in names})
         row.update({f"{a}_speedup": round(med[a] / med["sort"], 2) for a in names[1:]})
         out.append(row)
         table.append(
