@@ -228,3 +228,4 @@ def test_bench_sampling_run_times_each_filter_and_decodes_both_arms(profile_path
     for arm in ("sort", "kernel") if kernels.available() else ("sort",):
         assert len(d["runs"][arm]) == 2 and d[f"{arm}_tok_s"] > 0 and d[f"{arm}_cpu_ms_per_token"] > 0
     assert "| 3000 | 2 |" in out["summary"]
+    assert out["summary"].splitlines()[-1].count("|") == 2 + 3 * len(d["runs"])  # a cell per column

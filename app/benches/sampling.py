@@ -165,6 +165,7 @@ def _decode_part(args, arms: dict) -> tuple[list[dict], list[str]]:
         out.append(row)
         table.append(
             f"| {name} | {params.top_p} | " + " | ".join(str(row[f"{a}_tok_s"]) for a in names) + " | "
+            + " | ".join(str(row[f"{a}_cpu_ms_per_token"]) for a in names) + " | "
             + " | ".join(f"{row[f'{a}_speedup']}x" for a in names[1:]) + " |"
         )
     return out, table
