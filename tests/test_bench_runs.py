@@ -206,3 +206,26 @@ def test_bench_sandbox_run_times_both_arms():
     for name, r in out["commands"].items():
         assert r["n"] == 2 and r["plain_ms"] > 0 and r["sandboxed_ms"] > 0, name
         assert r["overhead_ms"] == pytest.approx(r["sandboxed_ms"] - r["plain_ms"], abs=0.11)
+
+
+def test_bench_sampling_run_times_each_filter_and_decodes_both_arms(profile_path):
+    from engine import kernels
+
+    from app.benches import sampling as bench
+
+    path = profile_path(sampling={"temperature": 0.7, "top_p": 0.9})
+    out = bench.run(Namespace(vocabs="1000,3000", rows="1,2", reps=1, rounds=1, profiles=path, max_tokens=4))
+    want = ["sort", "mlx"] + (["kernel"] if kernels.available() else [])
+    assert out["bench"] == "sampling" and out["arms"] == want
+    assert [(r["vocab"], r["rows"]) for r in out["sampler"]] == [(1000, 1), (1000, 2), (3000, 1), (3000, 2)]
+    for r in out["sampler"]:
+        for arm in want:
+            assert r[f"{arm}_ms"] > 0
+        for arm in want[1:]:
+            assert r[f"{arm}_speedup"] == pytest.approx(r["sort_ms"] / r[f"{arm}_ms"], rel=0.1)
+    (d,) = out["decode"]
+    assert d["top_p"] == 0.9 and d["tokens"] == 4
+    for arm in ("sort", "kernel") if kernels.available() else ("sort",):
+        assert len(d["runs"][arm]) == 2 and d[f"{arm}_tok_s"] > 0 and d[f"{arm}_cpu_ms_per_token"] > 0
+    assert "| 3000 | 2 |" in out["summary"]
+    assert out["summary"].splitlines()[-1].count("|") == 2 + 3 * len(d["runs"])  # a cell per column

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-BENCHES = ("engine", "resume", "speech", "spec", "batch", "sandbox", "board", "qmm", "hugepages", "agent", "serve")
+BENCHES = ("engine", "resume", "speech", "spec", "batch", "sandbox", "board", "qmm", "hugepages", "agent", "serve", "sampling")
 
 
 def register(sub) -> None:

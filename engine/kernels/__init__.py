@@ -459,3 +459,20 @@ def log_softmax(x: mx.array, reference: bool = False) -> mx.array:
     ``reference`` runs a double-precision scalar loop (tests)."""
     ext = _required()
     return ext.log_softmax(x, reference)
+
+
+def has(op: str) -> bool:
+    """Whether the loaded extension has ``op`` (a build from before it was added does not:
+    callers keep MLX's ops until ``python -m engine.kernels.build`` is rerun)."""
+    ext = _load()
+    return ext is not None and hasattr(ext, op)
+
+
+def top_p_filter(x: mx.array, top_p: float, reference: bool = False) -> mx.array:
+    """Float32 ``x`` (..., V) where a token is in its row's top-p nucleus, -inf elsewhere: the
+    smallest set of most probable tokens (``softmax(x)``) whose mass reaches ``top_p``, taken in
+    a stable descending sort's order (equal values: lower index first; the first token always
+    kept), as ``engine.generation.sampling._top_p`` keeps it, in O(V) instead of two sorts of
+    the vocabulary (src/topp.cpp). ``reference`` runs a scalar full-sort loop (tests)."""
+    ext = _required()
+    return ext.top_p_filter(x, float(top_p), reference)

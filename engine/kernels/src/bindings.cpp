@@ -12,6 +12,7 @@
 #include <nanobind/stl/vector.h>
 #include "decoder.h"
 #include "kv_write.h"
+#include "topp.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -116,6 +117,13 @@ NB_MODULE(_ext, m) {
       [](const mlx::core::array& x, bool reference) { return mlxterm::argmax_rows(x, reference); },
       "x"_a, "reference"_a = false,
       "Index of each row's largest value (the first of equal ones), float32 (..., V) -> int32 (src/fused.h).");
+  m.def(
+      "top_p_filter",
+      [](const mlx::core::array& x, float top_p, bool reference) {
+        return mlxterm::top_p_filter(x, top_p, reference);
+      },
+      "x"_a, "top_p"_a, "reference"_a = false,
+      "x where a token is in its row's top-p nucleus, -inf elsewhere, float32 (..., V) (src/topp.h).");
   m.def(
       "kv_write_rows",
       [](const mlx::core::array& buf, const mlx::core::array& x, const mlx::core::array& pos) {

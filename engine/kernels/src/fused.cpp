@@ -312,28 +312,12 @@ void log_softmax_row_ref(const float* x, float* o, int V) {
 
 }  // namespace
 
-namespace {
-
-// Allocate a row primitive's output and run body(x, out, V, rows) on the stream's worker.
-template <typename T, typename Body>
-void dispatch_rows(mx::Stream st, const mx::array& x, mx::array& out, Body body) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(st);
-  enc.set_input_array(x);
-  enc.set_output_array(out);
-  const int V = x.shape(-1);
-  const long rows = V ? long(x.size() / V) : 0;
-  enc.dispatch([body, xp = x.data<float>(), op = out.data<T>(), V, rows]() { body(xp, op, V, rows); });
-}
-
 // The CPU stream of a row primitive's call, after checking its input is float32 (..., V >= 1).
 mx::Stream row_stream(const mx::array& x, const std::string& op, mx::StreamOrDevice s) {
   if (x.ndim() < 1 || x.dtype() != mx::float32 || x.shape(-1) < 1)
     throw std::invalid_argument("[mlxterm." + op + "] x must be float32 (..., V) with V >= 1.");
   return cpu_stream(s, op.c_str());
 }
-
-}  // namespace
 
 void RowPrimitive::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
 

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "pool.h"
@@ -64,6 +66,21 @@ class RowPrimitive : public mx::UnaryPrimitive {
  protected:
   bool reference_;
 };
+
+// Allocate a row primitive's output and run body(x, out, V, rows) on the stream's worker.
+template <typename T, typename Body>
+void dispatch_rows(mx::Stream st, const mx::array& x, mx::array& out, Body body) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(st);
+  enc.set_input_array(x);
+  enc.set_output_array(out);
+  const int V = x.shape(-1);
+  const long rows = V ? long(x.size() / V) : 0;
+  enc.dispatch([body, xp = x.data<float>(), op = out.data<T>(), V, rows]() { body(xp, op, V, rows); });
+}
+
+// The CPU stream of a row primitive's call, after checking its input is float32 (..., V >= 1).
+mx::Stream row_stream(const mx::array& x, const std::string& op, mx::StreamOrDevice s);
 
 class LogSoftmax : public RowPrimitive {
  public:
