@@ -4,7 +4,9 @@ Between repair rounds (the checks failed), the repair message's context is sent 
 times at once with different seeds; the batched scheduler decodes the rows together after the
 shared prefix is restored from the session's checkpoint. In a run that ends at its write, every
 draft starts with the file's forced opening (path line and fence) and stops at the block's
-closing fence, as the loop's own step does. Each draft's file edits are applied to a scratch copy
+closing fence, as the loop's own step does. Some drafts may be fresh: the task's first step
+sampled again, without the failed file in view (the 1.5B otherwise copies its failing file, 4 of
+4 drafts token for token even at temperature 1.0). Each draft's file edits are applied to a scratch copy
 of the workspace and the task's checks run there. The first draft that passes is adopted: the
 repair message and that reply go into the session (exact tokens), its edits run in the real
 workspace through the ordinary tools (cards, diffs, approvals). When none passes, the caller may
@@ -47,6 +49,7 @@ class Draft:
     parser: ToolCallParser
     handle: Any
     opening_ids: list[int] = field(default_factory=list)
+    fresh: bool = False  # drafted from the task's own prompt, not from the failed attempt
     edits: int = 0
     edit_errors: int = 0
     changed: bool = False  # an edit changed a file of the workspace
@@ -66,7 +69,8 @@ class Draft:
         return sum(int(c["passed"]) if n is None else n for c, n in zip(self.checks, counts, strict=True))
 
     def record(self) -> dict[str, Any]:
-        return {"index": self.index, "seed": self.seed, "completion_tokens": self.done.usage.completion_tokens,
+        return {"index": self.index, "seed": self.seed, "fresh": self.fresh,
+                "completion_tokens": self.done.usage.completion_tokens,
                 "finish_reason": self.done.finish_reason, "edits": self.edits, "edit_errors": self.edit_errors,
                 "changed": self.changed, "checks_passed": sum(1 for c in self.checks if c["passed"]),
                 "tests_passed": self.tests_passed, "passed": self.passed}
@@ -86,13 +90,19 @@ class CandidateRound:
                 "drafts": [d.record() for d in self.drafts]}
 
 
-def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed: int) -> tuple[list[Draft], float]:
+def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed: int,
+          fresh: int = 0, task_from: int | None = None) -> tuple[list[Draft], float]:
     """N replies to ``message`` (not stored) decoded together; (drafts, seconds). Each draft's
-    ``done`` holds the forced opening in its text and tokens, like a step of the loop."""
+    ``done`` holds the forced opening in its text and tokens, like a step of the loop. The last
+    ``fresh`` of them (when the run opens a file) answer the task itself instead: the context of
+    its first step (the task's user message is the first at or after message ``task_from``),
+    without the failed file and its test output (``Draft.fresh``)."""
     engine = agent.engine
     opening = agent.file_opening()
     opening_ids = engine.tokenizer.encode(opening) if opening else []
     prompt_ids = agent.prompt_with(message) + opening_ids
+    task_ids = agent.task_prompt_ids(task_from) if opening and fresh and task_from is not None else None
+    fresh = min(fresh, n) if task_ids else 0
     budget = agent.step_budget(len(prompt_ids))
     if opening:
         budget = min(budget, file_budget(agent, opening))
@@ -103,7 +113,8 @@ def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed
         params = engine.sampling(max_tokens=budget, temperature=temperature, seed=seed + i, stop=stop,
                                  top_p=1.0, min_p=engine.profile.agent.candidate_min_p,
                                  repetition_penalty=engine.profile.agent.repetition_penalty)
-        handles.append(engine.submit(GenerationRequest(list(prompt_ids), params, split_reasoning=False,
+        ids = task_ids + opening_ids if i >= n - fresh else prompt_ids
+        handles.append(engine.submit(GenerationRequest(list(ids), params, split_reasoning=False,
                                                        priority=Priority.AGENT)))
     # a draft that loops would hold the whole batch to its token budget: watch each stream
     looped = [False] * n
@@ -128,7 +139,7 @@ def draft(agent: AgentSession, message: str, n: int, *, temperature: float, seed
                                 infer_path=agent.infer_path)
         parser.feed(done.text)
         parser.finish()
-        drafts.append(Draft(i, seed + i, done, parser, h, opening_ids))
+        drafts.append(Draft(i, seed + i, done, parser, h, opening_ids, fresh=i >= n - fresh))
     return drafts, time.monotonic() - t0
 
 
@@ -194,14 +205,17 @@ def best(drafts: list[Draft]) -> Draft | None:
 
 
 def candidate_round(agent: AgentSession, message: str, n: int, run_checks_in: Callable[[Path], list[dict[str, Any]]],
-                    *, temperature: float, seed: int, keep_best: bool = False) -> Iterator[AgentEvent | CandidateRound]:
+                    *, temperature: float, seed: int, keep_best: bool = False,
+                    fresh: int = 0, task_from: int | None = None) -> Iterator[AgentEvent | CandidateRound]:
     """Draft, check, adopt the first passing draft (its events are yielded), or with ``keep_best``
     the best failing one; last the round's record (``chosen``: the draft adopted, if any)."""
     t0 = time.monotonic()
-    drafts, decode_s = draft(agent, message, n, temperature=temperature, seed=seed)
+    drafts, decode_s = draft(agent, message, n, temperature=temperature, seed=seed, fresh=fresh,
+                             task_from=task_from)
     chosen = try_drafts(agent, drafts, run_checks_in)
     if chosen is None and keep_best:
         chosen = best(drafts)
     if chosen is not None:
-        yield from agent.adopt(message, chosen.done, chosen.parser, chosen.handle, chosen.opening_ids)
+        yield from agent.adopt(message, chosen.done, chosen.parser, chosen.handle, chosen.opening_ids,
+                               fresh=chosen.fresh)
     yield CandidateRound(drafts, chosen, time.monotonic() - t0, decode_s)

@@ -161,6 +161,7 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
     message, round_no = prompt, 0
     adopted: AgentDone | None = None  # a failing draft kept as the round's reply
     agent.end_on_write = bool(test_command) and agent.engine.profile.agent.test_after_write
+    task_from = None if prior is not None else agent.message_count()  # where the task's prompt goes
     while True:
         left = None if limits.wall_s is None else max(0.001, limits.wall_s - (time.monotonic() - t0))
         done = None
@@ -214,7 +215,8 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
             keep_best = agent.end_on_write
             adopt_t0 = time.monotonic()
             for ev in candidate_round(agent, message, candidates, run_checks_in, temperature=candidate_temperature,
-                                      seed=seed + 1000 * round_no, keep_best=keep_best):
+                                      seed=seed + 1000 * round_no, keep_best=keep_best,
+                                      fresh=agent.engine.profile.agent.candidate_fresh, task_from=task_from):
                 if isinstance(ev, CandidateRound):
                     picked = ev
                 else:

@@ -401,8 +401,20 @@ class AgentSession:
         """What the next step's reply starts with (the file's path line and fence, or nothing)."""
         return self._file_opening()
 
+    def message_count(self) -> int:
+        return len(self.store.messages(self.session_id, tokens=False))
+
+    def task_prompt_ids(self, from_index: int) -> list[int] | None:
+        """The context of a task's first step: the session up to the first user message at or
+        after ``from_index`` (the task, as its run stored it), generation prompt included."""
+        msgs = self.store.messages(self.session_id)
+        for i in range(from_index, len(msgs)):
+            if msgs[i].role == "user":
+                return [t for x in msgs[: i + 1] for t in x.token_ids] or None
+        return None
+
     def adopt(self, message: str, done: Done, parser: ToolCallParser, handle,
-              opening_ids: list[int] | None = None) -> Iterator[AgentEvent]:
+              opening_ids: list[int] | None = None, fresh: bool = False) -> Iterator[AgentEvent]:
         """Store ``message`` and a reply generated for it elsewhere (``prompt_with(message)`` and
         ``opening_ids`` were its prompt, ``handle`` its request; ``done`` holds the opening too),
         then run the reply's calls as if the loop had made it. Returns the files they changed."""
@@ -411,7 +423,9 @@ class AgentSession:
         self.context.append([{"role": "user", "content": message}], generation_prompt=True, metas=[{"step": step}], step=step)
         partial = PartialReply(self.store, self.session_id, replies.Opened(handle, opening_ids or []),
                                meta={"step": step, "candidate": True})
-        self._record_reply(step, done, parser, None, 0.0, partial, {"candidate": True})
+        # a fresh draft answered the task's first prompt, not this context: its tokens are stored
+        # as sampled (the context stays the exact tokens fed from here on), and marked
+        self._record_reply(step, done, parser, None, 0.0, partial, {"candidate": True, **({"fresh": True} if fresh else {})})
         for call in parser.calls:
             yield ToolCallParsed(step, call)
         self.changed_files = []

@@ -423,6 +423,9 @@ class AgentConfig:
     # hesitates and keeps it where it is sure (at 0.7 with top_p 0.9 the 1.5B's drafts came out
     # identical).
     candidate_min_p: float = opt(0.05, Number(ge=0, lt=1))
+    # Of the drafts, this many answer the task's first prompt again (without the failed file in
+    # view) instead of the repair message: the 1.5B copies a failing file it can see.
+    candidate_fresh: int = opt(0, Number(integer=True, ge=0, le=16))
     # Sampling temperature of ordinary repair rounds (None: the run's): near-greedy decoding tends
     # to write the same failing file again after the test output.
     repair_temperature: float | None = opt(None, Number(ge=0, nullable=True))

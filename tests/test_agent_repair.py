@@ -270,3 +270,20 @@ def test_candidates_follow_a_run_that_stopped_on_repeats(tmp_path):
     records = read_transcript(tmp_path / "run" / "transcript.jsonl")
     assert [r["reason"] for r in records if r["type"] == "done"][0] == "repeated"
     assert result["repair_rounds"][0]["stop_reason"] == "candidate" and len(engine.requests) == 5
+
+
+def test_fresh_drafts_answer_the_task_prompt_again(tmp_path):
+    # the continuation draft copies the failing file; the fresh one, sampled from the first
+    # step's own context (no failed file in view), passes and is adopted, marked fresh
+    store = SessionStore(tmp_path / "sessions")
+    replies = [rest("x + 5"), rest("x + 5"), rest("x * 2")]
+    result, engine = run(tmp_path, replies, candidates=2, candidate_fresh=1, store=store, test_after_write=True)
+    assert result["status"] == "passed"
+    drafts = result["repair_rounds"][0]["candidates"]["drafts"]
+    assert [d["fresh"] for d in drafts] == [False, True] and result["repair_rounds"][0]["candidates"]["chosen"] == 1
+    first, cont, fresh = (r.prompt_ids for r in engine.requests)
+    assert fresh == first  # the task's first step again, opening included
+    assert cont[: len(first)] == first and len(cont) > len(first)
+    assert "The checks failed" not in engine.tokenizer.decode(fresh)
+    last = [m for m in store.messages(store.list()[0].id) if m.role == "assistant"][-1]
+    assert last.meta["candidate"] and last.meta["fresh"] and "x * 2" in last.meta["raw_text"]
