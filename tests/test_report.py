@@ -99,7 +99,7 @@ def test_task_run_renders_escaped_with_transcript_and_quality(task_run):
     assert scripts_in(page) == ["<script"]  # only the report's own script
     assert "<img" not in page
     assert "&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt;" in page  # reply, arguments, check output
-    assert "task run: hostile" in page and "per-request records (2)" in page
+    assert "task run: hostile" in page and "per-request records (4)" in page  # two runs (a repair round), 2 steps each
     assert "write_file" in page and "tool call(s)" in page
     # quality.json beside result.json: 18 blocked categories with their reasons
     assert page.count("no index.html in the workspace") == 18
@@ -148,6 +148,11 @@ def test_unchecked_unchanged_and_repaired_runs_say_so(tmp_path):
     assert 'class="badge ok">passed<' in row2 and "first try failed, 1 repair round" in row2
     assert "workspace unchanged" not in row2
     assert "round 1" in page and "no: no file in the workspace changed" in page
+    # the repair round's steps are their own requests (3 and 4), each write with its diff size
+    steps = re.findall(r"<summary>request (\d+)( \(repair round 1\))? ·", page)
+    assert [n for n, r in steps if r] == ["3", "4"] and [n for n, r in steps if not r] == ["1", "1", "2"]
+    assert page.count('<span class="path">a.txt</span> +1 −0 lines') == 1  # created: one line
+    assert page.count('<span class="path">a.txt</span> +1 −1 lines') == 1  # the fix: one line changed
     old = {k: v for k, v in repaired.items() if k not in ("first_try", "repair_rounds", "workspace_changed",
                                                           "corrective_turns")}
     page = build_report([old])

@@ -157,11 +157,13 @@ def step_records(steps: list[Step]) -> str:
         calls = "".join(
             f'<div class="call"><b>{esc(c.get("name") or "?")}</b> {badge("passed" if c.get("ok") else ("failed" if c.get("ok") is False else None))}'
             f'{" " + num(c.get("duration_ms"), " ms", 0) if c.get("duration_ms") is not None else ""}'
+            f'{diff_size(c)}'
             f'{("<div class=lbl>arguments</div>" + text_block(c.get("arguments"))) if c.get("arguments") is not None else ""}'
             f'{("<div class=lbl>result</div>" + text_block(c.get("content"))) if c.get("content") is not None else ""}'
             f'{("<div class=lbl>error</div>" + text_block(c.get("error"))) if c.get("error") else ""}</div>'
             for c in s.tool_calls)
-        summary = (f"request {num(s.request)} · prompt {num(s.prompt_tokens)} · cached {num(s.cached_tokens)} "
+        summary = (f"request {num(s.request)}{f' (repair round {s.round})' if s.round else ''} · "
+                   f"prompt {num(s.prompt_tokens)} · cached {num(s.cached_tokens)} "
                    f"({esc(s.cache_source or 'no cache source')}) · output {num(s.completion_tokens)} · "
                    f"TTFT {num(s.ttft_s, ' s', 2)} · {len(s.tool_calls)} tool call(s)")
         body = kv_table([("finish reason", num(s.finish_reason)), ("decode time after first token", num(s.decode_s, " s", 2))])
@@ -171,6 +173,14 @@ def step_records(steps: list[Step]) -> str:
             body += "<div class=lbl>reply text</div>" + text_block(s.text, "reply")
         out.append(f'<details class="step"><summary>{summary}</summary>{body}{calls}</details>')
     return "".join(out)
+
+
+def diff_size(call: dict[str, Any]) -> str:
+    """`` · path +added −removed`` for a call that changed a file, else nothing."""
+    added, removed = call.get("lines_added"), call.get("lines_removed")
+    if call.get("path") is None or (added is None and removed is None):
+        return ""
+    return f' · <span class="path">{esc(call["path"])}</span> +{num(added or 0)} −{num(removed or 0)} lines'
 
 
 def screenshot(path: Any, status: Any) -> str:

@@ -28,6 +28,7 @@ class ReportError(MlxtermError):
 @dataclass
 class Step:
     request: int | None
+    round: int = 0  # the repair round whose run made it (0: the first run)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
@@ -260,12 +261,19 @@ def _steps_from_transcript(records: list[dict[str, Any]]) -> list[Step]:
             for tc in msg.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 calls[str(tc.get("id"))] = {"name": fn.get("name"), "arguments": fn.get("arguments")}
-    steps: dict[int, Step] = {}
+    # each run of an attempt (the first, then each repair round) numbers its steps from 1: a
+    # step is (run, step), listed as request 1, 2, ... in order
+    steps: dict[tuple[int, int], Step] = {}
+    run = 0
     for r in records:
         kind, n = r.get("type"), r.get("step")
+        if kind == "run":
+            run += 1
         if kind not in ("request", "response", "tool_result") or not isinstance(n, int):
             continue
-        s = steps.setdefault(n, Step(request=n))
+        s = steps.get((run, n))
+        if s is None:
+            s = steps[(run, n)] = Step(request=len(steps) + 1, round=max(0, run - 1))
         if kind == "request":
             s.prompt_tokens = _num(r.get("prompt_tokens"))
         elif kind == "response":
@@ -280,9 +288,12 @@ def _steps_from_transcript(records: list[dict[str, Any]]) -> list[Step]:
             s.text, s.error = r.get("text"), r.get("error")
         else:
             call = calls.get(str(r.get("call_id")), {})
+            data = r.get("data") or {}
             s.tool_calls.append({"name": r.get("name") or call.get("name"), "ok": r.get("ok"),
                                  "arguments": call.get("arguments"), "content": r.get("content"),
-                                 "error": r.get("error"), "duration_ms": r.get("duration_ms")})
+                                 "error": r.get("error"), "duration_ms": r.get("duration_ms"),
+                                 "path": data.get("path"), "lines_added": data.get("lines_added"),
+                                 "lines_removed": data.get("lines_removed")})
     return [steps[k] for k in sorted(steps)]
 
 
