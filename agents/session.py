@@ -13,7 +13,6 @@ Use it from a plain loop (``for ev in session.run(prompt)``) or from asyncio
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -59,6 +58,7 @@ from agents.protocol import (
     tool_map,
 )
 from agents.targets import TaskFiles
+from agents.threaded import on_a_thread
 from agents.transcript import Transcript
 from tools import ToolRegistry, ToolResult, default_registry
 from tools.sandbox import warn_once
@@ -245,34 +245,10 @@ class AgentSession:
                 self._cancel.clear()
                 self._stop_reason = None
 
-    async def run_async(self, prompt: str, limits: AgentLimits | None = None) -> AsyncIterator[AgentEvent]:
-        """``run`` on a worker thread, events delivered to the running event loop."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        end = object()
-
-        def work() -> None:
-            try:
-                for ev in self.run(prompt, limits):
-                    loop.call_soon_threadsafe(queue.put_nowait, ev)
-            except BaseException as e:  # delivered to the awaiting side
-                loop.call_soon_threadsafe(queue.put_nowait, e)
-            finally:
-                loop.call_soon_threadsafe(queue.put_nowait, end)
-
-        thread = threading.Thread(target=work, name="mlxterm-agent", daemon=True)
-        thread.start()
-        try:
-            while True:
-                ev = await queue.get()
-                if ev is end:
-                    return
-                if isinstance(ev, BaseException):
-                    raise ev
-                yield ev
-        finally:
-            if thread.is_alive():
-                self.cancel()
+    def run_async(self, prompt: str, limits: AgentLimits | None = None) -> AsyncIterator[AgentEvent]:
+        """``run`` on a worker thread, events delivered to the running event loop (an abandoned
+        iteration cancels the run)."""
+        return on_a_thread(lambda: self.run(prompt, limits), self.cancel)
 
     def _run(self, prompt: str, limits: AgentLimits, temperature: float | None = None) -> Iterator[AgentEvent]:
         t0 = time.monotonic()
