@@ -1020,3 +1020,48 @@ def test_a_failed_prefill_answers_its_twins(tmp_path, tiny_llama_dir, monkeypatc
         monkeypatch.setattr(scheduler, "prefill", real)
         again = eng.submit(_request(eng, specs[0])).result(60)
         assert again.error is None and again.finish_reason in ("stop", "length")
+
+
+def test_a_draft_arriving_after_its_twins_prefill_copies_the_decoding_rows_kv(
+    tmp_path, tiny_llama_dir, engines
+):
+    """A request of a prompt that another request is already decoding (alone in the serial
+    lane, or as a batched row) copies that row's prompt KV instead of prefilling it, and
+    still yields its solo tokens; so do the rows it joins."""
+    solo, _ = engines
+    s = solo.sampling
+    with _engine(tmp_path, tiny_llama_dir, "twins-late") as eng:
+        prompt = _prompt(eng, "a late draft " * 5)
+        other = _prompt(eng, "another prompt entirely")
+        specs = [
+            dict(prompt=prompt, params=s(temperature=0.9, seed=5, max_tokens=200), no_eos=True),
+            dict(prompt=prompt, params=s(temperature=0.9, seed=6, max_tokens=12), no_eos=True),
+            dict(prompt=other, params=s(max_tokens=30), no_eos=True),
+            dict(prompt=other, params=s(temperature=0.8, top_p=0.9, seed=7, max_tokens=12)),
+        ]
+        refs = [_solo(solo, spec) for spec in specs]
+        before = eng.scheduler_stats()["prefill_tokens"]
+        reqs = [_request(eng, spec) for spec in specs]
+        gates = [GateAfter(reqs[i].constraint, 3) for i in (0, 2)]
+        reqs[0].constraint, reqs[2].constraint = gates
+        first = eng.submit(reqs[0])
+        gates[0].reached.wait(60)  # the engine thread holds ``first`` decoding alone
+        late = eng.submit(reqs[1])
+        gates[0].release.set()
+        assert late.result(60).cache_source == "twin"
+        assert eng.scheduler_stats()["prefill_tokens"] - before == len(prompt) - 1
+        third = eng.submit(reqs[2])
+        gates[1].reached.wait(60)  # ``third`` decoding with ``first`` (200 tokens) in a batch
+        fourth = eng.submit(reqs[3])
+        gates[1].release.set()
+        dones = [h.result(60) for h in (first, late, third, fourth)]
+        after = eng.scheduler_stats()["prefill_tokens"]
+    for i, (done, ref) in enumerate(zip(dones, refs, strict=True)):
+        assert done.completion_token_ids == ref.completion_token_ids, i
+        assert done.text == ref.text, i
+    # the third restores the chat template's prefix from an earlier row's checkpoint
+    assert [d.cache_source for d in dones] == ["none", "twin", "ram", "twin"]
+    assert dones[1].usage.cached_tokens == len(prompt) - 1 and dones[1].lane == "batched"
+    assert dones[3].usage.cached_tokens == len(other) - 1 and dones[3].batch_max == 3
+    tail = len(other) - 1 - dones[2].usage.cached_tokens
+    assert after - before == len(prompt) - 1 + tail  # each prompt prefilled once

@@ -54,13 +54,16 @@ class PromptCache:
             self.companion.acquire(prompt, session_id, found.cached_tokens)
         return found
 
-    def fork(self, cache: list, prompt: list[int], session_id: str | None = None) -> Restored:
-        """A copy of ``cache`` (a live cache holding a prefix of ``prompt``, computed for another
-        request of the same prompt) for a new request: its own buffers, so either may grow its
-        cache without touching the other's. Source "twin"; the companion is told as by
-        ``acquire``."""
+    def fork(
+        self, cache: list, prompt: list[int], session_id: str | None = None, use: int | None = None
+    ) -> Restored:
+        """A copy of the first ``use`` tokens (default: all) of ``cache``, a live cache another
+        request of the same prompt computed, for a new request: its own buffers, so either may
+        grow its cache without touching the other's. Source "twin"; the companion is told as
+        by ``acquire``."""
         t0 = time.perf_counter()
         n = int(cache[0].offset) if cache else 0
+        n = n if use is None else min(n, use)
         copy = snapshot.restore(snapshot.capture(cache), n, self.new_cache()) if n else self.new_cache()
         if self.companion is not None:
             self.companion.acquire(prompt, session_id, n)

@@ -273,6 +273,8 @@ class Scheduler:
             if leader is not None:
                 leader.twins.append(row)
                 continue
+            if self._fork_live(row):
+                continue
             reuse = self.runner.cache.acquire(row.prompt, row.req.session_id)
             row.cache, row.cached, row.source, row.restore_ms = (
                 reuse.cache,
@@ -346,6 +348,25 @@ class Scheduler:
                 self._start_solo(r)
             else:
                 self._join_batch(r)
+
+    def _fork_live(self, row: Row) -> bool:
+        """Admit ``row`` with a copy of the prompt KV of a decoding row of the same prompt (a
+        draft that arrived after its twin's prefill ended): positions before the prompt's last
+        token hold exactly what its prefill computed. Full-attention caches only (a sliding
+        window may have dropped them); the row then starts decoding at the next chunk."""
+        if not self.prefill_rows or len(row.prompt) < 2:
+            return False
+        same = [r for r in ([self.solo] if self.solo else []) + self.rows if r.prompt == row.prompt]
+        same = [r for r in same if not r.leaving and not r.handle.cancelled]
+        if not same:
+            return False
+        src = same[0]
+        cache = src.cache if src is self.solo else self.kv.take(self.rows.index(src))
+        got = self.runner.cache.fork(cache, row.prompt, row.req.session_id, use=len(row.prompt) - 1)
+        row.cache, row.cached, row.source = got.cache, got.cached_tokens, got.source
+        row.restore_ms, row.filled = got.restore_ms, got.cached_tokens
+        self.prefilling.append(row)
+        return True
 
     def _fork(self, row: Row) -> list[Row]:
         """``row``'s twins, each given a copy of its cache (the prompt but its last token):
