@@ -778,9 +778,10 @@ def test_a_chat_turn_joining_background_rows_gets_its_first_token_from_its_own_f
     assert done.completion_token_ids == ref.completion_token_ids
 
 
-def _gated_submit(eng, requests: list[GenerationRequest]) -> list:
+def _gated_submit(eng, requests: list[GenerationRequest], into: list | None = None) -> list:
     """Submit ``requests`` while the engine thread is parked in a call, so the scheduler sees
-    them as one burst (all waiting at the same tick)."""
+    them as one burst (all waiting at the same tick); ``into`` gets the handles before the
+    engine thread runs again."""
     gate, parked = threading.Event(), threading.Event()
 
     def park(_runner):
@@ -790,6 +791,8 @@ def _gated_submit(eng, requests: list[GenerationRequest]) -> list:
     fut = eng.call(park)
     parked.wait(30)
     handles = [eng.submit(r) for r in requests]
+    if into is not None:
+        into.extend(handles)
     gate.set()
     fut.result(30)
     return handles
@@ -907,3 +910,158 @@ def test_ignore_eos_runs_replies_to_max_tokens_in_both_lanes(tmp_path, tiny_llam
     finally:
         solo.close()
         eng.close()
+
+
+def _drafts(eng, prompt: list[int]) -> list[dict]:
+    """Candidate drafts of one prompt: different seeds and samplers, one constrained."""
+    s = eng.sampling
+    return [
+        dict(prompt=prompt, params=s(temperature=0.8, seed=1, max_tokens=14), no_eos=True),
+        dict(prompt=prompt, params=s(temperature=0.8, seed=2, max_tokens=10)),
+        dict(prompt=prompt, params=s(temperature=0.7, top_p=0.9, seed=3, max_tokens=12, logprobs=2)),
+        dict(prompt=prompt, params=s(max_tokens=12)),
+        dict(prompt=prompt, params=s(max_tokens=8), constrained=True),
+    ]
+
+
+def test_identical_prompts_prefill_once_and_keep_each_seeds_solo_tokens(
+    tmp_path, tiny_llama_dir, engines
+):
+    """Requests of one prompt arriving together (candidate drafts: several seeds) prefill it
+    once; the others ("twins") decode from copies of that cache, each yielding exactly its
+    solo tokens, and their Done says where their prompt's KV came from."""
+    solo, _ = engines
+    with _engine(tmp_path, tiny_llama_dir, "twins") as eng:
+        prompt = _prompt(eng, "one prompt, many drafts " * 6)
+        specs = _drafts(eng, prompt)
+        refs = [_solo(solo, s) for s in specs]
+        before = eng.scheduler_stats()
+        dones = [h.result(60) for h in _gated_submit(eng, [_request(eng, s) for s in specs])]
+        after = eng.scheduler_stats()
+        assert eng.active_requests == 0
+    for i, (done, ref) in enumerate(zip(dones, refs, strict=True)):
+        assert done.completion_token_ids == ref.completion_token_ids, i
+        assert done.text == ref.text and done.finish_reason == ref.finish_reason, i
+        assert done.lane == "batched" and done.batch_max == len(specs), i
+    assert [x.token for x in dones[2].logprobs] == [x.token for x in refs[2].logprobs]
+    assert len({tuple(d.completion_token_ids) for d in dones[:3]}) == 3  # the seeds differ
+    assert after["prefill_tokens"] - before["prefill_tokens"] == len(prompt) - 1  # once
+    twins = len(specs) - 1
+    assert [d.cache_source for d in dones] == ["none"] + ["twin"] * twins
+    assert [d.usage.cached_tokens for d in dones] == [0] + [len(prompt) - 1] * twins
+
+
+def test_cancelling_the_prefilling_request_still_answers_its_twins(
+    tmp_path, tiny_llama_dir, engines, monkeypatch
+):
+    """The request prefilling a prompt for its twins is cancelled mid-prefill (and one twin
+    with it): its first remaining twin goes on from the chunks already computed, the others
+    still get their copies, and every answered twin yields its solo tokens."""
+    import engine.serving.scheduler as scheduler
+
+    solo, _ = engines
+    chunk = 16
+    monkeypatch.setattr(scheduler, "PREFILL_CHUNK", chunk)  # several chunks on the tiny model
+    with _engine(tmp_path, tiny_llama_dir, "twins-cancel") as eng:
+        prompt = _prompt(eng, "cancel the one that prefills " * 8)
+        assert len(prompt) > 4 * chunk
+        specs = _drafts(eng, prompt)
+        refs = [_solo(solo, s) for s in specs]
+        handles: list = []
+        chunks, active = [], []
+        real = scheduler.prefill
+
+        def spy(model, cache, tokens, **kw):
+            if len(tokens) == chunk:
+                chunks.append(len(tokens))
+                if len(chunks) == 2:
+                    active.append(eng.active_requests)
+                    handles[0].cancel()  # the row prefilling the prompt
+                    handles[2].cancel()  # a twin waiting for it
+            return real(model, cache, tokens, **kw)
+
+        monkeypatch.setattr(scheduler, "prefill", spy)
+        before = eng.scheduler_stats()
+        _gated_submit(eng, [_request(eng, s) for s in specs], into=handles)
+        dones = [h.result(60) for h in handles]
+        after = eng.scheduler_stats()
+        assert eng.active_requests == 0
+    assert active == [len(specs)]
+    for i in (0, 2):
+        assert dones[i].finish_reason == "cancelled" and dones[i].completion_token_ids == [], i
+    for i in (1, 3, 4):
+        assert dones[i].completion_token_ids == refs[i].completion_token_ids, i
+        assert dones[i].text == refs[i].text, i
+    # nothing prefilled twice: the heir went on from the cancelled row's chunks
+    assert after["prefill_tokens"] - before["prefill_tokens"] == len(prompt) - 1
+    assert (dones[1].cache_source, dones[1].usage.cached_tokens) == ("none", 0)
+    assert [d.cache_source for d in dones[3:]] == ["twin", "twin"]
+
+
+def test_a_failed_prefill_answers_its_twins(tmp_path, tiny_llama_dir, monkeypatch):
+    """A prefill that fails fails the request and every twin waiting for it (none hangs), and
+    the engine serves the next request."""
+    import engine.serving.scheduler as scheduler
+
+    real = scheduler.prefill
+
+    def failing(model, cache, tokens, **kw):
+        if len(tokens) > 1:
+            raise RuntimeError("prefill failed")
+        return real(model, cache, tokens, **kw)
+
+    with _engine(tmp_path, tiny_llama_dir, "twins-fail") as eng:
+        prompt = _prompt(eng, "this prefill fails")
+        specs = _drafts(eng, prompt)[:3]
+        monkeypatch.setattr(scheduler, "prefill", failing)
+        dones = [h.result(60) for h in _gated_submit(eng, [_request(eng, s) for s in specs])]
+        assert [d.error for d in dones] == ["prefill failed"] * 3
+        assert eng.active_requests == 0
+        monkeypatch.setattr(scheduler, "prefill", real)
+        again = eng.submit(_request(eng, specs[0])).result(60)
+        assert again.error is None and again.finish_reason in ("stop", "length")
+
+
+def test_a_draft_arriving_after_its_twins_prefill_copies_the_decoding_rows_kv(
+    tmp_path, tiny_llama_dir, engines
+):
+    """A request of a prompt that another request is already decoding (alone in the serial
+    lane, or as a batched row) copies that row's prompt KV instead of prefilling it, and
+    still yields its solo tokens; so do the rows it joins."""
+    solo, _ = engines
+    s = solo.sampling
+    with _engine(tmp_path, tiny_llama_dir, "twins-late") as eng:
+        prompt = _prompt(eng, "a late draft " * 5)
+        other = _prompt(eng, "another prompt entirely")
+        specs = [
+            dict(prompt=prompt, params=s(temperature=0.9, seed=5, max_tokens=200), no_eos=True),
+            dict(prompt=prompt, params=s(temperature=0.9, seed=6, max_tokens=12), no_eos=True),
+            dict(prompt=other, params=s(max_tokens=30), no_eos=True),
+            dict(prompt=other, params=s(temperature=0.8, top_p=0.9, seed=7, max_tokens=12)),
+        ]
+        refs = [_solo(solo, spec) for spec in specs]
+        before = eng.scheduler_stats()["prefill_tokens"]
+        reqs = [_request(eng, spec) for spec in specs]
+        gates = [GateAfter(reqs[i].constraint, 3) for i in (0, 2)]
+        reqs[0].constraint, reqs[2].constraint = gates
+        first = eng.submit(reqs[0])
+        gates[0].reached.wait(60)  # the engine thread holds ``first`` decoding alone
+        late = eng.submit(reqs[1])
+        gates[0].release.set()
+        assert late.result(60).cache_source == "twin"
+        assert eng.scheduler_stats()["prefill_tokens"] - before == len(prompt) - 1
+        third = eng.submit(reqs[2])
+        gates[1].reached.wait(60)  # ``third`` decoding with ``first`` (200 tokens) in a batch
+        fourth = eng.submit(reqs[3])
+        gates[1].release.set()
+        dones = [h.result(60) for h in (first, late, third, fourth)]
+        after = eng.scheduler_stats()["prefill_tokens"]
+    for i, (done, ref) in enumerate(zip(dones, refs, strict=True)):
+        assert done.completion_token_ids == ref.completion_token_ids, i
+        assert done.text == ref.text, i
+    # the third restores the chat template's prefix from an earlier row's checkpoint
+    assert [d.cache_source for d in dones] == ["none", "twin", "ram", "twin"]
+    assert dones[1].usage.cached_tokens == len(prompt) - 1 and dones[1].lane == "batched"
+    assert dones[3].usage.cached_tokens == len(other) - 1 and dones[3].batch_max == 3
+    tail = len(other) - 1 - dones[2].usage.cached_tokens
+    assert after - before == len(prompt) - 1 + tail  # each prompt prefilled once

@@ -103,3 +103,29 @@ def test_two_agent_runs_share_the_batch(smol_pair, tmp_path):
         if r["type"] == "response"
     ]
     assert "batched" in lanes
+
+
+@pytest.mark.e2e
+def test_smollm2_drafts_of_one_prompt_prefill_once_and_match_solo_runs(smol_pair):
+    """Candidate drafts on real weights: one session context plus a new tail, four seeds
+    submitted together; the tail is prefilled once and every draft is its seed's solo run."""
+    from tests.test_batch import _gated_submit
+
+    solo, eng = smol_pair
+    s = eng.sampling
+    base = _prompt(eng, "Write a Python function that reverses a string.")
+    turn = eng.submit(GenerationRequest(base, s(temperature=0.0, max_tokens=8), session_id="drafts")).result(600)
+    prompt = turn.prompt_token_ids + turn.completion_token_ids + _prompt(eng, "Now draft it again. " * 8)[1:]
+    specs = [dict(prompt=prompt, params=s(temperature=0.8, top_p=1.0, seed=i, max_tokens=16)) for i in range(4)]
+    refs = [solo.submit(_request(solo, spec)).result(600) for spec in specs]
+    before = eng.scheduler_stats()["prefill_tokens"]
+    reqs = [_request(eng, spec, session_id="drafts") for spec in specs]
+    dones = [h.result(600) for h in _gated_submit(eng, reqs)]
+    tail = len(prompt) - 1 - dones[0].usage.cached_tokens
+    assert dones[0].cache_source == "ram" and tail > 0  # the session's context was restored
+    assert eng.scheduler_stats()["prefill_tokens"] - before == tail  # the tail, once
+    for done, ref in zip(dones, refs, strict=True):
+        assert done.completion_token_ids == ref.completion_token_ids
+        assert done.lane == "batched" and done.batch_max == 4
+    assert [d.cache_source for d in dones[1:]] == ["twin"] * 3
+    assert len({tuple(d.completion_token_ids) for d in dones}) > 1

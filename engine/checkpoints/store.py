@@ -39,7 +39,7 @@ class Restored:
 
     cache: list
     cached_tokens: int
-    source: str  # "ram" | "ssd" | "none"
+    source: str  # "ram" | "ssd" | "none" | "twin" (PromptCache.fork)
     restore_ms: float = 0.0
 
 

@@ -87,7 +87,9 @@ class Done:
     prompt_token_ids: list[int] = field(default_factory=list)
     completion_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
-    cache_source: str = "none"  # "ram" | "ssd" | "none" | "server" (a remote server's own cache)
+    # "ram" | "ssd" | "none" | "server" (a remote server's own cache) | "twin" (a copy of the
+    # cache another request of the same prompt prefilled meanwhile)
+    cache_source: str = "none"
     error: str | None = None
     # speculative decoding counters (SpecStats.as_dict()); None when the profile does not speculate
     speculation: dict | None = None

@@ -10,12 +10,15 @@ session's.
 
 from __future__ import annotations
 
+import time
+
 from engine.checkpoints import (
     CheckpointStore,
     DurabilityReport,
     Restored,
     fingerprint_for_profile,
     open_store,
+    snapshot,
 )
 from engine.checkpoints.fingerprint import live_kv_format
 from engine.generation.kv_cache import live_kv_dtype, make_cache
@@ -50,6 +53,21 @@ class PromptCache:
         if self.companion is not None:
             self.companion.acquire(prompt, session_id, found.cached_tokens)
         return found
+
+    def fork(
+        self, cache: list, prompt: list[int], session_id: str | None = None, use: int | None = None
+    ) -> Restored:
+        """A copy of the first ``use`` tokens (default: all) of ``cache``, a live cache another
+        request of the same prompt computed, for a new request: its own buffers, so either may
+        grow its cache without touching the other's. Source "twin"; the companion is told as
+        by ``acquire``."""
+        t0 = time.perf_counter()
+        n = int(cache[0].offset) if cache else 0
+        n = n if use is None else min(n, use)
+        copy = snapshot.restore(snapshot.capture(cache), n, self.new_cache()) if n else self.new_cache()
+        if self.companion is not None:
+            self.companion.acquire(prompt, session_id, n)
+        return Restored(copy, n, "twin", (time.perf_counter() - t0) * 1000)
 
     def release(self, tokens: list[int], cache: list, session_id: str | None = None) -> None:
         _fit(cache, len(tokens))

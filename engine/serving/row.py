@@ -35,6 +35,9 @@ class Row:
         self.source = "none"
         self.restore_ms = 0.0
         self.filled = 0  # prompt tokens in the cache
+        # requests of this very prompt admitted while it prefills: they get a copy of its cache
+        # once the prompt is in it, instead of restoring and prefilling their own (scheduler)
+        self.twins: list[Row] = []
         # ids generated so far: the handle's list, so a streaming reply can be saved before Done
         self.generated: list[int] = handle.token_ids
         self.spec = None  # serial lane: the request's speculative decoder, if its profile has one
@@ -69,6 +72,18 @@ class Row:
     @property
     def constraint(self):
         return self.req.constraint
+
+    @property
+    def rank(self) -> int:
+        """Prefill urgency: the highest priority among this row and its twins."""
+        return max([self.priority] + [t.priority for t in self.twins])
+
+    def take_over(self, leader: Row) -> None:
+        """Become the prefilling row in place of ``leader`` (cancelled): its cache, the tokens
+        it restored and prefilled, and its other twins."""
+        self.cache, self.cached, self.source = leader.cache, leader.cached, leader.source
+        self.restore_ms, self.filled = leader.restore_ms, leader.filled
+        self.twins, leader.twins, leader.cache = leader.twins, [], None
 
     def kv_need(self) -> int:
         """Tokens this request may hold in KV: its prompt plus every token it may generate."""

@@ -124,7 +124,12 @@ class Scheduler:
     def active(self) -> int:
         """Requests in the engine that have not been answered yet."""
         live = sum(1 for r in self.rows if not r.leaving)
-        return len(self.waiting) + len(self.prefilling) + (self.solo is not None) + live
+        prefilling = len(self.prefilling) + len(self._twins())
+        return len(self.waiting) + prefilling + (self.solo is not None) + live
+
+    def _twins(self) -> list[Row]:
+        """Admitted requests waiting for a prefilling row of the same prompt (its twins)."""
+        return [t for r in self.prefilling for t in r.twins]
 
     def add(self, req, handle) -> None:
         limit = self.runner.profile.context.max_context
@@ -158,6 +163,7 @@ class Scheduler:
         rows = (
             [r for _, _, r in self.waiting]
             + self.prefilling
+            + self._twins()
             + self.rows
             + ([self.solo] if self.solo else [])
         )
@@ -200,7 +206,7 @@ class Scheduler:
             return False
         if any(r.generated or r.leaving or r.handle.cancelled for r in self.rows):
             return False
-        if max(r.priority for r in self.rows) > min(r.priority for r in self.prefilling):
+        if max(r.priority for r in self.rows) > min(r.priority for r in self.prefilling + self._twins()):
             return False
         return sum(_left(r) for r in self.prefilling) <= PREFILL_TOKENS
 
@@ -225,16 +231,25 @@ class Scheduler:
             heapq.heapify(self.waiting)
         for r in gone:
             r.done("cancelled", self.runner.load_ms)
+        for r in self.prefilling:
+            for t in [t for t in r.twins if t.handle.cancelled]:
+                r.twins.remove(t)
+                t.done("cancelled", self.runner.load_ms)
         for r in [r for r in self.prefilling if r.handle.cancelled]:
-            self.prefilling.remove(r)
             r.done("cancelled", self.runner.load_ms)
+            if r.twins:  # its first twin goes on with its cache and answers the others
+                heir = r.twins.pop(0)
+                heir.take_over(r)
+                self.prefilling[self.prefilling.index(r)] = heir
+                continue
+            self.prefilling.remove(r)
             self.runner.cache.release(r.prompt[: r.filled], r.cache, r.req.session_id)
 
     # -- admission -------------------------------------------------------------------------------
     def _admit(self) -> None:
         while self.waiting:
             row = self.waiting[0][2]
-            running = self.prefilling + self.rows + ([self.solo] if self.solo else [])
+            running = self.prefilling + self._twins() + self.rows + ([self.solo] if self.solo else [])
             live = [r for r in running if not r.leaving]
             reason = None
             if len(live) >= self.cap:
@@ -251,6 +266,15 @@ class Scheduler:
             row.t_admit = time.perf_counter()
             if not running:
                 mx.reset_peak_memory()  # peak memory of this busy period
+            # A request of a prompt being prefilled (candidate drafts: one prompt, several
+            # seeds) waits for that prefill and decodes from a copy of its cache: the prompt's
+            # KV does not depend on sampling, constraint or session, only on its tokens.
+            leader = next((r for r in self.prefilling if r.prompt == row.prompt), None)
+            if leader is not None:
+                leader.twins.append(row)
+                continue
+            if self._fork_live(row):
+                continue
             reuse = self.runner.cache.acquire(row.prompt, row.req.session_id)
             row.cache, row.cached, row.source, row.restore_ms = (
                 reuse.cache,
@@ -275,7 +299,7 @@ class Scheduler:
         chunk of every other newcomer at the same position with as much prompt left (rows
         whose solo prefill would run that very chunk shape); rows whose prompt is then in the
         cache start decoding."""
-        urgent = sorted(self.prefilling, key=lambda r: (-r.priority, r.seq))
+        urgent = sorted(self.prefilling, key=lambda r: (-r.rank, r.seq))
         row = urgent[0]
         group = [row]
         n = min(PREFILL_CHUNK, _left(row))
@@ -312,16 +336,49 @@ class Scheduler:
                 r.filled += n
                 total = len(r.prompt) - r.cached
                 if total > 512:
-                    r.handle.emit(PrefillProgress(r.filled - r.cached, total))
+                    for x in (r, *r.twins):
+                        x.handle.emit(PrefillProgress(r.filled - r.cached, total))
         ready = [r for r in group if _left(r) == 0]
         for r in ready:
             self.prefilling.remove(r)
+        ready = [x for r in ready for x in (r, *self._fork(r))]
         for r in ready:
             alone = len(ready) == 1 and not self.prefilling and not self.waiting
             if self.solo is None and not self.rows and (alone or not self.can_batch):
                 self._start_solo(r)
             else:
                 self._join_batch(r)
+
+    def _fork_live(self, row: Row) -> bool:
+        """Admit ``row`` with a copy of the prompt KV of a decoding row of the same prompt (a
+        draft that arrived after its twin's prefill ended): positions before the prompt's last
+        token hold exactly what its prefill computed. Full-attention caches only (a sliding
+        window may have dropped them); the row then starts decoding at the next chunk."""
+        if not self.prefill_rows or len(row.prompt) < 2:
+            return False
+        same = [r for r in ([self.solo] if self.solo else []) + self.rows if r.prompt == row.prompt]
+        same = [r for r in same if not r.leaving and not r.handle.cancelled]
+        if not same:
+            return False
+        src = same[0]
+        cache = src.cache if src is self.solo else self.kv.take(self.rows.index(src))
+        got = self.runner.cache.fork(cache, row.prompt, row.req.session_id, use=len(row.prompt) - 1)
+        row.cache, row.cached, row.source = got.cache, got.cached_tokens, got.source
+        row.restore_ms, row.filled = got.restore_ms, got.cached_tokens
+        self.prefilling.append(row)
+        return True
+
+    def _fork(self, row: Row) -> list[Row]:
+        """``row``'s twins, each given a copy of its cache (the prompt but its last token):
+        they decode as if they had restored and prefilled it themselves, which would have
+        computed the same KV (same restored prefix, same chunks). Their Done says so:
+        cache_source "twin", every prefilled token counted as cached."""
+        twins, row.twins = row.twins, []
+        for t in twins:
+            got = self.runner.cache.fork(row.cache, t.prompt, t.req.session_id)
+            t.cache, t.cached, t.source = got.cache, got.cached_tokens, got.source
+            t.restore_ms, t.filled = got.restore_ms, row.filled
+        return twins
 
     def _start_solo(self, row: Row) -> None:
         # Speculation runs in the serial lane only; a request may opt out (extra["speculation"]
