@@ -63,10 +63,7 @@ class Draft:
     def tests_passed(self) -> int:
         """Tests passed over the checks (a check whose output has no test summary counts as one
         test, passed or not); -1 when no check ran."""
-        if not self.checks:
-            return -1
-        counts = [tests_passed(c.get("output") or "") for c in self.checks]
-        return sum(int(c["passed"]) if n is None else n for c, n in zip(self.checks, counts, strict=True))
+        return checks_tests_passed(self.checks) if self.checks else -1
 
     def record(self) -> dict[str, Any]:
         return {"index": self.index, "seed": self.seed, "fresh": self.fresh,
@@ -197,24 +194,33 @@ def try_drafts(agent: AgentSession, drafts: list[Draft],
     return None
 
 
-def best(drafts: list[Draft]) -> Draft | None:
+def best(drafts: list[Draft], baseline: int = -1) -> Draft | None:
     """The failing draft to keep when none passed: one that changed the file and passed the most
-    tests (the earliest of equals); None when no draft's edits changed anything."""
-    changed = [d for d in drafts if d.changed and d.checks]
+    tests (the earliest of equals), more than ``baseline`` (the tests the current file passes);
+    None when no draft does better than what is there (bob: the best draft passed 17 of 26
+    tests where the file it would replace passed 18)."""
+    changed = [d for d in drafts if d.changed and d.checks and d.tests_passed > baseline]
     return max(changed, key=lambda d: (d.tests_passed, -d.index)) if changed else None
 
 
+def checks_tests_passed(checks: list[dict[str, Any]]) -> int:
+    """Tests passed over ``checks``, counted as for a draft (``Draft.tests_passed``)."""
+    counts = [tests_passed(c.get("output") or "") for c in checks]
+    return sum(int(c["passed"]) if n is None else n for c, n in zip(checks, counts, strict=True))
+
+
 def candidate_round(agent: AgentSession, message: str, n: int, run_checks_in: Callable[[Path], list[dict[str, Any]]],
-                    *, temperature: float, seed: int, keep_best: bool = False,
+                    *, temperature: float, seed: int, keep_best: bool = False, baseline: int = -1,
                     fresh: int = 0, task_from: int | None = None) -> Iterator[AgentEvent | CandidateRound]:
     """Draft, check, adopt the first passing draft (its events are yielded), or with ``keep_best``
-    the best failing one; last the round's record (``chosen``: the draft adopted, if any)."""
+    the best failing one that passes more than ``baseline`` tests; last the round's record
+    (``chosen``: the draft adopted, if any)."""
     t0 = time.monotonic()
     drafts, decode_s = draft(agent, message, n, temperature=temperature, seed=seed, fresh=fresh,
                              task_from=task_from)
     chosen = try_drafts(agent, drafts, run_checks_in)
     if chosen is None and keep_best:
-        chosen = best(drafts)
+        chosen = best(drafts, baseline)
     if chosen is not None:
         yield from agent.adopt(message, chosen.done, chosen.parser, chosen.handle, chosen.opening_ids,
                                fresh=chosen.fresh)

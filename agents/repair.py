@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.candidates import CandidateRound, candidate_round
+from agents.candidates import CandidateRound, candidate_round, checks_tests_passed
 from agents.events import AgentDone, AgentEvent
 from agents.session import AgentLimits, AgentSession
 from agents.test_output import failures_only
@@ -216,6 +216,7 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
             adopt_t0 = time.monotonic()
             for ev in candidate_round(agent, message, candidates, run_checks_in, temperature=candidate_temperature,
                                       seed=seed + 1000 * round_no, keep_best=keep_best,
+                                      baseline=checks_tests_passed(checks),
                                       fresh=agent.engine.profile.agent.candidate_fresh, task_from=task_from):
                 if isinstance(ev, CandidateRound):
                     picked = ev

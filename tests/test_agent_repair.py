@@ -287,3 +287,19 @@ def test_fresh_drafts_answer_the_task_prompt_again(tmp_path):
     assert "The checks failed" not in engine.tokenizer.decode(fresh)
     last = [m for m in store.messages(store.list()[0].id) if m.role == "assistant"][-1]
     assert last.meta["candidate"] and last.meta["fresh"] and "x * 2" in last.meta["raw_text"]
+
+
+def test_a_draft_no_better_than_the_file_is_not_kept(tmp_path):
+    # the first try passes one of two tests; the drafts pass none and one: neither beats the
+    # file, so none replaces it and the ordinary round follows (it passes)
+    (tmp_path / "tmpl").mkdir()
+    (tmp_path / "tmpl" / "solver.py").write_text("def double(x):\n    pass\n")
+    (tmp_path / "tmpl" / "test_solver.py").write_text(UNITTESTS)
+    (tmp_path / "task.yaml").write_text(UNITTEST_TASK + "protected: [test_solver.py]\nrepair_rounds: 1\n")
+    replies = [rest("4 if x == 2 else 0"), rest("None"), rest("6 if x == 3 else 0"), rest("x * 2")]
+    result, engine = run(tmp_path, replies, task=load_task(tmp_path / "task.yaml"), candidates=2,
+                         test_after_write=True)
+    assert result["status"] == "passed" and len(engine.requests) == 4
+    (rnd,) = result["repair_rounds"]
+    assert rnd["stop_reason"] == "wrote" and "candidates" not in rnd
+    assert [d["tests_passed"] for d in result["candidate_rounds"][0]["drafts"]] == [0, 1]
