@@ -373,10 +373,6 @@ class AgentSession:
         profile = self.engine.profile
         return self.options.max_tokens_per_step or profile.agent.max_tokens_per_step or profile.sampling.max_tokens
 
-    def file_opening(self) -> str:
-        """What the next step's reply starts with (the file's path line and fence, or nothing)."""
-        return self._file_opening()
-
     def message_count(self) -> int:
         return len(self.store.messages(self.session_id, tokens=False))
 
@@ -393,7 +389,7 @@ class AgentSession:
               opening_ids: list[int] | None = None, fresh: bool = False) -> Iterator[AgentEvent]:
         """Store ``message`` and a reply generated for it elsewhere (``prompt_with(message)`` and
         ``opening_ids`` were its prompt, ``handle`` its request; ``done`` holds the opening too),
-        then run the reply's calls as if the loop had made it. Returns the files they changed."""
+        then run the reply's calls as if the loop had made it (``changed_files``: what they changed)."""
         msgs = self.store.messages(self.session_id, tokens=False)
         step = max((m.meta.get("step", 0) for m in msgs), default=0) + 1
         self.context.append([{"role": "user", "content": message}], generation_prompt=True, metas=[{"step": step}], step=step)
@@ -410,7 +406,6 @@ class AgentSession:
             _, wrote = yield from self._run_tools(step, pending)
             if wrote:
                 self._last_written = list(dict.fromkeys(self.changed_files))
-        return list(self.changed_files)
 
     # -- one step -----------------------------------------------------------------------------
     def _budget(self, step: int, tokens_left: int | None) -> Iterator[AgentEvent]:
@@ -435,7 +430,7 @@ class AgentSession:
         # ends at its write: a step past the first means no write changed the file yet, and a free
         # step there answered "is_even now passes all tests" and wrote the example's parity.py (1.5B, etl)
         every_step = self.next_file or self.end_on_write
-        opening = (PLAN_OPENING if self.plan_turn else self._file_opening()) if step == 1 or every_step else ""
+        opening = (PLAN_OPENING if self.plan_turn else self.file_opening()) if step == 1 or every_step else ""
         opening = "" if self.remote else opening  # a server's reply cannot be given its first words
         opening_ids = self.engine.tokenizer.encode(opening) if opening else []
         prompt_ids = prompt_ids + opening_ids
@@ -667,7 +662,7 @@ class AgentSession:
             return "protected", f"stopped: {path} is protected by the task and cannot be changed"
         return None
 
-    def _file_opening(self) -> str:
+    def file_opening(self) -> str:
         """In a run that ends at its write (``end_on_write``), each step opens the
         one file to write: a path line and the fence, so it cannot answer in prose instead (the
         1.5B did in 1 of 3 exercises) and the block's header is well-formed. The file: the one
