@@ -222,3 +222,50 @@ def test_score_restores_the_tests_itself(tmp_path):
     (ws / "double_it.py").write_text(DOUBLE_OK)
     (ws / "double_it_test.py").unlink()
     assert score(ex, ws)["passed"]
+
+
+def test_plain_arm_scores_the_one_shot_reply_beside_the_agent(tmp_path, monkeypatch, capsys):
+    """``--arms agent,plain``: per exercise the model's one greedy whole-file reply is written
+    over the stub and scored by the same tests, beside the agent's run; the arms alternate."""
+    from engine import runtime
+
+    # double-it (exercise 1): agent first, then plain; vowel-count (2): plain first, then agent
+    engine = ScriptedEngine([
+        format_call("write_file", {"path": "double_it.py", "content": DOUBLE_OK}),
+        "Done.",
+        "Here it is:\n\ndouble_it.py\n```python\ndef double(n):\n    return n + n\n```\n",
+        f"```python\n{VOWELS_WRONG}```\n",  # no path line: the one solution file
+        format_call("write_file", {"path": "vowel_count.py", "content": VOWELS_WRONG}),
+        "Done.",
+    ])
+    monkeypatch.setattr(runtime.Engine, "load", classmethod(lambda cls, profile=None: engine))
+    args = _bench_args(tmp_path, "--repair-rounds", "0", "--arms", "agent,plain")
+    assert args.func(args) == 0
+    assert "double-it: first try pass, after repair pass" in capsys.readouterr().err
+    data = json.loads((tmp_path / "bench.json").read_text())
+    by = {r["slug"]: r for r in data["results"]}
+    assert by["double-it"]["plain"]["passed"] is True and by["double-it"]["plain"]["wrote"] == ["double_it.py"]
+    assert by["vowel-count"]["plain"]["passed"] is False and by["vowel-count"]["plain"]["wrote"] == ["vowel_count.py"]
+    assert "test_mixed_case" in by["vowel-count"]["plain"]["score_output"]
+    plain_ws = Path(by["double-it"]["plain"]["workspace"])
+    assert (plain_ws / "double_it.py").read_text() == "def double(n):\n    return n + n\n"
+    # greedy, one turn with the instructions and the stub, no tools
+    plain_req = engine.requests[2]
+    assert plain_req.params.temperature == 0.0 and plain_req.session_id is None
+    prompt = engine.tokenizer.decode(plain_req.prompt_ids)
+    assert "Use the instructions above to change double_it.py" in prompt and "tool_call" not in prompt
+    assert data["arms"] == ["agent", "plain"] and data["passed_plain"] == 1 and data["pct_plain"] == 50.0
+    assert data["passed_after_repair"] == 1 and "plain (one greedy whole-file reply) 1/2 (50.0%)" in data["summary"]
+
+    # the plain arm alone: no agent numbers, no agent runs
+    engine2 = ScriptedEngine([f"double_it.py\n```python\n{DOUBLE_OK}```\n", "no code here"])
+    monkeypatch.setattr(runtime.Engine, "load", classmethod(lambda cls, profile=None: engine2))
+    args = _bench_args(tmp_path, "--arms", "plain")
+    assert args.func(args) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["count"] == 0 and data["passed_plain"] == 1 and data["plain_count"] == 2
+    assert [r["plain"]["wrote"] for r in data["results"]] == [["double_it.py"], []]
+    assert "agent first try" not in data["summary"] and len(engine2.requests) == 2
+    with pytest.raises(ExerciseError, match="--arms: expected agent and/or plain"):
+        args = _bench_args(tmp_path, "--arms", "agent,magic")
+        args.func(args)

@@ -53,6 +53,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed of every exercise's run (step n samples with seed + n); default 0, so a "
                         "run repeats; a negative value samples unseeded")
+    p.add_argument("--arms", default="agent",
+                   help="comma-separated: agent (the agent loop; default) and/or plain (the model alone: one "
+                        "greedy whole-file reply, as aider's benchmark asks, written and scored the same way)")
     p.add_argument("--candidates", type=int, default=None,
                    help="drafts decoded together per repair round, one that passes kept (default: the profile's)")
 
@@ -163,6 +166,16 @@ def run_exercise(ex, task, engine, store, run_dir: Path, candidates: int | None 
     }
 
 
+def parse_arms(text: str) -> tuple[str, ...]:
+    arms = tuple(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
+    bad = [a for a in arms if a not in ("agent", "plain")]
+    if bad or not arms:
+        from agents.exercises import ExerciseError
+
+        raise ExerciseError(f"--arms: expected agent and/or plain, got {text!r}")
+    return arms
+
+
 def _pct(n: int, d: int) -> float | None:
     return round(100.0 * n / d, 1) if d else None
 
@@ -172,6 +185,11 @@ def _yes_no(v: bool | None) -> str:
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    plain = [r["plain"] for r in records if isinstance(r.get("plain"), dict)]
+    plain_summary = {"plain_count": len(plain),
+                     "passed_plain": sum(1 for p in plain if p["passed"]) if plain else None,
+                     "pct_plain": _pct(sum(1 for p in plain if p["passed"]), len(plain)) if plain else None}
+    records = [r for r in records if "passed_after_repair" in r]  # the agent arm's
     n = len(records)
     known_first = [r for r in records if r["passed_first_try"] is not None]
     first = sum(1 for r in known_first if r["passed_first_try"])
@@ -188,7 +206,20 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "wall_s_median": round(statistics.median(walls), 3) if walls else None,
         "wall_s_p90": percentile(walls, 0.9),
         "tokens": tokens,
+        **plain_summary,
     }
+
+
+def progress_line(rec: dict[str, Any]) -> str:
+    parts = []
+    if "passed_after_repair" in rec:
+        parts.append(f"first try {_yes_no(rec['passed_first_try'])}, after repair "
+                     f"{_yes_no(rec['passed_after_repair'])}, {rec['wall_s']:.1f} s"
+                     + (f" ({rec['stop_reason']}: {rec['error']})" if rec["error"] else ""))
+    if "plain" in rec:
+        p = rec["plain"]
+        parts.append(f"plain {_yes_no(p['passed'])}, {p['wall_s']:.1f} s" + (f" ({p['error']})" if p["error"] else ""))
+    return "; ".join(parts)
 
 
 def run(args) -> dict:
@@ -197,7 +228,9 @@ def run(args) -> dict:
 
     from agents.choose import best_agent_profile
     from agents.exercises import exercise_task, find_exercises, split_of
+    from app.benches.agent_plain import run_plain
 
+    arms = parse_arms(args.arms)
     exercises = find_exercises(args.exercises)
     chosen, split = select(exercises, args.split, args.only, args.limit)
     in_split = len([e for e in exercises if args.split == "all" or split_of(e.slug) == args.split])
@@ -214,15 +247,19 @@ def run(args) -> dict:
     store = SessionStore(tmp / "sessions.sqlite3")
     try:
         for i, ex in enumerate(chosen, 1):
-            task = exercise_task(ex, tmp / "templates", repair_rounds=args.repair_rounds,
-                                 steps=args.steps, wall_s=args.wall_s,
-                                 seed=None if args.seed is not None and args.seed < 0 else args.seed)
-            rec = run_exercise(ex, task, engine, store, tmp / "runs" / ex.slug, args.candidates)
+            rec: dict[str, Any] = {"slug": ex.slug}
+            # arms alternate A/B, B/A from one exercise to the next (a warm cache favours neither)
+            for arm in (arms if i % 2 else arms[::-1]):
+                if arm == "plain":
+                    rec["plain"] = run_plain(ex, engine, tmp / "plain" / ex.slug, score)
+                    continue
+                task = exercise_task(ex, tmp / "templates", repair_rounds=args.repair_rounds,
+                                     steps=args.steps, wall_s=args.wall_s,
+                                     seed=None if args.seed is not None and args.seed < 0 else args.seed)
+                rec.update(run_exercise(ex, task, engine, store, tmp / "runs" / ex.slug, args.candidates))
             rec["split"] = split_of(ex.slug)
             records.append(rec)
-            print(f"[{i}/{len(chosen)}] {ex.slug}: first try {_yes_no(rec['passed_first_try'])}, "
-                  f"after repair {_yes_no(rec['passed_after_repair'])}, {rec['wall_s']:.1f} s"
-                  + (f" ({rec['stop_reason']}: {rec['error']})" if rec["error"] else ""), file=sys.stderr)
+            print(f"[{i}/{len(chosen)}] {ex.slug}: " + progress_line(rec), file=sys.stderr)
     except KeyboardInterrupt:  # Ctrl-C: report the exercises that finished
         interrupted = True
         print(f"bench agent: interrupted after {len(records)} of {len(chosen)} exercise(s)", file=sys.stderr)
@@ -239,6 +276,10 @@ def run(args) -> dict:
     first = ("unknown" if summary["pct_first_try"] is None
              else f"{summary['passed_first_try']}/{summary['first_try_known']} ({summary['pct_first_try']}%)")
     after = f"{summary['passed_after_repair']}/{summary['count']} ({summary['pct_after_repair']}%)"
+    agent = "agent" in arms
+    plain = ("" if summary["pct_plain"] is None else
+             f"plain (one greedy whole-file reply) {summary['passed_plain']}/{summary['plain_count']}"
+             f" ({summary['pct_plain']}%)")
     ref = (f"; aider {reference['model']}: {reference['pct_first_try']}% / {reference['pct_after_repair']}%"
            if reference else "")
     return {
@@ -254,6 +295,7 @@ def run(args) -> dict:
         "repair_rounds": args.repair_rounds,
         "seed": None if args.seed < 0 else args.seed,
         "candidates": args.candidates,
+        "arms": list(arms),
         **summary,
         "reference": reference,
         "load_s": round(load_s, 3),
@@ -261,7 +303,7 @@ def run(args) -> dict:
         "bench_dir": str(tmp),
         "loadavg": list(os.getloadavg()),
         "results": records,
-        "summary": (f"{summary['count']} exercises ({split} split) on {profile_name}: first try {first}, "
-                    f"after repair {after}; median {summary['wall_s_median']} s, p90 {summary['wall_s_p90']} s "
-                    f"per exercise{ref}"),
+        "summary": f"{len(records)} exercises ({split} split) on {profile_name}: " + "; ".join(filter(None, [
+            agent and f"agent first try {first}, after repair {after}, median {summary['wall_s_median']} s, "
+                      f"p90 {summary['wall_s_p90']} s per exercise", plain])) + ref,
     }
