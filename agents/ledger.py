@@ -10,15 +10,20 @@ as their raw generated text, so the rendered history keeps extending what was fe
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.sessions import Message
 from engine.sessions.chat import junction_tail
 
+from agents.protocol import CLOSE, OPEN
+
 log = logging.getLogger(__name__)
+_CALL_BLOCK = re.compile(rf"{re.escape(OPEN)}.*?{re.escape(CLOSE)}", re.DOTALL)
 
 
 def render_dict(m: Message) -> dict[str, Any]:
@@ -85,7 +90,22 @@ class MessageLedger:
         return [[] for _ in new]
 
 
-def messages_for(history: Sequence[Message]) -> list[dict[str, Any]]:
+def messages_for(history: Sequence[Message], native: bool = False) -> list[dict[str, Any]]:
     """The stored messages as an OpenAI-style request's ``messages``: assistant turns as the text
-    they were generated as (tool calls in the text protocol), tool results as ``tool`` turns."""
-    return [render_dict(m) for m in history]
+    they were generated as (tool calls in the text protocol), tool results as ``tool`` turns.
+    ``native``: assistant calls go as ``tool_calls`` (arguments as a JSON string), their text
+    without the call blocks, so the server renders them in its model's own format."""
+    if not native:
+        return [render_dict(m) for m in history]
+    out = []
+    for m in history:
+        d = render_dict(m)
+        if m.role == "assistant" and m.tool_calls:
+            d["content"] = _CALL_BLOCK.sub("", m.content).strip()
+            d["tool_calls"] = [{"id": c["id"], "type": "function",
+                                "function": {"name": c["function"]["name"],
+                                             "arguments": json.dumps(c["function"].get("arguments") or {},
+                                                                     ensure_ascii=False)}}
+                               for c in m.tool_calls]
+        out.append(d)
+    return out

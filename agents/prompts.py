@@ -68,10 +68,12 @@ def edit_rules(edit_format: str) -> str:
 
 
 def system_prompt(base: str | None, schemas: Sequence[Mapping[str, Any]], native_tools: bool,
-                  edit_format: str = "json") -> str:
-    """The system message text: the base prompt, the edit rules for a text edit format, plus
-    the tools block unless the template renders tools itself."""
-    if edit_format == "json":
+                  edit_format: str = "json", work: bool = False) -> str:
+    """The system message text: the base prompt, the edit rules for a text edit format (``work``:
+    the work rules with JSON calls), plus the tools block unless the template renders tools itself."""
+    if edit_format == "json" and work:
+        text = f"{(base or WORK_SYSTEM_PROMPT).strip()}\n\n{WORK_RULES}"
+    elif edit_format == "json":
         text = (base or DEFAULT_SYSTEM_PROMPT).strip()
     else:
         text = f"{(base or WORK_SYSTEM_PROMPT).strip()}\n\n{edit_rules(edit_format)}"
@@ -157,8 +159,9 @@ _FIXED = "def is_even(n):\n    return n % 2 == 0\n"
 
 
 def _work_episode(edit_format: str) -> list[dict[str, Any]]:
+    write = _edit if edit_format != "json" else (lambda path, text: _call("write_file", {"path": path, "content": text}))
     fix = (_replace("parity.py", "    return n % 2 == 0 or n > 5\n", "    return n % 2 == 0\n")
-           if edit_format == "diff" else _edit("parity.py", _FIXED))
+           if edit_format == "diff" else write("parity.py", _FIXED))
     fixed_note = ("Edited parity.py: 1 replacement, +1 -1 lines.\n--- a/parity.py\n+++ b/parity.py\n@@ -1,2 +1,2 @@\n"
                   " def is_even(n):\n-    return n % 2 == 0 or n > 5\n+    return n % 2 == 0"
                   if edit_format == "diff" else "Updated parity.py (38 bytes): +1 -1 lines.")
@@ -167,7 +170,7 @@ def _work_episode(edit_format: str) -> list[dict[str, Any]]:
                                     "Run the tests with: python3 -m unittest parity_test"},
         _call("read_file", {"path": "parity.py"}),
         {"role": "tool", "content": "parity.py lines 1-2 of 2:\ndef is_even(n):\n    pass\n"},
-        _edit("parity.py", _BUGGY),
+        write("parity.py", _BUGGY),
         {"role": "tool", "content": "Updated parity.py (47 bytes): +1 -1 lines."},
         _call("bash", {"command": "python3 -m unittest parity_test"}),
         {"role": "tool", "content": _PARITY_FAIL},
@@ -179,8 +182,9 @@ def _work_episode(edit_format: str) -> list[dict[str, Any]]:
     ]
 
 
-def example_messages(tool_names: Sequence[str], edit_format: str = "json") -> list[dict[str, Any]]:
-    """The example turns whose calls only use offered tools, as message dicts.
+def example_messages(tool_names: Sequence[str], edit_format: str = "json", work: bool = False) -> list[dict[str, Any]]:
+    """The example turns whose calls only use offered tools, as message dicts (``work``: the
+    test-and-fix episode in JSON calls, where the text edit formats are not used).
 
     Assistant calls carry ``call = (name, arguments)``; tool messages carry ``name`` and
     ``tool_call_id`` (``example_<n>``) so they pair up like real calls. Text edits count as
@@ -188,7 +192,7 @@ def example_messages(tool_names: Sequence[str], edit_format: str = "json") -> li
     """
     out: list[dict[str, Any]] = []
     n = 0
-    examples = EXAMPLES if edit_format == "json" else [_work_episode(edit_format)]
+    examples = EXAMPLES if edit_format == "json" and not work else [_work_episode(edit_format)]
     offered = set(tool_names) | ({"write_file", "edit_file"} if edit_format != "json" else set())
     for example in examples:
         if any("call" in m and m["call"][0] not in offered for m in example):

@@ -47,6 +47,7 @@ from agents.events import (
 )
 from agents.ledger import MessageLedger, TokenLedger, messages_for
 from agents.loops import LoopGuard
+from agents.native_calls import NativeCalls, remote_tool_calls
 from agents.options import AgentError, AgentLimits, AgentOptions
 from agents.parser import Malformed, Parsed, ToolCallParser
 from agents.policy import ApprovalPolicy
@@ -110,8 +111,13 @@ class AgentSession:
         self.registry = ToolRegistry(base.workspace, [base.get(n) for n in names if base.get(n)])
         edit_format = self.options.edit_format or agent_cfg.edit_format
         writes = {"write_file", "edit_file"} & set(self.registry.names())
+        # a remote server (engine.serving.remote_engine) has no tokenizer or template here: no
+        # constrained decoding, messages sent as messages; tools in the text protocol, or offered
+        # natively (model.remote.tool_calls: native), where files are written by JSON calls too
+        self.remote = bool(getattr(engine, "remote", False))
+        self.remote_native = self.remote and remote_tool_calls(engine) == "native"
         # text edits run as write_file / edit_file: without those tools there is nothing to write with
-        self.edit_format = edit_format if writes else "json"
+        self.edit_format = edit_format if writes and not self.remote_native else "json"
         unconfined = () if self.sandbox.active else ("bash",)
         # Said once per process (the TUI shows it; logs and transcripts keep it).
         self.sandbox_notice = warn_once(self.sandbox.status) if "bash" in self.registry.names() else None
@@ -122,10 +128,7 @@ class AgentSession:
         text_only = ("write_file", "edit_file") if self.edit_format != "json" else ()
         self.schemas = [s for s in self.registry.schemas() if s["function"]["name"] not in text_only]
         self.tool_params = tool_map(self.registry.schemas())
-        # a remote server (engine.serving.remote_engine) has no tokenizer or template here: the
-        # text protocol, no constrained decoding, messages sent as messages
-        self.remote = bool(getattr(engine, "remote", False))
-        self.native_tools = not self.remote and template_renders_tools(engine.render)
+        self.native_tools = self.remote_native if self.remote else template_renders_tools(engine.render)
         self.ledger = MessageLedger() if self.remote else TokenLedger(engine, self.schemas if self.native_tools else None)
         self.files = TaskFiles(self.registry.workspace, self.options.protected)
         self.context = SessionContext(store, self.session_id, self.ledger, getattr(engine, "tokenizer", None),
@@ -178,11 +181,12 @@ class AgentSession:
         return cls(engine, store, session_id, options=options, transcript=transcript)
 
     def _bootstrap(self) -> None:
-        text = system_prompt(self.options.system_prompt, self.schemas, self.native_tools, self.edit_format)
+        text = system_prompt(self.options.system_prompt, self.schemas, self.native_tools, self.edit_format,
+                             work=self.remote_native)
         self.context.append([{"role": "system", "content": text}], generation_prompt=False, metas=[{}])
         if not self.options.examples:
             return
-        for m in example_messages(self.registry.names(), self.edit_format):
+        for m in example_messages(self.registry.names(), self.edit_format, work=self.remote_native):
             meta: dict[str, Any] = {"example": True}
             calls = None
             if "call" in m:
@@ -444,7 +448,8 @@ class AgentSession:
         request = GenerationRequest(prompt_ids, params, session_id=self.session_id,
                                     split_reasoning=self.engine.profile.chat.reasoning, constraint=constraint,
                                     priority=Priority.AGENT)
-        messages = messages_for(self.store.messages(self.session_id, tokens=False)) if self.remote else None
+        messages = (messages_for(self.store.messages(self.session_id, tokens=False), native=self.remote_native)
+                    if self.remote else None)
         self.transcript.write("request", step, prompt_tokens=len(prompt_ids), max_tokens=max_new,
                               constrained=constraint is not None,
                               sampling={"temperature": params.temperature, "top_p": params.top_p, "seed": seed})
@@ -453,17 +458,19 @@ class AgentSession:
         parser = ToolCallParser(self.tool_params, id_prefix=f"call_{step}", text_edits=text_edits,
                                 infer_path=self.infer_path if text_edits else None)
         with self._lock:
-            self._handle = handle = (self.engine.submit_messages(messages, params) if self.remote
-                                     else self.engine.submit(request))
+            self._handle = handle = (self.engine.submit_messages(messages, params,
+                                                                 self.schemas if self.remote_native else None)
+                                     if self.remote else self.engine.submit(request))
             if self._cancel.is_set():
                 handle.cancel()
         partial = PartialReply(self.store, self.session_id, replies.Opened(handle, opening_ids), meta={"step": step})
         done: Done | None = None
         guard, raw, early, file_closed = LoopGuard(), opening, None, False
+        native = NativeCalls()  # a server's own tool calls, read as the text protocol's blocks
         for pe in parser.feed(opening):
             yield replies.event(step, pe)
         try:
-            for ev in handle:
+            for ev in native.as_text(handle):
                 if isinstance(ev, EngineTextDelta):
                     closed = False
                     for pe in parser.feed(ev.text):
@@ -481,7 +488,7 @@ class AgentSession:
                         if early is not None:
                             handle.cancel()  # the rest of the budget would be wasted
                 elif isinstance(ev, Done):
-                    done = ev
+                    done = replace(ev, text=native.text) if native.seen else ev
             for pe in parser.finish():
                 if early is not None and early[0] == "planned" and isinstance(pe, Malformed):
                     continue  # the file block the plan stopped at: not a call

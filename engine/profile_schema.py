@@ -291,14 +291,17 @@ class RemoteModel:
     model: str  # the server's model id
     api_key_env: str | None = None  # the environment variable holding the API key
     timeout_s: float = 600.0
+    # how agents call tools: "text" (the text protocol inside the reply, any server) or "native"
+    # (OpenAI ``tools`` in, ``tool_calls`` out: the server's own tool parsing)
+    tool_calls: str = "text"
 
 
 class Remote(Rule):
-    """``model.remote``: a mapping with base_url and model (api_key_env, timeout_s optional)."""
+    """``model.remote``: a mapping with base_url and model (api_key_env, timeout_s, tool_calls optional)."""
 
-    allowed = "a mapping with base_url (http:// or https://), model, and optional api_key_env, timeout_s"
+    allowed = "a mapping with base_url (http:// or https://), model, and optional api_key_env, timeout_s, tool_calls"
     _RULES = {"base_url": Text(), "model": Text(), "api_key_env": Text(nullable=True),
-              "timeout_s": Number(gt=0)}
+              "timeout_s": Number(gt=0), "tool_calls": Choice("text", "native")}
 
     def convert(self, node: yaml.Node, key: str, problems: Problems) -> Any:
         if isinstance(node, yaml.ScalarNode) and plain(node) is None:

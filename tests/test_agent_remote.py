@@ -157,3 +157,56 @@ def test_mlxterm_run_with_a_remote_profile(tmp_path, serve_script, capsys):
                  "--json"])
     assert code == 0, capsys.readouterr()
     assert (tmp_path / "run" / "workspace" / "solver.py").read_text().endswith("return x * 2\n")
+
+
+def test_native_tool_calls_go_as_tools_and_come_back_as_tool_calls(tmp_path, serve_script):
+    """``model.remote.tool_calls: native``: the tools are offered in the request's ``tools``, the
+    server parses the model's calls and streams ``tool_calls``, which the agent reads as calls;
+    the next request carries them as the assistant's ``tool_calls`` with the results as
+    ``tool`` turns of the same ids. Files are written by JSON calls (no text edit format)."""
+    server = serve_script([
+        format_call("write_file", {"path": "solver.py", "content": "def double(x):\n    return x * 2\n"}),
+        format_call("bash", {"command": "python3 -c 'import solver; print(solver.double(21))'"}),
+        "double(21) is 42.",
+    ])
+    (tmp_path / "tmpl").mkdir()
+    (tmp_path / "tmpl" / "solver.py").write_text("def double(x):\n    pass\n")
+    (tmp_path / "task.yaml").write_text(TASK + "allow: [bash]\n")
+    path = tmp_path / "far.yaml"
+    data = yaml.safe_load(open(remote_profile(path, server.base_url)))
+    data["model"]["remote"]["tool_calls"] = "native"
+    path.write_text(yaml.safe_dump(data))
+    engine = RemoteEngine.load(str(path))
+    seen = []
+    chat = engine.chat
+    stream = chat.stream
+
+    def spy(messages, params, should_stop=None, hangup=None, tools=None):
+        seen.append((list(messages), tools))
+        yield from stream(messages, params, should_stop, hangup, tools)
+
+    chat.stream = spy
+    result = HeadlessRun(load_task(tmp_path / "task.yaml"), engine=engine, run_dir=tmp_path / "run",
+                         store=SessionStore(tmp_path / "s.sqlite3")).run()
+    assert result["status"] == "passed" and result["final_text"] == "double(21) is 42.", (result.get("error"), result)
+    assert (tmp_path / "run" / "workspace" / "solver.py").read_text() == "def double(x):\n    return x * 2\n"
+    messages, tools = seen[0]
+    assert {t["function"]["name"] for t in tools} >= {"write_file", "bash", "read_file"}
+    assert "<tool_call>" not in messages[0]["content"]  # the server renders the tools, not our prompt
+    assert "Write file content exactly" not in messages[0]["content"]  # the work rules, not the toy ones
+    # the example episode and the run's own calls go back as tool_calls paired with tool turns
+    last, _ = seen[-1]
+    calls = [c for m in last if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    results = [m for m in last if m["role"] == "tool"]
+    assert [c["id"] for c in calls] == [m["tool_call_id"] for m in results]
+    assert all(isinstance(c["function"]["arguments"], str) for c in calls)
+    mine = [m for m in last if m["role"] == "assistant" and m.get("tool_calls")][-2:]
+    assert [m["tool_calls"][0]["function"]["name"] for m in mine] == ["write_file", "bash"]
+    assert all("<tool_call>" not in m["content"] for m in last if m["role"] == "assistant")
+    assert "42" in results[-1]["content"]
+    records = read_transcript(tmp_path / "run" / "transcript.jsonl")
+    run = next(r for r in records if r["type"] == "run")
+    assert run["agent"]["protocol"] == "native" and run["agent"]["edit_format"] == "json"
+    assert [r["name"] for r in records if r["type"] == "tool_result"] == ["write_file", "bash"]
+    # the server was asked with tools and answered with tool_calls: its prompt had the calls written back
+    assert "tool_call" in server.engine.tokenizer.decode(server.engine.requests[1].prompt_ids)

@@ -254,6 +254,7 @@ def test_plain_arm_scores_the_one_shot_reply_beside_the_agent(tmp_path, monkeypa
     assert plain_req.params.temperature == 0.0 and plain_req.session_id is None
     prompt = engine.tokenizer.decode(plain_req.prompt_ids)
     assert "Use the instructions above to change double_it.py" in prompt and "tool_call" not in prompt
+    assert prompt.index("def double(n)") < prompt.index("Use the instructions above")  # the file first
     assert data["arms"] == ["agent", "plain"] and data["passed_plain"] == 1 and data["pct_plain"] == 50.0
     assert data["passed_after_repair"] == 1 and "plain (one greedy whole-file reply) 1/2 (50.0%)" in data["summary"]
 

@@ -21,17 +21,21 @@ MAX_TOKENS = 2048
 
 
 def plain_messages(ex) -> list[dict[str, str]]:
-    """One system and one user turn: the instructions, the stub file(s), the request."""
+    """The stub file(s) in one turn, then the instructions and the request (as aider orders
+    them: with the instructions first, the greedy 1.5B opened a fence and copied them into it)."""
     stubs = []
     for name in ex.solution:
         text = (ex.dir / name).read_text(encoding="utf-8", errors="replace")
         lang = "python" if name.endswith(".py") else ""
         stubs.append(f"{name}\n```{lang}\n{text.rstrip()}\n```")
     files = ", ".join(ex.solution)
-    user = (f"{ex.instructions.rstrip()}\n\n" + "\n\n".join(stubs) + "\n\n"
-            f"Use the instructions above to change {files}. Keep the names of the existing functions "
-            "and classes: unit tests call them. Use only Python's standard library.")
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+    request = (f"{ex.instructions.rstrip()}\n\n"
+               f"Use the instructions above to change {files}. Keep the names of the existing functions "
+               "and classes: unit tests call them. Use only Python's standard library.")
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Here are the files:\n\n" + "\n\n".join(stubs)},
+            {"role": "assistant", "content": "Ok."},
+            {"role": "user", "content": request}]
 
 
 def written_files(ex, text: str) -> dict[str, str]:

@@ -20,10 +20,13 @@ class ReasoningDelta:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """Raw text of a tool call as it forms (the agent layer parses it)."""
+    """A piece of a tool call a server streams natively (OpenAI ``delta.tool_calls``): the first
+    piece of call ``index`` carries its ``id`` and ``name``, later ones pieces of its JSON arguments."""
 
-    text: str
-    index: int = 0
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,15 @@ from urllib.parse import urlsplit
 from engine.errors import MlxtermError
 from engine.generation.sampling import SamplingParams
 from engine.profiles import Profile
-from engine.serving.events import Done, Event, ReasoningDelta, TextDelta, Timings, Usage
+from engine.serving.events import (
+    Done,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    Timings,
+    ToolCallDelta,
+    Usage,
+)
 
 SERVER_CACHE = "server"  # Done.cache_source when the server reports cached prompt tokens
 
@@ -116,9 +124,12 @@ class RemoteChat:
             conn.close()
 
     def stream(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams,
-               should_stop=None, hangup: Hangup | None = None) -> Iterator[Event]:
+               should_stop=None, hangup: Hangup | None = None,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> Iterator[Event]:
         """One streamed chat turn; the last event is always a ``Done``. ``hangup()`` (from
-        another thread) or ``should_stop()`` (checked per chunk) ends it as "cancelled"."""
+        another thread) or ``should_stop()`` (checked per chunk) ends it as "cancelled".
+        ``tools`` (OpenAI tool definitions, or bare function schemas) are offered natively; the
+        calls the server streams come as ``ToolCallDelta`` events."""
 
         def stopped() -> bool:
             return (hangup is not None and hangup.requested) or (should_stop is not None and should_stop())
@@ -129,6 +140,9 @@ class RemoteChat:
             msgs.insert(0, {"role": "system", "content": sys_prompt})
         body = {"model": self.remote.model, "messages": msgs, "stream": True,
                 "stream_options": {"include_usage": True}, **_sampling_fields(params)}
+        if tools:
+            body["tools"] = [dict(t) if "function" in t else {"type": "function", "function": dict(t)} for t in tools]
+            body["tool_choice"] = "auto"
         t0 = time.perf_counter()
         t_first = 0.0
         text: list[str] = []
@@ -172,6 +186,10 @@ class RemoteChat:
                         chunks += 1
                         text.append(piece)
                         yield TextDelta(piece)
+                    for call in delta.get("tool_calls") or []:
+                        t_first = t_first or time.perf_counter()
+                        chunks += 1
+                        yield _call_delta(call)
                     if choice.get("finish_reason"):
                         finish = "length" if choice["finish_reason"] == "length" else "stop"
                 if stopped():
@@ -218,6 +236,15 @@ def _sampling_fields(p: SamplingParams) -> dict[str, Any]:
     if p.stop:
         out["stop"] = list(p.stop)
     return out
+
+
+def _call_delta(call: Mapping[str, Any]) -> ToolCallDelta:
+    fn = call.get("function") or {}
+    args = fn.get("arguments")
+    if args is not None and not isinstance(args, str):  # a server that sends an object, not its JSON
+        args = json.dumps(args, ensure_ascii=False)
+    return ToolCallDelta(index=int(call.get("index") or 0), arguments=args or "", id=call.get("id"),
+                         name=fn.get("name"))
 
 
 def _sse_data(resp) -> Iterator[str]:

@@ -32,10 +32,11 @@ class RemoteHandle(RequestHandle):
     """One remote turn streaming on its own thread; ``token_ids`` stays empty (no tokenizer)."""
 
     def __init__(self, chat: RemoteChat, messages: Sequence[Mapping[str, Any]], params: SamplingParams,
-                 on_end=None):
+                 on_end=None, tools: Sequence[Mapping[str, Any]] | None = None):
         super().__init__(None)
         self._hangup = Hangup()
         self._on_end = on_end
+        self._tools = list(tools) if tools else None
         self.thread = threading.Thread(target=self._run, args=(chat, list(messages), params),
                                        name="mlxterm-remote", daemon=True)
         self.thread.start()
@@ -48,7 +49,7 @@ class RemoteHandle(RequestHandle):
         t0 = time.perf_counter()
         done = False
         try:
-            for ev in chat.stream(messages, params, hangup=self._hangup):
+            for ev in chat.stream(messages, params, hangup=self._hangup, tools=self._tools):
                 done = done or isinstance(ev, Done)
                 self.emit(ev)
         except Exception as e:  # noqa: BLE001 (the handle must end with a Done whatever happens)
@@ -114,12 +115,14 @@ class RemoteEngine:
     def sampling(self, **overrides) -> SamplingParams:
         return self.chat.sampling(**overrides)
 
-    def submit_messages(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams) -> RemoteHandle:
-        """Start one streamed turn on the server; the handle ends with one ``Done``."""
+    def submit_messages(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams,
+                        tools: Sequence[Mapping[str, Any]] | None = None) -> RemoteHandle:
+        """Start one streamed turn on the server (``tools``: offered natively); the handle ends
+        with one ``Done``."""
         if not messages:
             raise MlxtermError("no messages: nothing to send")
         with self._lock:
-            handle = RemoteHandle(self.chat, messages, params, on_end=self._ended)
+            handle = RemoteHandle(self.chat, messages, params, on_end=self._ended, tools=tools)
             self._live.add(handle)
         return handle
 
