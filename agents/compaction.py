@@ -128,7 +128,7 @@ def plan(
         short = shorten(m.content)
         if short == m.content:
             continue
-        gain = m.token_count - count_tokens(short)
+        gain = (m.token_count or count_tokens(m.content)) - count_tokens(short)  # no tokens: a remote session
         if gain <= 0:
             continue
         new_content[m.index] = short

@@ -5,12 +5,15 @@ to the context (``agents.ledger`` renders them the way the chat template would),
 prompt extends the previous one exactly and the engine reuses its KV cache. ``compact`` shortens
 old tool output when the context runs short (``agents.compaction`` plans what to cut) and puts
 the later messages back with their tokens recomputed; ``close_interrupted_turn`` ends a turn a
-stopped run left open.
+stopped run left open. A remote session has no tokens here: its size is estimated from its
+characters, at the characters per token the server's own ``usage`` showed for the last reply.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from engine.sessions import Message, SessionStore
@@ -20,6 +23,9 @@ from agents import compaction
 from agents.events import Compacted
 from agents.ledger import TokenLedger, render_dict
 from agents.transcript import Transcript
+
+CHARS_PER_TOKEN = 3.5  # a remote session's estimate until a reply's usage gives the server's own
+MESSAGE_OVERHEAD = 4  # template tokens around each message (role markers), estimated
 
 
 class SessionContext:
@@ -63,14 +69,28 @@ class SessionContext:
             self.append([{"role": "assistant", "content": ""}], generation_prompt=False,
                          metas=[{"interrupted": True}])
 
+    def used_tokens(self, messages: Sequence[Message] | None = None) -> int:
+        """The context's size in tokens: exact with a tokenizer, else estimated (remote)."""
+        if messages is None:
+            if self.tokenizer is not None:
+                return self.store.get(self.session_id).token_count
+            messages = self.store.messages(self.session_id, tokens=False)
+        if self.tokenizer is not None:
+            return sum(m.token_count for m in messages)
+        ratio = chars_per_token(messages)
+        return sum(math.ceil(len(_renderable(m)) / ratio) + MESSAGE_OVERHEAD for m in messages)
+
     def compact(self, step: int, tokens_over: int, room: int) -> Compacted | None:
         """Shorten old tool results so the prompt fits ``room`` with some slack."""
         messages = self.store.messages(self.session_id)
-        before = sum(m.token_count for m in messages)
+        before = self.used_tokens(messages)
         target = int(room * compaction.TARGET_FRACTION)
         need = max(tokens_over, before - target)
         tok = self.tokenizer
-        plan = compaction.plan(messages, need, lambda text: len(tok.encode(text)) + 8)
+        ratio = chars_per_token(messages)
+        count = ((lambda text: len(tok.encode(text)) + 8) if tok is not None
+                 else (lambda text: math.ceil(len(text) / ratio) + 8))
+        plan = compaction.plan(messages, need, count)
         if not plan.indices:
             return None
         first = plan.indices[0]
@@ -83,7 +103,7 @@ class SessionContext:
         for m in messages[first:]:
             following = roles[m.index + 1] if m.index + 1 < len(roles) else None
             self._readd(m, plan.new_content.get(m.index), step, following)
-        after = self.store.get(self.session_id).token_count
+        after = self.used_tokens()
         record = {"step": step, "messages": list(plan.indices), "tokens_before": before,
                   "tokens_after": after, "chars_removed": removed, "superseded": superseded}
         history = self.store.get_meta(self.session_id).get("compactions", [])
@@ -129,6 +149,19 @@ class SessionContext:
         msg = self.store.add_message(self.session_id, m.role, content, tool_calls=m.tool_calls,
                                      tool_call_id=m.tool_call_id, name=m.name, token_ids=ids, meta=meta)
         self.transcript.message(msg, step)
+
+
+def chars_per_token(messages: Sequence[Message]) -> float:
+    """Characters per token of a remote session: the messages' characters up to the last reply
+    whose usage the server reported, over its prompt and completion tokens (template and tools
+    included, so the estimate errs large); ``CHARS_PER_TOKEN`` before any."""
+    chars, ratio = 0, None
+    for m in messages:
+        chars += len(_renderable(m))
+        usage = m.meta.get("usage") if m.role == "assistant" else None
+        if isinstance(usage, dict) and usage.get("prompt_tokens"):
+            ratio = chars / (usage["prompt_tokens"] + (usage.get("completion_tokens") or 0))
+    return max(ratio or CHARS_PER_TOKEN, 0.5)
 
 
 def _renderable(m: Message) -> str:

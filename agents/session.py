@@ -418,12 +418,12 @@ class AgentSession:
         want = self._step_tokens()
         if tokens_left is not None:
             want = min(want, tokens_left)
-        used = self.store.get(self.session_id).token_count
+        used = self.context.used_tokens()
         if limit - used < want:
             ev = self.context.compact(step, want - (limit - used), limit - want)
             if ev is not None:
                 yield ev
-            used = self.store.get(self.session_id).token_count
+            used = self.context.used_tokens()
         room = min(want, limit - used)
         return room if room >= MIN_STEP_TOKENS else None
 

@@ -210,3 +210,32 @@ def test_native_tool_calls_go_as_tools_and_come_back_as_tool_calls(tmp_path, ser
     assert [r["name"] for r in records if r["type"] == "tool_result"] == ["write_file", "bash"]
     # the server was asked with tools and answered with tool_calls: its prompt had the calls written back
     assert "tool_call" in server.engine.tokenizer.decode(server.engine.requests[1].prompt_ids)
+
+
+def test_a_remote_session_compacts_by_characters_when_the_context_runs_short(tmp_path, serve_script):
+    """No tokens here: the context's size is estimated from its characters at the ratio the
+    server's usage showed; when the next step would not fit, old tool output is shortened and
+    the server gets the shortened messages."""
+    big = "python3 -c \"print('x' * 9000)\""
+    server = serve_script([format_call("bash", {"command": big}),
+                           format_call("bash", {"command": "echo small"}), "Done: printed both."])
+    (tmp_path / "task.yaml").write_text('prompt: "Print nine thousand x, then small."\nallow: [bash]\n')
+    path = tmp_path / "far.yaml"
+    data = yaml.safe_load(open(remote_profile(path, server.base_url)))
+    data["context"] = {"max_context": 7000}  # the scripted server's tokens are bytes
+    data["agent"]["max_tokens_per_step"] = 400
+    path.write_text(yaml.safe_dump(data))
+    engine = RemoteEngine.load(str(path))
+    result = HeadlessRun(load_task(tmp_path / "task.yaml"), engine=engine, run_dir=tmp_path / "run",
+                         store=SessionStore(tmp_path / "s.sqlite3")).run()
+    assert result["stop_reason"] == "answered", (result["stop_reason"], result.get("error"))
+    records = read_transcript(tmp_path / "run" / "transcript.jsonl")
+    (compaction,) = [r for r in records if r["type"] == "compaction"]
+    done = next(r for r in records if r["type"] == "compaction_done")
+    assert compaction["chars_removed"] > 8000 and compaction["tokens_before"] > done["tokens_after"] > 0
+    # the step after the output was compacted first: the server never got the whole of it
+    assert compaction["step"] == 2
+    prompts = [server.engine.tokenizer.decode(r.prompt_ids) for r in server.engine.requests]
+    assert len(prompts) == 3 and not any("x" * 9000 in p for p in prompts)
+    assert "characters of tool output removed to fit the context" in prompts[1]
+    assert len(prompts[1]) < 7000
