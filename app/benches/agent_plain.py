@@ -74,7 +74,12 @@ def run_plain(ex, engine, workspace: Path, score) -> dict[str, Any]:
     text, usage = "", None
     try:
         params = engine.sampling(max_tokens=MAX_TOKENS, temperature=0.0, repetition_penalty=1.0, seed=0)
-        done = engine.submit(GenerationRequest(engine.chat_prompt(plain_messages(ex)), params)).result()
+        handle = engine.submit(GenerationRequest(engine.chat_prompt(plain_messages(ex)), params))
+        try:
+            done = handle.result()
+        except KeyboardInterrupt:  # Ctrl-C: stop decoding now, the bench reports what finished
+            handle.cancel()
+            raise
         text, usage = done.text, done.usage
         error = done.error
     except Exception as e:  # one broken exercise must not end the bench
