@@ -52,8 +52,7 @@ from agents.events import (
     ToolFinished,
 )
 from agents.evidence import Evidence
-from agents.plan import plan_from_task
-from agents.planned import PlanOutcome, PlanUpdated, load_plan, work_through_plan
+from agents.planned import PlanOutcome, PlanUpdated, load_plan, names_new_files, work_through_plan
 from agents.progress import Progress
 from agents.repair import (
     RepairOutcome,
@@ -260,7 +259,7 @@ class HeadlessRun:
             return True
         if self.task.plan is not None:
             return self.task.plan
-        return len(plan_from_task(self.task.prompt, lambda p: (self.workspace / p).exists()).items) >= 2
+        return names_new_files(self.task.prompt, self.workspace)
 
     def _emit(self, ev) -> None:
         """Count the event in the progress (saved in the session's meta at each step) and pass it on."""

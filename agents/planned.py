@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from agents.events import AgentDone, AgentEvent, StepDone, ToolFinished
 from agents.plan import Plan, parse_plan, plan_from_task
@@ -70,6 +71,11 @@ def load_plan(agent: AgentSession) -> Plan | None:
 
 def save_plan(agent: AgentSession, plan: Plan) -> None:
     agent.store.set_meta(agent.session_id, {META_KEY: plan.to_dict()})
+
+
+def names_new_files(task_prompt: str, workspace: Path) -> bool:
+    """Whether a task should be planned by default: it names two or more files ``workspace`` lacks."""
+    return len(plan_from_task(task_prompt, lambda p: (workspace / p).exists()).items) >= 2
 
 
 def work_through_plan(agent: AgentSession, task_prompt: str, limits: AgentLimits, *,

@@ -488,3 +488,53 @@ async def test_esc_stops_the_visible_run_only(tmp_path):
         assert step.state == "stopped" and step.content.strip() == AGENT_ENDS[:20].strip()
         assert screen.status.turn_text.startswith("agent cancelled")
 
+
+
+async def test_a_task_naming_new_files_is_planned_and_the_plan_ticks(tmp_path):
+    """A prompt naming two new files is planned first, as ``mlxterm run`` does: the plan appears
+    as a checklist in the conversation and each item is ticked when its file is written; the
+    item runs end at their writes without the headless "checks run now" note."""
+    from app.tui.widgets.plan_view import PlanView
+
+    app, engine = make_app([
+        "index.html: the page\n2. app.js: the click",  # after the "Plan:\n1. " opening
+        Reply("<p>hi</p>\n```\n", delay_s=0.05),
+        Reply("let a = 1;\n```\n", delay_s=0.05),
+    ], profile=scripted_profile(edit_format="whole"))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    async with app.run_test(size=SIZE) as pilot:
+        await start_agent(pilot, str(ws))
+        await task(pilot, "build index.html and app.js")
+        await wait_for(pilot, lambda: list(main(app).conversation.query(PlanView)), what="the plan view")
+        await idle(pilot)
+        (view,) = main(app).conversation.query(PlanView)
+        assert view.text.splitlines() == ["Plan · 2 of 2 done", "✓ 1. index.html — the page",
+                                          "✓ 2. app.js — the click"]
+        assert (ws / "index.html").read_text() == "<p>hi</p>\n" and (ws / "app.js").read_text() == "let a = 1;\n"
+        assert [c.tool for c in cards(app)] == ["write_file", "write_file"]
+        assert not any("checks run now" in n for n in notices(app))
+        prompts = [engine.tokenizer.decode(r.prompt_ids) for r in engine.requests]
+        assert "short plan only" in prompts[0] and prompts[2].endswith("assistant\napp.js\n```javascript\n")
+        # the plan is kept in the session (a resumed or reopened run reads it)
+        sid = main(app).session_id
+        meta = app.controller.store.get_meta(sid)
+        assert [i["path"] for i in meta["plan"]["items"]] == ["index.html", "app.js"]
+        # reopened from the sidebar: the plan as it stands, above the cards
+        await pilot.press("ctrl+n")
+        await pilot.press("ctrl+l", "enter")
+        await wait_for(pilot, lambda: main(app).session_id == sid and cards(app), what="the reopened session")
+        (view,) = main(app).conversation.query(PlanView)
+        assert view.text.splitlines()[0] == "Plan · 2 of 2 done"
+
+
+async def test_a_one_file_task_is_not_planned(tmp_path):
+    from app.tui.widgets.plan_view import PlanView
+
+    app, engine = make_app([call("write_file", path="a.txt", content="a"), "Wrote a.txt."])
+    async with app.run_test(size=SIZE) as pilot:
+        await start_agent(pilot, str(tmp_path))
+        await task(pilot, "create a.txt containing a")
+        await idle(pilot)
+        assert not list(main(app).conversation.query(PlanView)) and replies(app) == ["Wrote a.txt."]
+        assert "short plan only" not in engine.tokenizer.decode(engine.requests[0].prompt_ids)

@@ -3,7 +3,9 @@
 An agent session (kind "agent", with a workspace directory) sends each prompt to
 ``agents.session.AgentSession.run_async``: the loop (parsing, tools, the session store) runs
 on its own thread and the model on the engine thread; this screen's worker only receives
-the events on the UI loop and renders them (``AgentRunView``). ``ApprovalNeeded`` opens an
+the events on the UI loop and renders them (``AgentRunView``). A prompt naming two or more new
+files is planned first (``agents.planned``, as ``mlxterm run`` does): the view shows the plan
+and ticks its items as their files are written. ``ApprovalNeeded`` opens an
 ``ApprovalScreen`` while the agent thread waits for the answer; Esc cancels the run.
 
 A run streams into the pane of its session (``agent_pane``): opening another session, or a new
@@ -31,6 +33,9 @@ from agents.events import (
     ToolFinished,
     ToolStarted,
 )
+from agents.options import AgentLimits
+from agents.planned import names_new_files, work_through_plan
+from agents.threaded import on_a_thread
 from app.tui.agent_view import AgentRunView
 from app.tui.commands import SingleCommand
 from app.tui.format import agent_done_summary, agent_step_summary
@@ -165,7 +170,8 @@ class AgentActions:
             if self._agent_stop:
                 agent.cancel()
             count = 0
-            async for ev in agent.run_async(text):
+            planned = await asyncio.to_thread(names_new_files, text, agent.workspace)
+            async for ev in (self._planned_run(agent, text) if planned else agent.run_async(text)):
                 await view.event(ev)
                 if isinstance(ev, ApprovalNeeded):
                     self._ask(ev, view, pane)
@@ -205,6 +211,13 @@ class AgentActions:
         self.update_context()
         self.refresh_sessions()
         await self.release_pane(pane)
+
+    def _planned_run(self, agent, text: str):
+        """A task naming two or more new files: the plan first, then one run per item (the
+        view shows the plan and ticks it); as ``mlxterm run`` does."""
+        return on_a_thread(lambda: work_through_plan(
+            agent, text, AgentLimits(), transcript=agent.transcript, cancelled=lambda: self._agent_stop,
+            retry_temperature=agent.engine.profile.agent.repair_temperature), agent.cancel)
 
     def _agent_for(self, session_id: str, text: str):
         """The open session's AgentSession (reused while the model stays the same, so

@@ -1,8 +1,9 @@
 """Agent sessions in the conversation: live runs (``AgentRunView``) and stored ones.
 
 A run's events become, in order: assistant text (streamed into a ``MessageView``), a
-``ToolCard`` per call (from the first ``ToolCallForming`` to ``ToolFinished``) and small
-``AgentNotice`` lines for malformed calls, compactions and the end of the run. A reopened
+``ToolCard`` per call (from the first ``ToolCallForming`` to ``ToolFinished``), small
+``AgentNotice`` lines for malformed calls, compactions and the end of the run, and for a
+planned run a ``PlanView`` checklist updated as its items are written. A reopened
 session is rebuilt from its stored messages the same way (example turns and the system
 prompt are folded into one notice).
 """
@@ -21,6 +22,7 @@ from agents.events import (
     Compacted,
     Corrective,
     StepDone,
+    StepStart,
     TextDelta,
     ToolCallForming,
     ToolCallMalformed,
@@ -28,7 +30,10 @@ from agents.events import (
     ToolFinished,
     ToolStarted,
 )
+from agents.plan import Plan
+from agents.planned import PlanUpdated
 from app.tui.widgets.message import MessageView
+from app.tui.widgets.plan_view import PlanView
 from app.tui.widgets.tool_card import AgentNotice, ToolCard
 
 STEP_STATES = {"cancelled": "stopped", "error": "error"}  # a step's finish reason -> reply state
@@ -50,12 +55,18 @@ class AgentRunView:
         self.reply: MessageView | None = None
         self.cards: dict[str, ToolCard] = {}
         self._pending_text = ""  # leading whitespace waits for real text
+        self.plan_view: PlanView | None = None
+        self._last_step = 0
 
     def card(self, call_id: str) -> ToolCard | None:
         return self.cards.get(call_id)
 
     async def event(self, ev) -> None:
-        if isinstance(ev, TextDelta):
+        if isinstance(ev, StepStart):
+            if ev.step <= self._last_step:  # the next run of a planned task: call ids start again
+                self.cards = {}
+            self._last_step = ev.step
+        elif isinstance(ev, TextDelta):
             await self._text(ev.text)
         elif isinstance(ev, ToolCallForming):
             card = await self._card(f"call_{ev.step}_{ev.index}", ev.name)
@@ -82,8 +93,17 @@ class AgentRunView:
                               "compacted")
         elif isinstance(ev, Corrective):
             await self.notice(f"Sent back: {ev.message}", "corrective")
+        elif isinstance(ev, PlanUpdated):
+            await self._plan(ev)
         elif isinstance(ev, AgentDone):
             await self.done(ev)
+
+    async def _plan(self, ev: PlanUpdated) -> None:
+        if self.plan_view is None:
+            await self.end_reply()
+            self.plan_view = await self.conversation.add(PlanView(ev.plan))
+        else:
+            self.plan_view.show(ev.plan)
 
     async def _text(self, text: str) -> None:
         if self.reply is None:
@@ -124,6 +144,8 @@ class AgentRunView:
                               "cancelled")
         elif ev.reason == "error":
             await self.notice(f"The agent stopped with an error: {ev.error}", "error")
+        elif ev.reason == "wrote" and self.plan_view is not None:
+            pass  # a plan item's run ends at its write: the plan view shows it ticked
         elif ev.reason in STOP_NOTES:
             await self.notice(STOP_NOTES[ev.reason], "stopped")
         for card in self.cards.values():
@@ -142,8 +164,9 @@ def _steps(n: int) -> str:
 
 # -- stored sessions ---------------------------------------------------------------------------
 
-def stored_widgets(messages: Iterable, workspace: str | None = None) -> list[Widget]:
-    """The widgets of a stored agent session: messages, cards (collapsed) and notices."""
+def stored_widgets(messages: Iterable, workspace: str | None = None, plan: dict | None = None) -> list[Widget]:
+    """The widgets of a stored agent session: messages, cards (collapsed) and notices, and its
+    plan (the session meta's ``plan``) as it stands, after the header."""
     out: list[Widget] = []
     cards: dict[str, ToolCard] = {}
     hidden = 0
@@ -178,7 +201,8 @@ def stored_widgets(messages: Iterable, workspace: str | None = None) -> list[Wid
     if hidden:
         head += f" · system prompt and {hidden - 1} example messages hidden" if hidden > 1 \
             else " · system prompt hidden"
-    return [AgentNotice(head, "session"), *out]
+    plan_view = [PlanView(Plan.from_dict(plan))] if isinstance(plan, dict) and plan.get("items") else []
+    return [AgentNotice(head, "session"), *plan_view, *out]
 
 
 def _arguments(value: Any) -> dict[str, Any]:

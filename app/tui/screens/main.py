@@ -229,8 +229,9 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             self.status.set_turn(f"opened “{session.title}” · still "
                                  f"{'working' if self.agent_mode else 'streaming'}…")
         else:
+            plan = self.controller.store.get_meta(session.id).get("plan") if self.agent_mode else None
             await pane.show(self.controller.messages(session.id),
-                            agent=self.agent_mode, workspace=session.workspace)
+                            agent=self.agent_mode, workspace=session.workspace, plan=plan)
             self.status.set_turn(f"opened “{session.title}” · {session.message_count} messages")
         self.update_context()
         self.refresh_sessions()

@@ -28,13 +28,13 @@ class Conversation(VerticalScroll):
         yield Static(WELCOME, classes="welcome")
 
     async def show(self, messages: Iterable, *, agent: bool = False,
-                   workspace: str | None = None) -> None:
+                   workspace: str | None = None, plan: dict | None = None) -> None:
         """Replace the view with stored messages (``engine.sessions.Message`` records); an
-        agent session's tool calls and results become cards."""
+        agent session's tool calls and results become cards (``plan``: its stored plan)."""
         if agent:
             from app.tui.agent_view import stored_widgets
 
-            views: list[Widget] = stored_widgets(messages, workspace)
+            views: list[Widget] = stored_widgets(messages, workspace, plan)
         else:
             views = [_view(m) for m in messages]
         async with self.batch():
