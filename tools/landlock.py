@@ -72,9 +72,8 @@ def abi() -> int:
 
 
 def unavailable_reason() -> str | None:
-    """Why write rules cannot be applied here, or None."""
-    if os.environ.get("MLXTERM_LANDLOCK") == "off":
-        return "turned off by MLXTERM_LANDLOCK=off"
+    """Why this kernel cannot apply the write rules, or None (``MLXTERM_SANDBOX=no-landlock``
+    turns them off in ``tools.sandbox``: this file imports nothing of the repository)."""
     version = abi()
     if version == 0:
         return "the kernel has no Landlock (Linux 5.13+ built with it and enabled in lsm=)"

@@ -15,7 +15,7 @@ No capabilities and no root inside: not root, the command runs as this user in a
 namespace with ``--cap-drop ALL`` and ``--disable-userns`` (bubblewrap >= 0.8). Root (CI, many
 containers) gets no user namespace -- created by real root it maps the command to host root --
 but bwrap keeps only what switching needs and ``setpriv`` drops to an unprivileged uid
-(65534, ``MLXTERM_SANDBOX_UID``/``_GID``) before the command starts, with an empty bounding
+(65534, ``MLXTERM_SANDBOX_USER=uid[:gid]``) before the command starts, with an empty bounding
 set. bwrap sets ``no_new_privs`` either way. The workspace and writable directories are lent
 to that uid for the call and handed back to their owner after it, setuid/setgid bits cleared
 (``_Handover``).
@@ -68,7 +68,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from tools import cgroups, landlock, seccomp, space
+from tools import cgroups, landlock, seccomp, settings, space
 
 # Paths always hidden (when present): other users' homes, root's home, runtime sockets,
 # removable and mounted media. The caller adds the user's home and mlxterm's data dirs.
@@ -77,7 +77,6 @@ HIDDEN_PATHS = ("/home", "/root", "/run", "/var/run", "/mnt", "/media", "/var/tm
 # recreated as links). Nothing else of the host's filesystem is there unless a policy names it.
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
-SANDBOX_ID = 65534  # nobody/nogroup: what a root mlxterm's sandboxed commands run as
 
 
 @dataclass(frozen=True)
@@ -178,7 +177,8 @@ def probe(refresh: bool = False) -> SandboxStatus:
 
 
 def _probe() -> SandboxStatus:
-    if os.environ.get("MLXTERM_SANDBOX") == "off":
+    switch = settings.sandbox()
+    if not switch.enabled:
         return SandboxStatus("none", "turned off by MLXTERM_SANDBOX=off")
     if sys.platform == "darwin":
         exe = shutil.which("sandbox-exec")
@@ -195,14 +195,14 @@ def _probe() -> SandboxStatus:
     if root:
         if shutil.which("setpriv") is None:
             return SandboxStatus("none", "running as root needs setpriv (util-linux) to drop to an unprivileged uid")
-        run_as = _sandbox_ids()
+        run_as = settings.sandbox_user()
     try:
         helptext = subprocess.run([bwrap, "--help"], capture_output=True, timeout=20).stdout.decode("utf-8", "replace")
     except (OSError, subprocess.TimeoutExpired) as e:
         return SandboxStatus("none", f"bwrap could not start: {e}")
     status = SandboxStatus("bwrap", "bubblewrap: system dirs read-only, writable workspace, nothing else of the host, private /tmp, own network",
                            "rlimit", run_as, disable_userns=not root and "--disable-userns" in helptext,
-                           seccomp_off=seccomp.unavailable_reason(), landlock_off=landlock.unavailable_reason())
+                           seccomp_off=seccomp.unavailable_reason(), landlock_off=_landlock_off(switch))
     if root:
         status = replace(status, **cgroups.choice())
     # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch, the filter
@@ -214,6 +214,13 @@ def _probe() -> SandboxStatus:
     if err is not None:
         return SandboxStatus("none", "bwrap cannot create namespaces here: " + err)
     return status
+
+
+def _landlock_off(switch: settings.Sandbox) -> str | None:
+    """Why no Landlock write rules apply (turned off, or the kernel's reason), or None."""
+    if not switch.landlock:
+        return f"turned off by MLXTERM_SANDBOX={settings.NO_LANDLOCK}"
+    return landlock.unavailable_reason()
 
 
 def _try_bwrap(bwrap: str, status: SandboxStatus) -> str | None:
@@ -242,16 +249,6 @@ def _landlock_args(status: SandboxStatus | None, writable: Sequence[str]) -> lis
     if status is None or status.backend != "bwrap" or status.landlock_off is not None:
         return []
     return [*landlock.helper(), *writable, "--"]
-
-
-def _sandbox_ids() -> tuple[int, int]:
-    """The uid/gid a root mlxterm runs sandboxed commands as: ``MLXTERM_SANDBOX_UID``/``_GID``
-    or nobody/nogroup (65534)."""
-    uid = int(os.environ.get("MLXTERM_SANDBOX_UID") or SANDBOX_ID)
-    gid = int(os.environ.get("MLXTERM_SANDBOX_GID") or uid)
-    if uid == 0 or gid == 0:
-        raise ValueError("MLXTERM_SANDBOX_UID/GID must not be 0")
-    return uid, gid
 
 
 def warn_once(status: SandboxStatus) -> str | None:
