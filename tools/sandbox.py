@@ -1,57 +1,16 @@
 """The sandbox around agent shell commands (``bash``) and task acceptance checks.
 
-On Linux a command runs under bubblewrap (``bwrap``) in a root of its own: ``/usr``, ``/etc``,
-``/bin``, ``/sbin``, ``/lib*`` read-only, the paths its policy names (the Python running
-mlxterm, a task's files) read-only, the workspace and the policy's writable directories
-read-write, a private ``/tmp`` and ``/dev/shm`` (sized tmpfs), ``/dev`` and ``/proc`` of its own.
-Nothing else of the host is there: not the directories above or beside the workspace, not
-home directories, ``/run``, ``/var`` or ``/sys`` (host sockets, the cgroup tree); the caller's
-sensitive paths (``$MLXTERM_HOME``...) are hidden where they lie inside a mounted path. Its own
-PID, IPC, UTS and network namespaces (loopback works for the command's own servers but
-reaches nothing on the host; ``network=True`` keeps the host network). ``--die-with-parent``
-and the PID namespace end every process when the command ends or is killed.
-
-No capabilities and no root inside: not root, the command runs as this user in a user
-namespace with ``--cap-drop ALL`` and ``--disable-userns`` (bubblewrap >= 0.8). Root (CI, many
-containers) gets no user namespace -- created by real root it maps the command to host root --
-but bwrap keeps only what switching needs and ``setpriv`` drops to an unprivileged uid
-(65534, ``MLXTERM_SANDBOX_USER=uid[:gid]``) before the command starts, with an empty bounding
-set. bwrap sets ``no_new_privs`` either way. The workspace and writable directories are lent
-to that uid for the call and handed back to their owner after it, setuid/setgid bits cleared
-(``_Handover``).
-
-A seccomp filter (``tools.seccomp``, built with libseccomp) loaded by bwrap just before the
-command starts denies what no shell command needs and every escape so far went through:
-mount and namespace calls, ptrace, keyrings, bpf, perf, io_uring, module loading, packet /
-netlink / raw sockets. It holds even if a mount or capability is ever got wrong. Without
-libseccomp the sandbox still runs, and ``describe()`` (``mlxterm doctor``) says the filter is
-off and why.
-
-Landlock write rules (``tools.landlock``), where the kernel has ABI 2+: whatever is mounted,
-the command writes only beneath the workspace, the policy's writable directories, ``/tmp`` and
-``/dev/shm``. They are applied by a small helper inside the sandbox, after the uid switch and
-just before the command (a Landlock-restricted process could not set up bwrap's mounts);
-``describe()`` says when they are off and why.
-
-Resource limits make a fork bomb, a memory hog or a runaway file a tool error: CPU seconds,
-data segment size, file size, process count and no core files (``ulimit`` in the sandbox,
-after the uid switch, so they cannot be raised again); for root also a fresh cgroup per call
-with ``pids``, ``memory`` and ``cpu`` limits (RLIMIT_NPROC there counts every process of the
-shared sandbox uid; the CPU quota keeps a runaway command from starving the model that runs
-beside it): v2 (``memory.max``, ``pids.max``, ``cpu.max``) where the unified hierarchy has the
-pids controller and groups can be made, else v1 where its hierarchies are writable
-(``tools.cgroups``); ``describe()`` says which and why not v2. Without cgroups, RLIMIT_CPU bounds
-each process's CPU seconds. The workspace as a whole is capped by ``tools.space``.
-
-On macOS the same rules are written as a Seatbelt (``sandbox-exec``) profile; see
-``seatbelt_profile``. Where neither works, ``probe()`` says why; a ``Sandbox`` then refuses
-commands unless made with ``unconfined_ok`` (a person approves each call, see
-``agents.policy``).
-
-The data segment limit (RLIMIT_DATA) stands in for an address-space limit: RLIMIT_AS also
-counts reserved but unused address space, which V8 (headless chromium, node) reserves by the
-gigabyte at start, so RLIMIT_AS would break a browser check while RLIMIT_DATA still stops a
-process that actually allocates too much.
+Why: an agent's commands must not reach anything of the host but the workspace. On Linux a
+command runs under bubblewrap in a root of its own (system dirs and the policy's paths
+read-only, the workspace and the policy's writable dirs read-write, private ``/tmp``,
+``/dev/shm``, ``/proc``, PID/IPC/UTS/network namespaces), with no capabilities and, for a root
+mlxterm, as an unprivileged uid (``MLXTERM_SANDBOX_USER``; ``_Handover`` lends it the
+workspace). Behind the mounts: a seccomp filter (``tools.seccomp``), Landlock write rules
+(``tools.landlock``), resource limits (``ulimit``; for root a cgroup per call,
+``tools.cgroups``) and the workspace cap (``tools.space``). On macOS the same rules become a
+Seatbelt profile (``seatbelt_profile``). ``probe()`` says what works here and ``describe()``
+(``mlxterm doctor``) what is off and why; where nothing works a ``Sandbox`` refuses commands
+unless made with ``unconfined_ok``. Every rule and why it is there: docs/agents.md, Sandbox.
 """
 
 from __future__ import annotations
