@@ -167,13 +167,6 @@ class ToolCallGrammar:
             live = [o for o in live if o in wanted] or live
         return min(live, key=len)[len(prefix)]
 
-    def tool_of(self, state: State) -> str | None:
-        """The tool name once it has been chosen (for progress display), else None."""
-        for frame in state:
-            if frame[0] in (OBJ_FIRST, OBJ_NEXT):
-                return self.tool_names[frame[1]]
-        return None
-
     # -- one frame -----------------------------------------------------------------------------
     def _frame(self, f: tuple, b: int) -> tuple[bool, State] | None:
         """``(consumed, frames replacing f)`` or None (reject). Not consumed: retry ``b`` below."""
