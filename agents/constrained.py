@@ -2,29 +2,13 @@
 
 ``ToolCallMasks`` is built once per (tokenizer, tool set) and caches one boolean mask per
 grammar state; ``ToolCallConstraint`` is the per-request object the engine's decode loop
-drives (``allowed()`` before each token, ``advance(token)`` after; see engine.generation.constraints).
-
-The model writes free text until it opens a call. Once the text ends in enough of the open
-marker to be a call (``<tool_``, or the marker token itself) the call is *committed*: the rest
-of the marker and then ``{"name": ..., "arguments": {...}}</tool_call>`` for the offered tools
-are enforced token by token, and after the close marker only an end-of-turn token may follow
-(one call per turn). A reply whose first token opens a JSON object is taken as a call whose
-marker was dropped (small models such as Qwen2.5-Coder-0.5B do this) and constrained the same
-way. Before commitment, while the text ends in a shorter part of the marker (``<``),
-tokens that would finish the marker into invalid JSON are masked; ``<table>`` stays possible.
-In free text ``allowed()`` returns None (no mask work at all).
-
-The token budget (the request's ``max_tokens``) is part of the contract: a call is only
-committed if it can still be closed, a committed call may not take a token that would need
-more tokens to close than are left (``tight_mask``), and with no slack left it is wound up along
-the grammar's shortest completion (``closing_mask``). So a budget never cuts a call off.
-
-How masks are computed: every token's bytes are known up front (``tokenizer.piece``). For a
-state, a 256-entry first-byte test rejects most of the vocabulary in one numpy gather; only
-the survivors are walked byte by byte through interned states (integer ids with lazily filled
-256-entry transition rows). Inside a string body, tokens made only of plain string bytes keep
-the state unchanged, so they are accepted wholesale from a precomputed vector and only tokens
-containing a quote, backslash or control byte are walked.
+drives (``allowed()`` before each token, ``advance(token)`` after; see
+engine.generation.constraints). Why: a small model's tool call must parse and validate every
+time. Free text gets no mask; once the text ends in enough of the open marker (or the reply's
+first token opens a JSON object: a dropped marker) the call is committed and enforced token by
+token, within the request's token budget (``tight_mask``, ``closing_mask``), so a budget never
+cuts a call off. Masks: a first-byte test, then only survivors walked byte by byte through
+interned states. Rules, budget and measurements: docs/agents.md, "Constrained decoding".
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """File edits written as plain text: whole files in fenced blocks, and search/replace blocks.
 
-Models write code better in a fenced block than inside a JSON string (small models also lose
-indentation there), so besides JSON tool calls the agent reads two text formats out of its
-reply, line by line as the stream arrives:
-
-whole file: a path line, then the complete file in one fenced block::
-
-    binary_search.py
-    ```python
-    def find(items, value): ...
-    ```
-
-search/replace: a path line, then one or more blocks (optionally inside a fence)::
-
-    binary_search.py
-    <<<<<<< SEARCH
-    exact lines from the file
-    =======
-    the lines that replace them
-    >>>>>>> REPLACE
-
+Why: models write code better in a fenced block than inside a JSON string (small models also
+lose indentation there), so besides JSON tool calls the agent reads two text formats out of its
+reply, line by line as the stream arrives: a path line then the complete file in one fence
+(whole file), or a path line then ``<<<<<<< SEARCH`` / ``=======`` / ``>>>>>>> REPLACE`` blocks.
 Each edit becomes an ordinary ``write_file`` / ``edit_file`` call (same approvals, workspace
-confinement, tool cards and diffs). A path line is a line that is only a file name (``**x.py**``,
-`` `x.py` ``, ``# x.py``, ``File: x.py`` and a trailing colon are fine) or, when the fence's
-language matches the file's extension, a sentence naming one file. A fence with no path is plain
-text, unless its first line is a comment naming the file (``# x.py``), or the caller's
-``infer_path(language)`` names the one file the task is about (small models write the right code
-and forget the path line; the session checks such a write looks like the whole file before it
-runs it). Text is held back one line so a path line can still turn into part of an edit.
+confinement, tool cards and diffs). Text is held back one line so a path line can still turn
+into part of an edit. What counts as a path line, and ``infer_path`` for a fence without one:
+docs/agents.md, "Writing files as text".
 """
 
 from __future__ import annotations

@@ -4,17 +4,14 @@ It accepts exactly::
 
     {"name": <one tool name>, "arguments": {<that tool's arguments>}}</tool_call>
 
-with bounded whitespace between JSON tokens, where the arguments object holds only known keys
-(each at most once, every required key before ``}``) and each value has its schema's type:
-string (any JSON string, or one of its ``enum``), integer (within ``minimum``/``maximum``),
-boolean, or an array of those. The close marker is part of the language, so a finished match
-means "the call is complete".
-
-A state is an immutable tuple of frames (the top of the stack is the last frame), so states
-hash and can key mask caches. ``step(state, byte)`` returns the next state or ``None``.
-Bytes, not characters: byte-level vocabularies split UTF-8 characters across tokens, and any
-byte >= 0x80 is allowed inside strings (the detokenizer turns stray bytes into U+FFFD, which
-is still a valid JSON string character).
+with bounded whitespace between JSON tokens, only known argument keys (each at most once, every
+required key before ``}``) and each value of its schema's type: string (or one of its ``enum``),
+integer (within ``minimum``/``maximum``), boolean, or an array of those. The close marker is
+part of the language, so a finished match means "the call is complete". A state is an
+immutable tuple of frames (hashable: it keys mask caches); ``step(state, byte)`` returns the
+next state or ``None``. Bytes, not characters: byte-level vocabularies split UTF-8 characters
+across tokens, so any byte >= 0x80 is allowed inside strings (the detokenizer turns stray bytes
+into U+FFFD, still a valid JSON string character).
 """
 
 from __future__ import annotations
@@ -169,13 +166,6 @@ class ToolCallGrammar:
             wanted = [o for i, o in enumerate(self._key_options[t]) if req & (1 << i) and not seen & (1 << i)]
             live = [o for o in live if o in wanted] or live
         return min(live, key=len)[len(prefix)]
-
-    def tool_of(self, state: State) -> str | None:
-        """The tool name once it has been chosen (for progress display), else None."""
-        for frame in state:
-            if frame[0] in (OBJ_FIRST, OBJ_NEXT):
-                return self.tool_names[frame[1]]
-        return None
 
     # -- one frame -----------------------------------------------------------------------------
     def _frame(self, f: tuple, b: int) -> tuple[bool, State] | None:

@@ -2,26 +2,14 @@
 
 ``HeadlessRun(task, ...).run()`` returns the result dict (also written to
 ``RUN_DIR/result.json``, atomically); ``transcript.jsonl`` is written as the run goes.
-``cancel()`` (e.g. from a SIGINT handler) stops the agent; the run then reports "cancelled"
-and skips the checks. After the agent's final answer the checks run and failures go back for
-up to ``repair_rounds`` rounds (``agents.repair``). ``status``: passed (at least one check ran
-and every one passed), failed, unchecked (the task has no checks), error (the run itself broke),
-cancelled. ``first_try`` is the check result before any check output reached the model;
-``workspace_changed`` says whether any file in the workspace changed.
-
-Checks write their evidence into ``RUN_DIR/evidence`` (``$MLXTERM_RUN_DIR`` inside them); the
-run directory itself -- ``transcript.jsonl``, ``result.json`` -- is never mounted in the sandbox,
-and ``quality.json`` with its screenshots is copied out of the evidence folder by the host
-(``agents.evidence``). The run directory may not lie inside the workspace (the agent's file
-tools could rewrite the transcript there).
-
-A task bigger than one file (``TaskSpec.plan``; by default when its prompt names two or more
-files the workspace lacks) is planned first and worked through item by item
-(``agents.planned``); the checks and repair rounds follow. ``resume=True`` continues the latest
-run of the same task in the same workspace after a crash or kill: same session, run directory
-and transcript (appended), the template not copied again, the plan going on from its first item
-not yet done (``agents.planned``), the step count and elapsed time going on from the session's
-``progress`` meta.
+``cancel()`` stops the agent (the run reports "cancelled" and skips the checks). After the
+agent's final answer the checks run and failures go back for up to ``repair_rounds`` rounds
+(``agents.repair``). ``status``: passed, failed, unchecked (no checks), error, cancelled.
+Checks write evidence into ``RUN_DIR/evidence``; the run directory itself is never mounted in
+the sandbox and may not lie inside the workspace (the agent could rewrite the transcript). A
+task bigger than one file is planned first and worked through item by item (``agents.planned``);
+``resume=True`` continues the latest run of the same task in the same workspace after a crash.
+The result fields and resume rules: docs/agents.md, "Headless runs".
 """
 
 from __future__ import annotations

@@ -4,17 +4,12 @@ Two sets, by the profile's ``agent.edit_format``. "json" (the 135M default's toy
 are written with ``write_file`` calls. "whole" / "diff" (real coding work): files are written as
 text (``agents.edits``) and the one example episode shows the work loop: read the file, write the
 whole file, run the tests, read the failure, fix it, run them again, answer in one short
-sentence. No example ends in a sentence that could stand in for the work: the final answer
-only comes after the tests pass.
+sentence. No example ends in a sentence that could stand in for the work.
 
-Small models (the 135M default) follow a demonstrated format far better than a described one,
-so a new agent session starts with short example exchanges in the real protocol: a call, the
-tool's actual output format, and a final answer without a call. They are stored as ordinary
-session messages marked ``meta.example = true`` (the TUI can fold them away).
-
-Two choices in the examples are deliberate: ``write_file`` arguments put ``content`` before
-``path`` (a file name such as ``hello.txt`` primes a 135M model towards "Hello, World!" when
-the content comes after it), and contents are lowercase phrases copied verbatim from the task.
+Why examples: small models follow a demonstrated format far better than a described one, so a
+new agent session starts with short exchanges in the real protocol (a call, the tool's actual
+output, a final answer), stored as session messages marked ``meta.example = true``. Why
+``content`` comes before ``path`` in them and the other deliberate choices: docs/agents.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
 """Task files for headless runs (``mlxterm run TASK.yaml``).
 
-::
+A task names a prompt, optionally a workspace template, profile, system prompt, allowed tools,
+limits, sampling, network, sandbox limits, a test command, repair rounds, protected paths, a
+plan switch, and the checks (shell commands run in the sandboxed workspace afterwards) that
+decide whether the agent succeeded::
 
-    name: hello                      # optional; default: the file name
+    name: hello
     prompt: "create hello.txt containing exactly: hello world"
-    workspace_template: template/    # optional dir (relative to this file) copied in first
-    profile: smollm2-135m            # optional; --profile wins
-    system: "..."                    # optional base system prompt
-    examples: true                   # optional; few-shot example turns (default true)
-    allow: [bash]                    # optional; tools that run without asking
-    limits: {steps: 4, tokens: 600, wall_s: 120}
-    sampling: {temperature: 0.2, seed: 0, max_tokens: 256}   # max_tokens: per step
-    network: false                   # optional; true lets bash and checks reach the network
-    sandbox: {workspace_bytes: 2000000000, memory_bytes: 4000000000}   # optional; tools.sandbox.Limits fields
-    test_command: python3 -m unittest hello_test   # optional; the prompt tells the agent to run it
-    repair_rounds: 3                 # optional; failing check output goes back this often (default: profile)
-    protected: [hello_test.py]       # optional; paths (globs) the agent's file edits may not change
-    plan: true                       # optional; plan first, then one file at a time (agents.planned);
-                                     # default: when the prompt names 2+ files the workspace lacks
-    checks:                          # shell commands run in the workspace (sandboxed) afterwards
+    checks:
       - name: content
         run: test "$(cat hello.txt)" = "hello world"
-        timeout_s: 30                # optional, default 60
 
-Every problem is reported as ``FILE: KEY: what is wrong`` (a TaskError, one sentence).
+Every key with its default: docs/agents.md, "Headless runs". Every problem is reported as
+``FILE: KEY: what is wrong`` (a TaskError, one sentence).
 """
 
 from __future__ import annotations

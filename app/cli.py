@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from engine.errors import MlxtermError
 
+    from tools.settings import SettingsError as ToolSettingsError
+
     if argv is None:  # the mlxterm command itself (tests call main with a list)
         from engine import hugepages
 
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
     try:
         return int(args.func(args) or 0)
-    except MlxtermError as e:
+    except (MlxtermError, ToolSettingsError) as e:  # an unreadable MLXTERM_* value among them
         print(f"mlxterm: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

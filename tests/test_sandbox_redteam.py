@@ -28,7 +28,7 @@ import pytest
 from agents.checks import agent_sandbox, run_check
 from agents.tasks import Check
 from tests.ci_strict import sandbox_skip_reason
-from tools import cgroups, default_registry, landlock
+from tools import cgroups, default_registry, landlock, settings
 from tools import sandbox as sb
 from tools.bash import execute
 
@@ -553,9 +553,9 @@ def test_landlock_leaves_normal_writes_and_shell_signals_alone(ws, helper):
 def test_landlock_write_rights_follow_the_kernels_abi(monkeypatch):
     assert landlock.write_rights(2) & landlock.REFER and not landlock.write_rights(2) & landlock.TRUNCATE
     assert landlock.write_rights(5) & landlock.IOCTL_DEV and landlock.write_rights(3) & landlock.TRUNCATE
-    monkeypatch.setenv("MLXTERM_LANDLOCK", "off")
-    assert landlock.unavailable_reason() == "turned off by MLXTERM_LANDLOCK=off"
-    monkeypatch.delenv("MLXTERM_LANDLOCK")
+    monkeypatch.setenv("MLXTERM_SANDBOX", "no-landlock")
+    assert sb._landlock_off(settings.sandbox()) == "turned off by MLXTERM_SANDBOX=no-landlock"
+    monkeypatch.delenv("MLXTERM_SANDBOX")
     monkeypatch.setattr(landlock, "abi", lambda: 1)
     assert "ABI 1 forbids moving files" in landlock.unavailable_reason()
     monkeypatch.setattr(landlock, "abi", lambda: 0)

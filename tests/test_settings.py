@@ -64,3 +64,42 @@ def test_docs_table_lists_every_engine_name():
     read = set(re.findall(r"MLXTERM_[A-Z0-9_]+", (REPO / "engine" / "settings.py").read_text()))
     read.discard("MLXTERM_")
     assert read == set(settings.NAMES)
+
+
+def test_the_tools_follow_the_same_on_off_rule():
+    from tools import settings as tool_settings
+
+    assert (tool_settings.ON, tool_settings.OFF) == (settings.ON, settings.OFF)
+    for value in ("", "1", "On", "true", "YES", "0", "off", "False", "no"):
+        env = {"MLXTERM_X": value}
+        assert tool_settings.switch(env, "MLXTERM_X") == switch(env, "MLXTERM_X")
+    with pytest.raises(tool_settings.SettingsError, match="MLXTERM_X='maybe'"):
+        tool_settings.switch({"MLXTERM_X": "maybe"}, "MLXTERM_X")
+
+
+def test_sandbox_switch_and_user():
+    from tools.settings import NOBODY, Sandbox, sandbox, sandbox_user
+    from tools.settings import SettingsError as ToolSettingsError
+
+    assert sandbox({}) == Sandbox(True, True)
+    assert sandbox({"MLXTERM_SANDBOX": "off"}) == Sandbox(False, True)
+    assert sandbox({"MLXTERM_SANDBOX": "No-Landlock"}) == Sandbox(True, False)
+    with pytest.raises(ToolSettingsError, match="MLXTERM_SANDBOX='landlock': use on, off or no-landlock"):
+        sandbox({"MLXTERM_SANDBOX": "landlock"})
+    assert sandbox_user({}) == (NOBODY, NOBODY)
+    assert sandbox_user({"MLXTERM_SANDBOX_USER": "1000"}) == (1000, 1000)
+    assert sandbox_user({"MLXTERM_SANDBOX_USER": " 1000:100 "}) == (1000, 100)
+    for bad in ("0", "1000:0", "nobody", "1000:", ":5", "-3"):
+        with pytest.raises(ToolSettingsError, match="MLXTERM_SANDBOX_USER="):
+            sandbox_user({"MLXTERM_SANDBOX_USER": bad})
+
+
+def test_docs_table_lists_every_tools_name():
+    from tools import settings as tool_settings
+
+    table = (REPO / "docs" / "settings.md").read_text()
+    listed = set(re.findall(r"^\| `(MLXTERM_[A-Z0-9_]+)`", table, re.M))
+    assert set(tool_settings.NAMES) <= listed
+    read = set(re.findall(r"MLXTERM_[A-Z0-9_]+", (REPO / "tools" / "settings.py").read_text()))
+    read.discard("MLXTERM_")
+    assert read == set(tool_settings.NAMES)

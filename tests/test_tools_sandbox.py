@@ -487,12 +487,12 @@ def test_doctor_says_whether_landlock_and_which_cgroups_apply_and_why_not(monkey
     bad = doctor.sandbox()
     assert not bad["ok"] and "MLXTERM_WORKSPACE_CAP must be a positive size" in bad["detail"]
     monkeypatch.delenv("MLXTERM_WORKSPACE_CAP")
-    monkeypatch.setenv("MLXTERM_LANDLOCK", "off")
+    monkeypatch.setenv("MLXTERM_SANDBOX", "no-landlock")
     monkeypatch.setattr(sb, "_probed", None)
     off = doctor.sandbox()
     monkeypatch.setattr(sb, "_probed", None)
-    assert not off["landlock"] and off["landlock_off"] == "turned off by MLXTERM_LANDLOCK=off"
-    assert "Landlock write rules: OFF (turned off by MLXTERM_LANDLOCK=off)" in off["detail"]
+    assert not off["landlock"] and off["landlock_off"] == "turned off by MLXTERM_SANDBOX=no-landlock"
+    assert "Landlock write rules: OFF (turned off by MLXTERM_SANDBOX=no-landlock)" in off["detail"]
 
 
 @needs_bwrap

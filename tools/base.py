@@ -121,16 +121,6 @@ class Workspace:
                 raise ToolError(f"{self.display(real)} is not a regular file")
             return f.read() if limit is None else f.read(limit)
 
-    def open_dir(self, real: Path) -> int:
-        """A directory descriptor for ``real``, walked component by component without links."""
-        if real == self.root:
-            return os.open(self.root, _NOFOLLOW_DIR)
-        parent, name = self.open_parent(real)
-        try:
-            return self._nofollow(lambda: os.open(name, _NOFOLLOW_DIR, dir_fd=parent), real)
-        finally:
-            os.close(parent)
-
     def open_parent(self, real: Path, create: bool = False) -> tuple[int, str]:
         """(descriptor of ``real``'s directory, its last name); ``create`` makes missing
         directories on the way (each one inside the already-opened parent)."""

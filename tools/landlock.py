@@ -1,27 +1,18 @@
 """Landlock write rules for sandboxed commands: a second, kernel-enforced wall behind the mounts.
 
-bubblewrap decides what a command can see; Landlock (Linux 5.13+) decides, whatever is
-mounted, where it may write: the workspace, the writable directories of the policy, the
-private ``/tmp`` and ``/dev/shm`` get every write right; ``/dev`` and ``/proc`` only writing
-to existing files (``> /dev/null``, ``/proc/self/oom_score_adj``); every other path none. So a
-future mount mistake that exposes a host directory read-write is still not writable. Reads are
-not handled (the mounts already decide what is there to read).
+bubblewrap decides what a command can see; Landlock (Linux 5.13+, ABI 2 or later) decides,
+whatever is mounted, where it may write: the workspace, the policy's writable directories,
+``/tmp`` and ``/dev/shm``; ``/dev`` and ``/proc`` only into existing files; nothing else. So a
+future mount mistake that exposes a host directory read-write is still not writable.
 
 Landlock cannot be set up before bubblewrap (a restricted process may not mount), so this file
 also runs as a small program inside the sandbox, after the uid switch and before the command:
 ``python -I -S landlock.py RW_PATH... -- ARGV...`` applies the rules to itself and execs
-``ARGV`` (the rules hold for every process it starts). It uses only the standard library
-(``ctypes`` for the three syscalls; no package in this repository is imported), so it runs
-from its own path with Python's isolated, site-less start. ``no_new_privs`` is already set
-by bubblewrap. Rules that cannot be applied end the call (exit 126): never run unrestricted
-when the caller asked for Landlock.
-
-The same program in C (``landlock_helper.c``, built on first use where a C compiler is
-there: ``compiled_helper``) costs about 1 ms of CPU per call instead of Python's ~20; this
-file's ``main`` is the fallback and the reference.
-
-Needs ABI 2 or later: with ABI 1 the kernel forbids moving a file to another directory
-(``mv a/x b/``, pip's installs) for every restricted process.
+``ARGV``. It uses only the standard library (no package in this repository is imported), so it
+runs from its own path with Python's isolated, site-less start; rules that cannot be applied end
+the call (exit 126). ``landlock_helper.c`` is the same program in C (~1 ms of CPU per call
+instead of ~20, built on first use: ``compiled_helper``); ``main`` is the fallback and the
+reference. More: docs/agents.md, Sandbox.
 """
 
 from __future__ import annotations
@@ -72,9 +63,8 @@ def abi() -> int:
 
 
 def unavailable_reason() -> str | None:
-    """Why write rules cannot be applied here, or None."""
-    if os.environ.get("MLXTERM_LANDLOCK") == "off":
-        return "turned off by MLXTERM_LANDLOCK=off"
+    """Why this kernel cannot apply the write rules, or None (``MLXTERM_SANDBOX=no-landlock``
+    turns them off in ``tools.sandbox``: this file imports nothing of the repository)."""
     version = abi()
     if version == 0:
         return "the kernel has no Landlock (Linux 5.13+ built with it and enabled in lsm=)"

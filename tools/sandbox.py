@@ -1,57 +1,16 @@
 """The sandbox around agent shell commands (``bash``) and task acceptance checks.
 
-On Linux a command runs under bubblewrap (``bwrap``) in a root of its own: ``/usr``, ``/etc``,
-``/bin``, ``/sbin``, ``/lib*`` read-only, the paths its policy names (the Python running
-mlxterm, a task's files) read-only, the workspace and the policy's writable directories
-read-write, a private ``/tmp`` and ``/dev/shm`` (sized tmpfs), ``/dev`` and ``/proc`` of its own.
-Nothing else of the host is there: not the directories above or beside the workspace, not
-home directories, ``/run``, ``/var`` or ``/sys`` (host sockets, the cgroup tree); the caller's
-sensitive paths (``$MLXTERM_HOME``...) are hidden where they lie inside a mounted path. Its own
-PID, IPC, UTS and network namespaces (loopback works for the command's own servers but
-reaches nothing on the host; ``network=True`` keeps the host network). ``--die-with-parent``
-and the PID namespace end every process when the command ends or is killed.
-
-No capabilities and no root inside: not root, the command runs as this user in a user
-namespace with ``--cap-drop ALL`` and ``--disable-userns`` (bubblewrap >= 0.8). Root (CI, many
-containers) gets no user namespace -- created by real root it maps the command to host root --
-but bwrap keeps only what switching needs and ``setpriv`` drops to an unprivileged uid
-(65534, ``MLXTERM_SANDBOX_UID``/``_GID``) before the command starts, with an empty bounding
-set. bwrap sets ``no_new_privs`` either way. The workspace and writable directories are lent
-to that uid for the call and handed back to their owner after it, setuid/setgid bits cleared
-(``_Handover``).
-
-A seccomp filter (``tools.seccomp``, built with libseccomp) loaded by bwrap just before the
-command starts denies what no shell command needs and every escape so far went through:
-mount and namespace calls, ptrace, keyrings, bpf, perf, io_uring, module loading, packet /
-netlink / raw sockets. It holds even if a mount or capability is ever got wrong. Without
-libseccomp the sandbox still runs, and ``describe()`` (``mlxterm doctor``) says the filter is
-off and why.
-
-Landlock write rules (``tools.landlock``), where the kernel has ABI 2+: whatever is mounted,
-the command writes only beneath the workspace, the policy's writable directories, ``/tmp`` and
-``/dev/shm``. They are applied by a small helper inside the sandbox, after the uid switch and
-just before the command (a Landlock-restricted process could not set up bwrap's mounts);
-``describe()`` says when they are off and why.
-
-Resource limits make a fork bomb, a memory hog or a runaway file a tool error: CPU seconds,
-data segment size, file size, process count and no core files (``ulimit`` in the sandbox,
-after the uid switch, so they cannot be raised again); for root also a fresh cgroup per call
-with ``pids``, ``memory`` and ``cpu`` limits (RLIMIT_NPROC there counts every process of the
-shared sandbox uid; the CPU quota keeps a runaway command from starving the model that runs
-beside it): v2 (``memory.max``, ``pids.max``, ``cpu.max``) where the unified hierarchy has the
-pids controller and groups can be made, else v1 where its hierarchies are writable
-(``tools.cgroups``); ``describe()`` says which and why not v2. Without cgroups, RLIMIT_CPU bounds
-each process's CPU seconds. The workspace as a whole is capped by ``tools.space``.
-
-On macOS the same rules are written as a Seatbelt (``sandbox-exec``) profile; see
-``seatbelt_profile``. Where neither works, ``probe()`` says why; a ``Sandbox`` then refuses
-commands unless made with ``unconfined_ok`` (a person approves each call, see
-``agents.policy``).
-
-The data segment limit (RLIMIT_DATA) stands in for an address-space limit: RLIMIT_AS also
-counts reserved but unused address space, which V8 (headless chromium, node) reserves by the
-gigabyte at start, so RLIMIT_AS would break a browser check while RLIMIT_DATA still stops a
-process that actually allocates too much.
+Why: an agent's commands must not reach anything of the host but the workspace. On Linux a
+command runs under bubblewrap in a root of its own (system dirs and the policy's paths
+read-only, the workspace and the policy's writable dirs read-write, private ``/tmp``,
+``/dev/shm``, ``/proc``, PID/IPC/UTS/network namespaces), with no capabilities and, for a root
+mlxterm, as an unprivileged uid (``MLXTERM_SANDBOX_USER``; ``_Handover`` lends it the
+workspace). Behind the mounts: a seccomp filter (``tools.seccomp``), Landlock write rules
+(``tools.landlock``), resource limits (``ulimit``; for root a cgroup per call,
+``tools.cgroups``) and the workspace cap (``tools.space``). On macOS the same rules become a
+Seatbelt profile (``seatbelt_profile``). ``probe()`` says what works here and ``describe()``
+(``mlxterm doctor``) what is off and why; where nothing works a ``Sandbox`` refuses commands
+unless made with ``unconfined_ok``. Every rule and why it is there: docs/agents.md, Sandbox.
 """
 
 from __future__ import annotations
@@ -68,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from tools import cgroups, landlock, seccomp, space
+from tools import cgroups, landlock, seccomp, settings, space
 
 # Paths always hidden (when present): other users' homes, root's home, runtime sockets,
 # removable and mounted media. The caller adds the user's home and mlxterm's data dirs.
@@ -77,7 +36,6 @@ HIDDEN_PATHS = ("/home", "/root", "/run", "/var/run", "/mnt", "/media", "/var/tm
 # recreated as links). Nothing else of the host's filesystem is there unless a policy names it.
 SYSTEM_RO = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 PRIVATE_TMP = "/tmp"  # a fresh tmpfs in every sandbox
-SANDBOX_ID = 65534  # nobody/nogroup: what a root mlxterm's sandboxed commands run as
 
 
 @dataclass(frozen=True)
@@ -178,7 +136,8 @@ def probe(refresh: bool = False) -> SandboxStatus:
 
 
 def _probe() -> SandboxStatus:
-    if os.environ.get("MLXTERM_SANDBOX") == "off":
+    switch = settings.sandbox()
+    if not switch.enabled:
         return SandboxStatus("none", "turned off by MLXTERM_SANDBOX=off")
     if sys.platform == "darwin":
         exe = shutil.which("sandbox-exec")
@@ -195,14 +154,14 @@ def _probe() -> SandboxStatus:
     if root:
         if shutil.which("setpriv") is None:
             return SandboxStatus("none", "running as root needs setpriv (util-linux) to drop to an unprivileged uid")
-        run_as = _sandbox_ids()
+        run_as = settings.sandbox_user()
     try:
         helptext = subprocess.run([bwrap, "--help"], capture_output=True, timeout=20).stdout.decode("utf-8", "replace")
     except (OSError, subprocess.TimeoutExpired) as e:
         return SandboxStatus("none", f"bwrap could not start: {e}")
     status = SandboxStatus("bwrap", "bubblewrap: system dirs read-only, writable workspace, nothing else of the host, private /tmp, own network",
                            "rlimit", run_as, disable_userns=not root and "--disable-userns" in helptext,
-                           seccomp_off=seccomp.unavailable_reason(), landlock_off=landlock.unavailable_reason())
+                           seccomp_off=seccomp.unavailable_reason(), landlock_off=_landlock_off(switch))
     if root:
         status = replace(status, **cgroups.choice())
     # the probe runs what a real call runs: namespaces, dropped capabilities, the uid switch, the filter
@@ -214,6 +173,13 @@ def _probe() -> SandboxStatus:
     if err is not None:
         return SandboxStatus("none", "bwrap cannot create namespaces here: " + err)
     return status
+
+
+def _landlock_off(switch: settings.Sandbox) -> str | None:
+    """Why no Landlock write rules apply (turned off, or the kernel's reason), or None."""
+    if not switch.landlock:
+        return f"turned off by MLXTERM_SANDBOX={settings.NO_LANDLOCK}"
+    return landlock.unavailable_reason()
 
 
 def _try_bwrap(bwrap: str, status: SandboxStatus) -> str | None:
@@ -242,16 +208,6 @@ def _landlock_args(status: SandboxStatus | None, writable: Sequence[str]) -> lis
     if status is None or status.backend != "bwrap" or status.landlock_off is not None:
         return []
     return [*landlock.helper(), *writable, "--"]
-
-
-def _sandbox_ids() -> tuple[int, int]:
-    """The uid/gid a root mlxterm runs sandboxed commands as: ``MLXTERM_SANDBOX_UID``/``_GID``
-    or nobody/nogroup (65534)."""
-    uid = int(os.environ.get("MLXTERM_SANDBOX_UID") or SANDBOX_ID)
-    gid = int(os.environ.get("MLXTERM_SANDBOX_GID") or uid)
-    if uid == 0 or gid == 0:
-        raise ValueError("MLXTERM_SANDBOX_UID/GID must not be 0")
-    return uid, gid
 
 
 def warn_once(status: SandboxStatus) -> str | None:

@@ -1,25 +1,14 @@
 """The seccomp filter for sandboxed commands: kernel-enforced, so a future mount mistake or a
 missed capability is still no escape.
 
-Built with libseccomp (the ``pyseccomp`` bindings over the system's ``libseccomp2``; the
+Built with libseccomp (the ``pyseccomp`` bindings over the system's ``libseccomp2``: the
 library knows each architecture's syscall numbers, argument layout and the x32/i386 traps a
 hand-written BPF program gets wrong) and exported as a BPF program that bubblewrap loads with
-``--seccomp FD`` just before it starts the command. Everything is allowed except:
-
-- mounting: ``mount``, ``umount2``, ``pivot_root``, the new mount API (``fsopen``, ``fsmount``,
-  ``move_mount``, ``open_tree``...), ``chroot``;
-- namespaces: ``unshare``, ``setns``, ``clone`` with any ``CLONE_NEW*`` flag, and ``clone3``
-  (its flags lie behind a pointer, which seccomp cannot read: it fails with ENOSYS, so libc
-  falls back to ``clone``);
-- other processes and the kernel: ``ptrace``, ``process_vm_readv``/``writev``, ``keyctl``,
-  ``add_key``, ``request_key``, ``bpf``, ``perf_event_open``, ``io_uring_*``, ``kexec_*``,
-  ``init_module``, ``finit_module``, ``delete_module``, ``userfaultfd``;
-- sockets: ``AF_PACKET``, ``AF_NETLINK`` and raw (``SOCK_RAW``, ``SOCK_PACKET``) ones.
-
-Calls of another architecture (i386 ``int 0x80`` on x86_64) kill the process (libseccomp's
-bad-arch action). Unix sockets cannot be told apart by path here (the path is behind a
-pointer): host sockets are out of reach because no host socket file is mounted in the sandbox
-and abstract sockets belong to the network namespace, which the sandbox has of its own.
+``--seccomp FD`` just before it starts the command. Everything is allowed except mounting,
+new namespaces (``clone3`` answers ENOSYS so libc falls back to a checked ``clone``), reaching
+other processes or the kernel (ptrace, keyrings, bpf, perf, io_uring, modules, ...), packet,
+netlink and raw sockets, and calls of another architecture. The full list and why unix
+sockets need no rule: docs/agents.md, Sandbox.
 """
 
 from __future__ import annotations

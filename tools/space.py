@@ -23,9 +23,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tools import settings
 from tools.base import ToolError
 
-DEFAULT_CAP = 8 << 30  # bytes a workspace may occupy on disk (Limits.workspace_bytes)
+DEFAULT_CAP = settings.DEFAULT_CAP  # bytes a workspace may occupy on disk (Limits.workspace_bytes)
 WALK_EVERY_S = 1.0  # during a call, at most one confirming walk per second
 
 _lock = threading.Lock()
@@ -33,20 +34,9 @@ _known: dict[str, tuple[int, int]] = {}  # workspace real path -> (usage, filesy
 
 
 def default_cap() -> int:
-    """``MLXTERM_WORKSPACE_CAP`` (bytes, or with a K/M/G/T suffix: ``20G``), else ``DEFAULT_CAP``;
-    a bad value is a ``ValueError`` naming the variable."""
-    raw = os.environ.get("MLXTERM_WORKSPACE_CAP", "").strip()
-    if not raw:
-        return DEFAULT_CAP
-    shift = {"K": 10, "M": 20, "G": 30, "T": 40}.get(raw[-1].upper(), 0)
-    digits = raw[:-1] if shift else raw
-    try:
-        value = int(float(digits) * (1 << shift))
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ValueError(f"MLXTERM_WORKSPACE_CAP must be a positive size such as 20G or 500M, got {raw!r}")
-    return value
+    """``MLXTERM_WORKSPACE_CAP`` (tools.settings), else ``DEFAULT_CAP``; a bad value is a
+    ``ValueError`` naming the variable."""
+    return settings.workspace_cap()
 
 
 def fs_used(path: str) -> int:

@@ -4,9 +4,9 @@ Order: priority (high first), then the oldest card. A card runs when a slot is f
 global WIP limit (``concurrency``) and its profile's limit (``per_profile``), and when every
 card it depends on is done; while one is not, the card waits in ``blocked`` (and goes back to
 queued when they are done). Each attempt runs on its own thread against one ``Engine`` per
-profile: requests from several cards take turns on the engine thread today and decode together
-once the engine batches. Inside an attempt, failing checks go back to the same agent session
-for the card's repair rounds (``runner``). After an attempt: passed (at least one check ran,
+profile: requests from several cards decode together in the engine's batched scheduler.
+Inside an attempt, failing checks go back to the same agent session for the card's repair
+rounds (``runner``). After an attempt: passed (at least one check ran,
 all passed) -> review (done with ``auto_accept``); unchecked (no checks, the agent answered)
 -> review, never done by itself; failed -> queued again with the check output for the next
 attempt (a new session), up to ``max_retries``, then failed; cancelled -> backlog. On start,

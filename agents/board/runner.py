@@ -1,28 +1,15 @@
 """One attempt of a card: its workspace, its agent session, its checks and its record.
 
-``AttemptRun(...).run()`` runs the agent (a new session for the first attempt and for
-automatic retries, the same session for a follow-up after a reject or a resume after a
-crash) through ``agents.repair.run_with_repair``: after the agent's final answer the card's
-checks run (``agents.checks.run_check``, the one check runner) and failing output goes back
-to the same session for up to ``repair_rounds`` rounds (the card's, else the profile's
-``agent.repair_rounds``). Then the attempt is scored: ``passed`` only when at least one check
-ran and all passed, ``unchecked`` for a card without checks whose agent answered, else
-``failed`` (``error`` / ``cancelled`` from the run). The ``Attempt`` keeps per-step tokens /
-cache source / TTFT, tool errors, the checks, the first try before any repair, the rounds,
-corrective turns, whether the workspace changed, and the diff. It is saved after every step,
-so a crash keeps what was done.
-
-Checks see what ``mlxterm run`` gives them: the card's task folder readable
-(``$MLXTERM_TASK_DIR``: check scripts next to the YAML), an evidence folder writable
-(``$MLXTERM_RUN_DIR``, ``agents.evidence``: the same mechanism as a task run; the card's own
-folder with the attempt logs stays out of the sandbox, and the host copies ``quality.json``
-out of the evidence folder into it after each attempt), ``$MLXTERM_WORKSPACE`` and
-``$MLXTERM_PYTHON``.
-
-Before the first step, the shared prefix every card starts with (system prompt, tool prelude
-and example turns) is prefilled once per engine (``warm_prefix``): the first step of every
-card then restores that KV checkpoint instead of prefilling it, whether the cards' first
-steps take turns on the engine or run in one batch.
+``AttemptRun(...).run()`` runs the agent (a new session for the first attempt and automatic
+retries, the same session for a follow-up or a resume) through ``agents.repair.run_with_repair``:
+the card's checks run after the final answer (``agents.checks.run_check``) and failing output
+goes back for up to ``repair_rounds`` rounds. The attempt is scored ``passed`` (at least one
+check ran, all passed), ``unchecked`` (no checks, the agent answered) or ``failed`` (or
+``error`` / ``cancelled``). The ``Attempt`` (per-step tokens, cache source, TTFT, tool errors,
+checks, first try, rounds, diff) is saved after every step, so a crash keeps what was done.
+Checks get what ``mlxterm run`` gives them (``$MLXTERM_TASK_DIR``, ``$MLXTERM_RUN_DIR``,
+``$MLXTERM_WORKSPACE``, ``$MLXTERM_PYTHON``). Before the first step the prefix every card
+shares is prefilled once per engine (``warm_prefix``). Details: docs/board.md.
 """
 
 from __future__ import annotations

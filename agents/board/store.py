@@ -165,10 +165,6 @@ class BoardStore:
         self.log(card.id, "moved", **{"from": old, "to": new, "reason": reason})
         return card
 
-    def delete_all_archived(self) -> int:  # pragma: no cover - housekeeping helper
-        with self._tx() as c:
-            return c.execute("DELETE FROM cards WHERE state = 'archived'").rowcount
-
     def _read(self, c: sqlite3.Connection, card_id: int) -> Card:
         row = c.execute("SELECT data FROM cards WHERE id = ?", (int(card_id),)).fetchone()
         if row is None:

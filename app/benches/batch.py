@@ -1,36 +1,13 @@
 """Continuous batching: N concurrent sessions vs the same requests served one after another.
 
-For each model and each N in --sessions, N requests with different prompt lengths (greedy,
---max-tokens each) are served two ways in one run, arms alternated serial, batched,
-batched, serial per round (medians over runs):
-  serial   submit one, wait for its Done, submit the next (the old one-at-a-time engine)
-  batched  submit all N at once; they decode together (engine.serving.scheduler)
-Both arms of a round serve the same requests: the same prompts (each with its own nonce), and
-before each arm the checkpoint store is emptied and given one checkpoint of the chat
-template's prefix, so every arm restores the same prefix and no arm reuses another's replies;
-greedy rows decode their solo tokens, so ``replies_match`` checks that every arm of a round
-returned the same token ids (the same work was timed). Replies end at end-of-sequence or
---max-tokens; with --ignore-eos every reply runs to --max-tokens (``SamplingParams.ignore_eos``,
-the fixed reply lengths throughput benchmarks use): when one reply runs far longer than the
-others, most batched steps carry few rows whatever the scheduler does (4 SmolLM2 replies of
-14, 44, 41 and 96 tokens: at most 195 / 96 = 2.03x on decode even if a step of 4 rows cost one
-row's time). Reported per arm:
-aggregate tok/s = completion tokens of all N / wall time from first submit to last Done
-(prefill included); CPU ms per token (this process's CPU time over the arm / its tokens: less
-sensitive than wall time to other processes on a shared machine); aggregate decode tok/s =
-tokens after each request's first / the time at least one request was past its first token
-(so prefill before any stream is left out); per-request TTFT and inter-token latency (client
-side: first streamed text to Done over the tokens in between). Per row, batched_traces = how
-often the compiled batched step was traced so far for the model (once per rows x
-buffer-length shape, not per step). The engine thread's own split of each arm
-(``Engine.scheduler_stats``): seconds in prompt forwards (prefill, the same prompts' work in
-both arms) and in decode steps, decode steps and rows per batched step, so
-``speedup_without_prefill`` compares the arms with each one's prefill time taken out of its
-wall time (the client-side decode tok/s above counts the other rows' prefill inside the
-batched arm's decode span, not the serial arm's). ``METRICS`` (in the JSON) says this per
-field. Then the interactive check: the TTFT of a short
-chat request submitted while cap-1 background rows decode, vs the same request on an idle
-engine.
+Why: the batched scheduler must serve N users faster than one at a time without slowing an
+interactive request much. For each N in --sessions, arms ``serial`` and ``batched`` (alternated
+serial, batched, batched, serial per round) serve the same requests from the same restored
+prefix; ``replies_match`` checks that they returned the same tokens. Reported per arm:
+aggregate and decode tok/s, CPU ms per token, TTFT and inter-token latency, the engine thread's
+own prefill/decode split (``speedup_without_prefill``); then the TTFT of a short chat request
+while cap-1 rows decode vs on an idle engine. ``METRICS`` (in the JSON) defines every field;
+docs/benches.md has the details.
 """
 
 from __future__ import annotations

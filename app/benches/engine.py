@@ -1,41 +1,13 @@
-"""Engine decode/prefill speed vs stock mlx_lm.stream_generate on the same model.
+"""Engine decode/prefill speed vs stock mlx_lm.stream_generate and llama.cpp on the same model.
 
-Arms, alternated in order then in reverse each round (medians over rounds):
-  engine        mlxterm's generate_step (compiled static-cache decode, pipelined) on the model in
-                the engine's weight format for this backend (``auto`` policy)
-  engine_hybrid the engine with ``hybrid`` weights: dense fp32 prefill, packed quantized decode
-  stock_same    mlx_lm.stream_generate on the very same in-memory model object
-  stock_loaded  mlx_lm.stream_generate on the model as a user gets it today: the GGUF's weights
-                as ``mx.load`` returns them (quantized), no engine policy (MLX's own ops)
-  engine_fp32   the engine on fp32 weights + OpenBLAS: the CPU path without engine/kernels
-  engine_unfused the engine arm's weights and kernels without the decode-step fusions (MLX's
-                own RMSNorm, RoPE and SiLU*mul: hook.remove_fused)
-  engine_ops    the engine arm's weights and kernels with each decoder layer op by op (the single
-                fused ops, without the decoder-layer primitives of engine/kernels/src/decoder.h)
-  engine_float_prefill  the engine arm with the int8 many-row matmul paths (AMX-INT8 tiles, the
-                AVX512-VNNI GEMM) switched off: prefill on the float panels
-                (kernels.set_int8_prefill(False) around each run); same model object.
-                ``engine_noamx`` is an older name for it
-  engine_x16    the engine arm with 16-bit activations on the int8 matmul paths (kernels.set_x16(True)
-                around each run: prefill and decode rows without the int8 activation error)
-  engine_full_head  the engine, but prefill applies the output head to every prompt position
-                (mlx_lm's forward as is) instead of the last rows only (last_logits)
-  llama_cpp     llama.cpp (PyPI ``xllamacpp``, the ``peer`` extra) on the same GGUF, prompt
-                tokens, token count and thread count; skipped with a note when not installed.
-                The wheel is an AVX2 build (``xllamacpp.get_system_info()``) and times its server
-                loop with sampling: docs/benchmarks.md (round 9) compares a native build's
-                ``llama-bench`` as well
-  llama_cpp_read  the same, with the GGUF read into memory instead of mmapped (load mode none):
-                its weights then live on the heap, on huge pages when the process has them
-                (engine/hugepages.py) -- as the engine's do; the mmapped file stays on 4 KiB pages.
-                Not in the same run as llama_cpp (two servers in one process slow each other)
-``--arms`` picks a subset (default: engine and llama_cpp); ratios are reported for the arms that ran.
-Without ``--profile`` it runs the standard set, ``STANDARD_PROFILES`` (SmolLM2, Qwen2.5-Coder 0.5B
-and the agent model, 1.5B), one after the other, skipping a model that is not installed with a
-note, and adds a table with one row per model. Every result records the CPU (model name, the
-instruction sets the kernels can use and the one they run on: ``cpu``), since the ratios depend
-on the CPU family (docs/benchmarks.md has one table per family). Engine arms also report the
-process CPU time per decoded token (``decode_cpu_ms``: steadier than wall time on a shared machine).
+Why: the engine's claim is speed over what a user gets from mlx_lm today and parity with
+llama.cpp; every arm runs the same prompt tokens and token count in one process, alternated in
+order then in reverse each round (medians over rounds). Arms (``--arms``; default engine and
+llama_cpp): the engine, its variants with one part switched off (fusions, decoder primitives,
+int8 prefill, ...), stock mlx_lm on the same or as-loaded weights, llama.cpp mmapped or read.
+Without ``--profile`` it runs ``STANDARD_PROFILES`` one after the other. Every result records
+the CPU (the ratios depend on its family) and, for engine arms, CPU ms per decoded token.
+Each arm in detail: docs/benches.md.
 """
 
 from __future__ import annotations

@@ -1,39 +1,12 @@
 """Resume cost: cold prefill vs RAM-hit vs SSD-restore time to first token, per context size.
 
-For each context size the same conversation prefix is timed three ways in one run, arms
-alternated (cold, ram, ssd, then ssd, ram, cold): cold = the prompt with a fresh nonce so no
-checkpoint matches; ram = a follow-up turn of a session whose checkpoint is in the RAM tier;
-ssd = the same follow-up from a second engine whose RAM tier is empty (a new process would
-see the same), restoring the flushed checkpoint file.
-
-``--long-context N`` runs the long-context arm instead: a cold prefill of N tokens and decode
-speed at that context vs at ~100 tokens, alternated (A/B/C/C/B/A) over the arms. The two decodes
-are paired: one live generator at each context, advanced in alternating chunks of ``--chunk``
-tokens (each chunk's queued step finished inside its window), and the ratio is the median of
-the adjacent chunks' ratios -- this VM has phases lasting tens of seconds in which the
-~100-token decode runs ~100 instead of ~150 tok/s for the same code (the 8k decode moves far
-less), and separately timed runs paired across phases swung the ratio 0.40-0.66. Within a phase
-the ratio is steady, but it differs between phases (about 0.45 fast, 0.57 slow for SmolLM2 at
-8k), so every chunk's tok/s and ratio is in the JSON. Arms: ``engine``
-(what the engine runs: the CPU kernels, the fused attention of engine/kernels/src/attention.cpp
-and the live KV format the prompt cache picks, float16 on the CPU by default), ``flash`` (the
-same with float32 K/V), ``flash-kv16`` (float16 K/V whatever the profile says), ``flash-q8``
-(8-bit K/V rows, the CPU's live ``q8`` format, group ``kv_cache.group_size`` when the profile
-picks q8, else 64), ``softmax``
-(the kernels with an earlier round's attention: MLX matmuls + fused softmax, MLX at decode) and
-``today`` (the original engine path: fp32 weights + OpenBLAS + MLX's attention, no kernels);
-the peer: ``llama_cpp`` (llama.cpp via xllamacpp, app/benches/llama_peer.py, on the same GGUF,
-the same prompt tokens and ``--threads``, its default f16 K/V cache) and ``llama_cpp_q8`` (q8_0
-K and V, flash attention on), skipped with a note when xllamacpp is not installed. A llama.cpp
-run keeps both contexts in two slots of one server and alternates their decodes in chunks as
-the engine's do (``_llama_cpp_long`` says how a chunk is timed); ``vs_llama_cpp`` divides
-each engine arm's numbers by each llama.cpp arm's (whole runs alternated, not chunks).
-``--arms`` picks a subset (default ``engine,today``: the issue's ratio, measured in one run).
-It first times the attention op alone at N keys (a prefill chunk and a decode step, the
-model's head shapes) for each implementation, so the attention share is visible, and the fused
-decode call per layer "hot" (one layer's K/V, cache-resident) vs "streamed" (every layer's K/V
-in turn, as a real decode step reads them from memory): their gap is the memory stream the
-kernel does not hide behind its arithmetic.
+Why: checkpoints must make a follow-up turn far cheaper than prefilling the conversation again.
+For each context size the same prefix is timed cold (a fresh nonce, no checkpoint matches),
+from the RAM tier and from the SSD tier (a second engine with an empty RAM tier), arms
+alternated. ``--long-context N`` instead times a cold prefill of N tokens and decode at N vs at
+~100 tokens (paired chunks, since this VM has slow and fast phases), for the engine's attention
+arms and llama.cpp, after timing the attention op alone at N keys. Arms and fields in detail:
+docs/benches.md.
 """
 
 from __future__ import annotations

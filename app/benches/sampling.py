@@ -1,19 +1,12 @@
 """Sampler cost per token: top-p by sorting the vocabulary vs the CPU kernel's O(vocab) filter.
 
-Two parts, each alternating its arms in order then reversed (A/B/C/C/B/A) every round:
-  sampler  ``make_sampler``'s sample() on synthetic logits of each ``--vocabs`` size
-           (temperature 0.7, top_p 0.9, repetition penalty 1.1), ``rows`` draws of one
-           (1, vocab) row each -- what the batched lane does per step -- timed per step; arms:
-             sort    the filter as it was before the kernel: argsort, then an inverse argsort
-             mlx     today's MLX path (argsort, scatter back through the order), which runs
-                     where the kernels do not (GPU, ``hook.FUSED`` off, an old extension)
-             kernel  engine/kernels/src/topp.cpp (only where the kernels run)
-  decode   with ``--profiles``: each profile's model decodes ``--max-tokens`` tokens of a
-           story prompt with the profile's own sampling (seed 1, no EOS stop), arms ``sort``
-           and ``kernel``; decode tok/s after the first token and process CPU ms per decoded
-           token (steadier on a shared machine; the compiled step is re-traced for every run,
-           both arms alike).
-Reported: medians per arm and the ratios to ``sort``.
+Why: sorting the whole vocabulary per token cost more than SmolLM2's whole forward
+(docs/benchmarks.md, round 17).
+Two parts, each alternating its arms A/B/C/C/B/A every round: ``sampler`` times
+``make_sampler``'s sample() on synthetic logits per ``--vocabs`` size (arms ``sort``, ``mlx``,
+``kernel``); ``decode`` (with ``--profiles``) decodes with each profile's own sampling, arms
+``sort`` and ``kernel``, tok/s and CPU ms per token. Reported: medians per arm and the ratios to
+``sort``. Details: docs/benches.md.
 """
 
 from __future__ import annotations

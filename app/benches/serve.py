@@ -1,33 +1,12 @@
 """Serving: mlxterm serve vs llama.cpp's server, concurrent streaming clients on one GGUF.
 
-Both servers run in their own processes on loopback (app/benches/serve_child.py), on the
-profile's GGUF, with the same thread count; the clients are threads of this process that
-stream ``POST /v1/completions`` with token-id prompts (the same ids for both servers), greedy,
-``ignore_eos`` so every reply is ``--max-tokens`` long. Arms, alternated in order then in
-reverse each round (medians over runs):
-  mlxterm    ``mlxterm serve`` (the engine's batched scheduler; checkpoints' SSD tier in a
-             temporary directory)
-  llama_cpp  llama.cpp's HTTP server (PyPI ``xllamacpp``, the ``peer`` extra) with one slot per
-             client at the most clients, one unified KV buffer, its prompt cache in RAM on (its
-             defaults); skipped with a note when xllamacpp is not installed
-
-Concurrency, for each N in --clients: N clients start together, each sends --requests
-requests one after another. Every request's prompt is new to both servers (a nonce ahead of
-the same passage), so no arm restores another run's prefix. Per run: ``tok_s`` = completion
-tokens of all requests / wall time from the start to the last reply's end; ``ttft_p95_ms``
-= the 95th percentile (nearest rank) of the requests' times from sending to the first text.
-
-Follow-up turn: a client sends a --conversation-tokens conversation (16 reply tokens), another
-client then sends its own prompt (a quarter as long) on the same slot (llama.cpp: ``id_slot``
-0 for both), then the first client sends the conversation again with a short new message (at
-most 32 tokens) and the time to its first token is measured. The follow-up repeats the conversation's tokens but not
-the 16 reply tokens (neither server streams the reply's token ids the same way); what each
-server reused is reported (mlxterm: ``usage.prompt_tokens_details.cached_tokens``, llama.cpp:
-``timings.cache_n``).
-
-Ratios are mlxterm / llama_cpp; targets (issue 31): tok/s >= 1.0x and p95 TTFT <= 1.0x at every
-N, follow-up TTFT <= 0.2x. The machine may be shared: the JSON records the load average before
-and after.
+Why: ``mlxterm serve`` should match llama.cpp's server on throughput and latency and beat it on
+a follow-up turn (issue 31: tok/s >= 1.0x and p95 TTFT <= 1.0x at every N, follow-up TTFT <=
+0.2x). Both servers run in their own processes on loopback (app/benches/serve_child.py) with the
+same threads; client threads stream ``POST /v1/completions`` with the same token-id prompts,
+greedy, ``ignore_eos``. Arms ``mlxterm`` and ``llama_cpp`` alternate in order then in reverse;
+per N in --clients: ``tok_s`` and ``ttft_p95_ms``; then a follow-up turn after another client
+used the slot, with what each server reused. How each is measured: docs/benches.md.
 """
 
 from __future__ import annotations

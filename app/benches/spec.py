@@ -1,20 +1,12 @@
 """Speculative decoding: decode tok/s with vs without speculation, same prompts, same tokens.
 
-Arms per scenario, alternated plain/spec/spec/plain each round on one loaded engine (the same
-weights serve both; the plain arm opts out per request), greedy so tokens must be identical:
-  copy-heavy (the lookup profile): rewrite a 300-line file with one change, an agent
-    ``edit_file`` step after ``read_file`` (free, and under the agent's tool-call grammar as an
-    agent generates it: both arms constrained; speculation adds the grammar's forced tokens),
-    repeat a quoted passage
-  free-form (the lookup profile): a short story -- lookup finds little, a miss must cost ~nothing
-  code (the draft-pair profile, e.g. Qwen2.5-Coder 0.5B drafting for 1.5B): write a function
-  agent edit_file step on a model that copies the old text (``--edit-profile``, e.g.
-    qwen2.5-coder-1.5b-lookup; the 0.5B copies one line of it), under the tool-call grammar
-Also the verify-cost curve of each target: one forward over 1, 2, 4, 8, 12, 15, 16 new rows
-after a 256-token context (attending as a verify does), and the draft length that maximises
-expected tokens per unit of cost (at most ``max_verify_rows() - 1`` drafts).
-Weights are whatever the profiles' ``model.weights`` choose, so the bench reruns as is on
-faster kernels.
+Why: speculation must pay where text is copied and cost ~nothing where it is not. Per scenario
+(copy-heavy and free-form on the lookup profile, code on a draft pair, an agent edit_file step
+under the tool-call grammar), arms plain/spec/spec/plain on one loaded engine, greedy so the
+tokens must be identical. Also each target's verify-cost curve (one forward over 1..16 new rows)
+and the draft length that maximises expected tokens per unit of cost. Weights are whatever the
+profiles choose, so the bench reruns as is on faster kernels. Scenarios in detail:
+docs/benches.md.
 """
 
 from __future__ import annotations

@@ -63,8 +63,12 @@ def settings() -> dict[str, Any]:
 
 def sandbox() -> dict[str, Any]:
     from tools.sandbox import probe
+    from tools.settings import SettingsError
 
-    status = probe()
+    try:
+        status = probe()
+    except SettingsError as e:  # an unreadable MLXTERM_SANDBOX or MLXTERM_SANDBOX_USER
+        return {"ok": False, "workspace_cap": None, "backend": "none", "detail": str(e)}
     detail = status.describe()
     if not status.available:
         detail += ("; bash runs unconfined and every call asks for approval; checks are refused unless "

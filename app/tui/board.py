@@ -1,8 +1,8 @@
 """``BoardService``: the task board behind the TUI (no Textual import).
 
 The app owns one: its dispatcher keeps running while you chat or look elsewhere. Cards run
-on the loaded engine when their profile is the loaded one (chat and cards then take turns on
-the engine thread, or batch once the engine does), else on an engine loaded for them.
+on the loaded engine when their profile is the loaded one (chat and cards then decode together
+in its batched scheduler), else on an engine loaded for them.
 Attempts run interactively: a tool set to ``ask`` waits, and the card shows it.
 """
 

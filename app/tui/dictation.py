@@ -3,19 +3,15 @@
 Three layers, so most of it is testable without a terminal:
 
 - plain logic: :class:`Transcript` (final texts + the current partial), :func:`with_spacing`
-  and :class:`PromptSplice` (keeps the dictated span in the message box, replacing it as the
-  partials change);
+  and :class:`PromptSplice` (keeps the dictated span in the message box as partials change);
 - :class:`Dictation`: one object per screen that owns the lifecycle (probe the microphone,
-  load Whisper once, start a ``DictationSession`` fed by an audio source, stop, cancel). The
-  audio source is injectable (``capture_factory(callback)`` with ``start()``/``stop()``,
-  ``MicrophoneCapture`` by default), so tests push audio through the same ``session.feed``
-  callback the microphone uses;
-- :class:`DictationActions`: the Textual surface mixed into ``MainScreen`` (action, worker,
-  message handler, indicator, notifications).
+  load Whisper once, start a ``DictationSession`` fed by an audio source, stop, cancel); the
+  audio source is injectable (``capture_factory``), so tests push audio through the same
+  ``session.feed`` callback the microphone uses;
+- :class:`DictationActions`: the Textual surface mixed into ``MainScreen``.
 
-Session events arrive on the session's worker threads and are posted to the screen as
-:class:`DictationUpdate` messages (``post_message`` is thread-safe and never blocks, so the
-workers never wait on the UI, and the UI may wait on them when cancelling).
+Session events arrive on worker threads and are posted as :class:`DictationUpdate` messages
+(``post_message`` never blocks, so workers never wait on the UI; the UI may wait on them).
 """
 
 from __future__ import annotations

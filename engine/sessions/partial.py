@@ -7,12 +7,8 @@ started}``. A process killed mid-reply leaves that mark behind; ``recover_interr
 when a session is opened or continued) turns it into ``interrupted: true`` with finish reason
 "interrupted", so the next turn follows a complete assistant message and its prompt extends the
 exact tokens that were generated (and the KV checkpoint of the turn before, where one exists).
-
-A remote turn (``tokens=False``) has no token ids: it is saved every ``SAVE_EVERY_S`` or every
-``SAVE_EVERY_TOKENS`` streamed pieces, with none.
-
-Chat turns (``ChatTurn``) and agent steps (``AgentSession``) use it; anything else that streams
-a reply into a session (e.g. a board attempt) can do the same: ``PartialReply(store, sid,
+A remote turn (``tokens=False``) is saved the same way without token ids. Chat turns and agent
+steps use it; anything else that streams into a session can: ``PartialReply(store, sid,
 handle)``, ``update(text)`` per event, ``finish(...)`` on ``Done``.
 """
 

@@ -27,14 +27,12 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
 #include <immintrin.h>
 
-#include "mlx/backend/cpu/encoder.h"
-#include "mlx/utils.h"
+#include "attention_impl.h"
 #include "attention_tiles.h"
 #include "ops.h"
 #include "pool.h"
@@ -43,50 +41,16 @@
 
 namespace mlxterm {
 
+namespace attn {
+
 namespace {
 
-constexpr int kBlock = kAttnBlock;  // keys per block (scores: rows x kBlock floats)
 constexpr int kTileRows = 66;   // query rows per task (query heads of a KV head x positions;
                                 // 66 = 6 x 11: whole 6-row register tiles for 1, 2, 3 or 6 heads per KV head)
-constexpr int kMinTasks = 16;   // below this many tasks, split the keys too
 // Below this many multiply-adds (rows x keys x (D + Dv)) a call runs on the calling thread:
 // waking the pool costs more than the work (Whisper's per-token cross-attention, decode at
 // short context). Which thread runs a task never changes its result.
 constexpr size_t kInlineWork = size_t(1) << 18;
-const float kNegInf = -std::numeric_limits<float>::infinity();
-
-struct Problem {
-  const float* q;
-  const void* k;
-  const void* v;
-  const float* mask;
-  float* out;
-  bool half;  // K/V float16
-  bool q8;    // K/V 8-bit rows: D int8 values, then D / G float32 scales (see attention.h)
-  int G;      // q8 group size along the head dim
-  size_t kst, vst;  // q8: bytes per K / V row
-  int B, H, L, D, Hk, S, Dv, Bm, Lm;
-  float scale;
-  int mode, offset, window;
-  bool rotate;  // q times the orthonormal Walsh-Hadamard matrix first (q8 K rows are rotated)
-};
-
-struct Split {
-  int b, kvh, i0, nt, s0, s1;
-};
-
-// Scratch of one task, reused across calls on the same thread.
-struct Scratch {
-  std::vector<float> q, o, s, m, l, kf, vf, kt, qs;
-  std::vector<int8_t> qi;
-};
-
-inline void widen(const uint16_t* src, float* dst, int n) {
-  int t = 0;
-  for (; t + 8 <= n; t += 8)
-    _mm256_storeu_ps(dst + t, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + t))));
-  for (; t < n; ++t) dst[t] = _cvtsh_ss(src[t]);
-}
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {
@@ -111,47 +75,6 @@ void widen_q8(const uint8_t* src, size_t stride, int n, int D, int G, float* dst
 }
 
 #include "attention_q8.inc"
-
-// x (D) times the orthonormal Walsh-Hadamard matrix on blocks of P = the largest power of two
-// dividing D, in place: butterflies (a + b, a - b) over strides 1, 2, ..., P / 2, then
-// P^-1/2 (exact for D = 64). The same transform as kv_cache.q8_rotate (mx.hadamard_transform)
-// up to float rounding; the kernel's paths and its reference all read this one.
-void rotate_row(float* x, int D) {
-  const int P = D & -D;
-  const float norm = float(1.0 / std::sqrt(double(P)));
-  for (int b = 0; b < D; b += P) {
-    float* y = x + b;
-    for (int h = 1; h < P; h *= 2)
-      for (int i = 0; i < P; i += 2 * h)
-        for (int j = i; j < i + h; ++j) {
-          const float a = y[j], c = y[j + h];
-          y[j] = a + c;
-          y[j + h] = a - c;
-        }
-    for (int d = 0; d < P; ++d) y[d] *= norm;
-  }
-}
-
-// q (already scaled) quantized per group of G dims as the q8 decode scores read it:
-// qs = max|q| / 127, qi = round-to-even(q * (127 / max|q|)) in -127..127 (all zero: 0, 0).
-// Prefill tiles read the same q back as float (qi * qs), so every path scores the same q.
-void quantize_q(const float* q, int D, int G, int8_t* qi, float* qs) {
-  for (int g = 0; g < D / G; ++g) {
-    float amax = 0.0f;
-    for (int d = g * G; d < (g + 1) * G; ++d) amax = std::max(amax, std::fabs(q[d]));
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    qs[g] = amax / 127.0f;
-    for (int d = g * G; d < (g + 1) * G; ++d)
-      qi[d] = int8_t(std::clamp(std::nearbyint(q[d] * inv), -127.0f, 127.0f));
-  }
-}
-
-// Scalar reference of one q8 element.
-inline float q8_value(const uint8_t* row, int d, int D, int G) {
-  float sc;
-  std::memcpy(&sc, row + D + 4 * (d / G), 4);
-  return float(int8_t(row[d])) * sc;
-}
 
 // s[r][c] = Q[r] . K[c] for rows r0..r0+RT-1 (clamped to R - 1) and keys [0, n): RT rows x 4
 // keys per tile. Every score is the same chain whatever RT: lane j of its accumulator sums
@@ -304,12 +227,6 @@ void scores_tiled(const float* Q, int Rp, const float* Kt, int n, int D, float* 
   }
 }
 
-// Visible key range [lo, hi) of query position i under the causal/window mask.
-inline void causal_range(const Problem& p, int i, int& lo, int& hi) {
-  hi = std::min(p.S, i + p.offset + 1);
-  lo = p.window > 0 ? std::max(0, i + p.offset - p.window + 1) : 0;
-}
-
 // Mask the block's scores, update each row's running max / sum, rescale its output, and leave
 // exp(score - max) in the scores. False when no row sees any key of the block.
 // wide: the exponentials run 16 lanes at a time (AVX-512; same values per element), summed
@@ -406,6 +323,43 @@ void pv(Scratch& sc, int R, const T* V, int n, int Dv, bool tiled = false) {
   }
 }
 
+}  // namespace
+
+
+// x (D) times the orthonormal Walsh-Hadamard matrix on blocks of P = the largest power of two
+// dividing D, in place: butterflies (a + b, a - b) over strides 1, 2, ..., P / 2, then
+// P^-1/2 (exact for D = 64). The same transform as kv_cache.q8_rotate (mx.hadamard_transform)
+// up to float rounding; the kernel's paths and its reference all read this one.
+void rotate_row(float* x, int D) {
+  const int P = D & -D;
+  const float norm = float(1.0 / std::sqrt(double(P)));
+  for (int b = 0; b < D; b += P) {
+    float* y = x + b;
+    for (int h = 1; h < P; h *= 2)
+      for (int i = 0; i < P; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          const float a = y[j], c = y[j + h];
+          y[j] = a + c;
+          y[j + h] = a - c;
+        }
+    for (int d = 0; d < P; ++d) y[d] *= norm;
+  }
+}
+
+// q (already scaled) quantized per group of G dims as the q8 decode scores read it:
+// qs = max|q| / 127, qi = round-to-even(q * (127 / max|q|)) in -127..127 (all zero: 0, 0).
+// Prefill tiles read the same q back as float (qi * qs), so every path scores the same q.
+void quantize_q(const float* q, int D, int G, int8_t* qi, float* qs) {
+  for (int g = 0; g < D / G; ++g) {
+    float amax = 0.0f;
+    for (int d = g * G; d < (g + 1) * G; ++d) amax = std::max(amax, std::fabs(q[d]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    qs[g] = amax / 127.0f;
+    for (int d = g * G; d < (g + 1) * G; ++d)
+      qi[d] = int8_t(std::clamp(std::nearbyint(q[d] * inv), -127.0f, 127.0f));
+  }
+}
+
 // A task's rows of (b, kvh, i0..i0+nt) into sc: q scaled (rotated, quantized for q8 K) and an
 // empty (m, l, O) per row. Many rows (prefill tiles, long verifies) run register tiles over a
 // transposed K block; decode-sized tasks (a row of a batch, a verify's single-query rows) keep
@@ -462,13 +416,6 @@ void decode_block_q8(const Problem& p, const Split& t, Scratch& sc, int R, int k
   if (use_avx512()) avx512::q8_pv(sc.s.data(), R, vblk, p.vst, n, p.Dv, p.G, sc.o.data());
   else q8::pv_rows(sc.s.data(), 0, R, vblk, p.vst, n, p.Dv, p.G, sc.o.data());
 }
-
-// Batch row b's K/V of KV head kvh.
-struct HeadKV {
-  const uint8_t *k8 = nullptr, *v8 = nullptr;
-  const float *kf32 = nullptr, *vf32 = nullptr;
-  const uint16_t *k16 = nullptr, *v16 = nullptr;
-};
 
 HeadKV head_kv(const Problem& p, int b, int kvh) {
   const size_t kv_head = size_t(b) * p.Hk + kvh;
@@ -551,16 +498,6 @@ void run_split(const Problem& p, const Split& t, Scratch& sc) {
   }
 }
 
-inline float* out_row(const Problem& p, int b, int h, int i) {
-  return p.out + ((size_t(b) * p.H + h) * p.L + i) * p.Dv;
-}
-
-// Key splits of a call whose batch row has `row_groups` (KV head, query tile) tasks over
-// `blocks` key blocks: enough tasks for the pool (kMinTasks), never more than the blocks.
-inline int key_splits(int row_groups, int blocks) {
-  return std::max(1, std::min(blocks, (kMinTasks + row_groups - 1) / row_groups));
-}
-
 // One output row from its key splits' (m, l, O) -- split sp's at part + sp * step -- merged
 // in split order (a split that saw no key is skipped).
 void merge_row(const float* part, size_t step, int n_splits, int Dv, float* dst) {
@@ -598,110 +535,8 @@ void finish_rows(const Problem& p, const Split& t, const Scratch& sc, int R, flo
   }
 }
 
-std::atomic<bool>& rows_switch() {
-  static std::atomic<bool> on{true};
-  return on;
-}
-
-// A causal prompt forward (no window) with the decode's bits: every query position runs as
-// the decode step at that position runs -- its query heads of a KV head as one row set (the
-// decode kernels), its keys [0, i + offset + 1) split as a one-position call splits them, each
-// split's blocks in order, the splits merged alike -- so the prompt's attention output, and
-// with it every later layer's K/V, equal what a token-by-token decode computes and stores
-// (issue 30, item 4: a checkpoint replayed cold gives the same answer). The decode's key mask
-// adds 0 to a visible key's score, which changes no value. Positions whose keys end in the
-// same block split alike, so a task takes up to kRowsGroup of them for one split and reads
-// (and, float16, widens) each K/V block once for all of them.
-constexpr int kRowsGroup = 32;
-
-void run_flash_rows(const Problem& p) {
-  const int rep = p.H / p.Hk;
-  struct Group {
-    int b, kvh, i0, ni, n_splits, per, part;  // part: first (split, position) part slot, or -1
-  };
-  struct Task {
-    int group, sp;
-  };
-  std::vector<Group> groups;
-  std::vector<Task> tasks;
-  int n_parts = 0;
-  auto end_of = [&](int i) { return std::min(p.S, i + p.offset + 1); };  // keys position i sees
-  for (int b = 0; b < p.B; ++b)
-    for (int i0 = 0; i0 < p.L;) {
-      const int w = (end_of(i0) - 1) / kBlock;  // its last key block
-      int i1 = i0 + 1;
-      while (i1 < p.L && i1 - i0 < kRowsGroup && (end_of(i1) - 1) / kBlock == w) ++i1;
-      const int blocks = w + 1;
-      const int n_splits = key_splits(p.Hk, blocks);
-      const int per = (blocks + n_splits - 1) / n_splits;
-      for (int kvh = 0; kvh < p.Hk; ++kvh) {
-        const int part = n_splits > 1 ? n_parts : -1;
-        if (n_splits > 1) n_parts += n_splits * (i1 - i0);
-        for (int sp = 0; sp < n_splits; ++sp) tasks.push_back({int(groups.size()), sp});
-        groups.push_back({b, kvh, i0, i1 - i0, n_splits, per, part});
-      }
-      i0 = i1;
-    }
-  thread_local std::vector<float> kept_part;
-  std::vector<float>& part = kept_part;
-  const size_t part_stride = size_t(rep) * (p.Dv + 2);
-  if (part.size() < size_t(n_parts) * part_stride) part.resize(size_t(n_parts) * part_stride);
-  Pool& pool = Pool::get();
-  pool.run(int(tasks.size()), [&](int ti) {
-    thread_local std::vector<Scratch> scs;
-    thread_local std::vector<float> kf, vf;
-    const Group& g = groups[tasks[ti].group];
-    const int sp = tasks[ti].sp;
-    if (int(scs.size()) < g.ni) scs.resize(g.ni);
-    const int s0 = sp * g.per * kBlock, s1 = (sp + 1) * g.per * kBlock;
-    int khi = 0;
-    for (int j = 0; j < g.ni; ++j) {
-      const int e = end_of(g.i0 + j);
-      const Split t{g.b, g.kvh, g.i0 + j, 1, std::min(e, s0), std::min(e, s1)};
-      if (rep > 8) run_split(p, t, scs[j]);  // the decode's own many-head tiles, position by position
-      else begin_split(p, t, scs[j], false);
-      khi = std::max(khi, std::min(e, s1));
-    }
-    if (rep > 8) khi = s0;  // done above
-    const HeadKV h = head_kv(p, g.b, g.kvh);
-    const Prefetch none{};
-    for (int kb = s0; kb < khi; kb += kBlock) {
-      const int n = std::min(kBlock, khi - kb);
-      const float* kblk = h.kf32 ? h.kf32 + size_t(kb) * p.D : nullptr;
-      const float* vblk = h.vf32 ? h.vf32 + size_t(kb) * p.Dv : nullptr;
-      if (p.half) {
-        kf.resize(size_t(kBlock) * p.D);
-        vf.resize(size_t(kBlock) * p.Dv);
-        widen(h.k16 + size_t(kb) * p.D, kf.data(), n * p.D);
-        widen(h.v16 + size_t(kb) * p.Dv, vf.data(), n * p.Dv);
-        kblk = kf.data(), vblk = vf.data();
-      }
-      for (int j = 0; j < g.ni; ++j) {
-        const int e = end_of(g.i0 + j), nj = std::min(kBlock, std::min(e, s1) - kb);
-        const Split t{g.b, g.kvh, g.i0 + j, 1, std::min(e, s0), std::min(e, s1)};
-        if (p.q8) decode_block_q8(p, t, scs[j], rep, kb, nj, h.k8 + size_t(kb) * p.kst, h.v8 + size_t(kb) * p.vst, none);
-        else decode_block(p, t, scs[j], rep, kb, nj, kblk, vblk, none);
-      }
-    }
-    for (int j = 0; j < g.ni; ++j) {
-      const Split t{g.b, g.kvh, g.i0 + j, 1, 0, 0};
-      float* dst = g.part < 0 ? nullptr : part.data() + (size_t(g.part) + size_t(sp) * g.ni + j) * part_stride;
-      finish_rows(p, t, scs[j], rep, dst);
-    }
-  });
-  if (n_parts == 0) return;
-  pool.run(int(groups.size()), [&](int gi) {
-    const Group& g = groups[gi];
-    if (g.part < 0) return;
-    for (int j = 0; j < g.ni; ++j)
-      for (int r = 0; r < rep; ++r)
-        merge_row(part.data() + (size_t(g.part) + j) * part_stride + size_t(r) * (p.Dv + 2), size_t(g.ni) * part_stride,
-                  g.n_splits, p.Dv, out_row(p, g.b, g.kvh * rep + r, g.i0 + j));
-  });
-}
-
 void run_flash(const Problem& p) {
-  if (p.mode == 1 && p.window == 0 && p.L > 1 && rows_switch().load(std::memory_order_relaxed)) {
+  if (p.mode == 1 && p.window == 0 && p.L > 1 && attn_rows_on()) {
     run_flash_rows(p);
     return;
   }
@@ -773,210 +608,13 @@ void run_flash(const Problem& p) {
   });
 }
 
-// Scalar reference (tests): two-pass softmax per row in double.
-void run_reference(const Problem& p) {
-  const int rep = p.H / p.Hk;
-  std::vector<double> s(p.S), acc(p.Dv);
-  auto kval = [&](size_t idx) {
-    if (p.q8) return double(q8_value(static_cast<const uint8_t*>(p.k) + idx / p.D * p.kst, int(idx % p.D), p.D, p.G));
-    return p.half ? double(_cvtsh_ss(static_cast<const uint16_t*>(p.k)[idx]))
-                  : double(static_cast<const float*>(p.k)[idx]);
-  };
-  auto vval = [&](size_t idx) {
-    if (p.q8) return double(q8_value(static_cast<const uint8_t*>(p.v) + idx / p.Dv * p.vst, int(idx % p.Dv), p.Dv, p.G));
-    return p.half ? double(_cvtsh_ss(static_cast<const uint16_t*>(p.v)[idx]))
-                  : double(static_cast<const float*>(p.v)[idx]);
-  };
-  for (int b = 0; b < p.B; ++b)
-    for (int h = 0; h < p.H; ++h)
-      for (int i = 0; i < p.L; ++i) {
-        const size_t kvh = size_t(b) * p.Hk + h / rep;
-        const float* q = p.q + ((size_t(b) * p.H + h) * p.L + i) * p.D;
-        std::vector<float> qr;
-        if (p.rotate) {
-          qr.assign(q, q + p.D);
-          rotate_row(qr.data(), p.D);
-          q = qr.data();
-        }
-        std::vector<float> qq;
-        double qscale = double(p.scale);
-        if (p.q8) {  // the kernel's quantized q (scaled first, then int8 per group)
-          std::vector<float> qsc(p.D), qs(p.D / p.G);
-          std::vector<int8_t> qi(p.D);
-          for (int d = 0; d < p.D; ++d) qsc[d] = q[d] * p.scale;
-          quantize_q(qsc.data(), p.D, p.G, qi.data(), qs.data());
-          qq.resize(p.D);
-          for (int d = 0; d < p.D; ++d) qq[d] = float(double(qi[d]) * double(qs[d / p.G]));
-          q = qq.data();
-          qscale = 1.0;
-        }
-        double m = -INFINITY;
-        for (int j = 0; j < p.S; ++j) {
-          double x = 0.0;
-          for (int d = 0; d < p.D; ++d) x += double(q[d]) * qscale * kval((kvh * p.S + j) * p.D + d);
-          if (p.mode == 1) {
-            int lo, hi;
-            causal_range(p, i, lo, hi);
-            if (j < lo || j >= hi) x = -INFINITY;
-          } else if (p.mode == 2) {
-            x += p.mask[(size_t(p.Bm == 1 ? 0 : b) * p.Lm + (p.Lm == 1 ? 0 : i)) * p.S + j];
-          }
-          s[j] = x;
-          m = std::max(m, x);
-        }
-        std::fill(acc.begin(), acc.end(), 0.0);
-        double l = 0.0;
-        if (m != -INFINITY) {
-          for (int j = 0; j < p.S; ++j) {
-            const double e = s[j] == -INFINITY ? 0.0 : std::exp(s[j] - m);
-            l += e;
-            for (int d = 0; d < p.Dv; ++d) acc[d] += e * vval((kvh * p.S + j) * p.Dv + d);
-          }
-        }
-        float* dst = out_row(p, b, h, i);
-        for (int d = 0; d < p.Dv; ++d) dst[d] = l > 0.0 ? float(acc[d] / l) : 0.0f;
-      }
-}
+// The causal prompt rows' decode tiles (attention_rows.cpp) run decode_block on float K/V.
+template void decode_block<float>(const Problem&, const Split&, Scratch&, int, int, int, const float*, const float*,
+                                  const Prefetch&);
 
-}  // namespace
+}  // namespace attn
 
-bool attn_rows_on() { return rows_switch().load(std::memory_order_relaxed); }
-bool set_attn_rows(bool on) { return rows_switch().exchange(on); }
-bool decode512_on() { return use_avx512() && decode512_switch().load(std::memory_order_relaxed); }
-bool set_decode512(bool on) { return decode512_switch().exchange(on); }
-
-void FlashAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(out);
-  const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
-  Problem p;
-  p.q = q.data<float>();
-  p.half = k.dtype() == mx::float16;
-  p.q8 = k.dtype() == mx::uint8;
-  p.k = k.data<void>();
-  p.v = v.data<void>();
-  p.mask = inputs.size() > 3 ? inputs[3].data<float>() : nullptr;
-  p.out = out.data<float>();
-  p.B = q.shape(0), p.H = q.shape(1), p.L = q.shape(2), p.D = q.shape(3);
-  p.Hk = k.shape(1), p.S = k.shape(2), p.Dv = v.shape(3);
-  p.G = 0, p.kst = p.vst = 0;
-  if (p.q8) {
-    p.G = q8_group(p.D, k.shape(3));
-    p.Dv = q8_dim(v.shape(3), p.G);
-    p.kst = size_t(k.shape(3)), p.vst = size_t(v.shape(3));
-  }
-  p.Bm = inputs.size() > 3 ? inputs[3].shape(0) : 1;
-  p.Lm = inputs.size() > 3 ? inputs[3].shape(2) : 1;
-  p.scale = scale_, p.mode = mode_, p.offset = offset_, p.window = window_, p.rotate = rotate_;
-  const bool reference = reference_;
-  enc.dispatch([p, reference]() { reference ? run_reference(p) : run_flash(p); });
-}
-
-void FlashAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
-}
-
-std::vector<mx::Shape> FlashAttention::output_shapes(const std::vector<mx::array>& inputs) {
-  auto shape = inputs[0].shape();
-  shape.back() = inputs[2].shape(3);
-  if (inputs[1].dtype() == mx::uint8) shape.back() = q8_dim(inputs[2].shape(3), q8_group(inputs[0].shape(3), inputs[1].shape(3)));
-  return {shape};
-}
-
-mx::array flash_attention(
-    const mx::array& q,
-    const mx::array& k,
-    const mx::array& v,
-    float scale,
-    int mode,
-    int offset,
-    int window,
-    const mx::array* mask,
-    bool reference,
-    bool rotate,
-    mx::StreamOrDevice s) {
-  auto bad = [](const char* why) { throw std::invalid_argument(std::string("[mlxterm.flash_attention] ") + why); };
-  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) bad("q, k, v must be 4-D (B, heads, length, dim).");
-  if (q.dtype() != mx::float32) bad("q must be float32.");
-  if (k.dtype() != v.dtype() || (k.dtype() != mx::float32 && k.dtype() != mx::float16 && k.dtype() != mx::uint8))
-    bad("k and v must both be float32, float16 or 8-bit rows (uint8).");
-  const int B = q.shape(0), H = q.shape(1), L = q.shape(2), D = q.shape(3);
-  const int Hk = k.shape(1), S = k.shape(2);
-  int Dv = v.shape(3), Dk = k.shape(3);
-  if (k.dtype() == mx::uint8) {
-    const int G = q8_group(D, k.shape(3));
-    if (G <= 0 || G % 32 != 0) bad("8-bit k rows must be D int8 values + D / G float32 scales, G % 32 == 0.");
-    Dv = q8_dim(v.shape(3), G);
-    if (Dv <= 0 || Dv % G != 0) bad("8-bit v rows must be Dv int8 values + Dv / G float32 scales.");
-    Dk = D;
-  }
-  if (k.shape(0) != B || v.shape(0) != B || v.shape(1) != Hk || v.shape(2) != S || Dk != D)
-    bad("k must be (B, Hk, S, D) and v (B, Hk, S, Dv) for q (B, H, L, D).");
-  if (Hk < 1 || H % Hk != 0) bad("query heads must be a multiple of KV heads.");
-  if (D % 8 != 0 || Dv % 16 != 0) bad("head dims must be multiples of 8 (q/k) and 16 (v).");
-  if (mode < 0 || mode > 2) bad("mode must be 0 (none), 1 (causal) or 2 (array mask).");
-  auto st = mx::to_stream(s);
-  if (st.device != mx::Device::cpu) bad("runs on the CPU stream only.");
-  std::vector<mx::array> inputs = {contiguous_in(q, st), contiguous_in(k, st), contiguous_in(v, st)};
-  if (mode == 2) {
-    if (!mask || mask->ndim() != 4 || mask->shape(1) != 1 || mask->shape(3) != S ||
-        (mask->shape(2) != 1 && mask->shape(2) != L) || (mask->shape(0) != 1 && mask->shape(0) != B))
-      bad("mask must be (1 or B, 1, 1 or L, S).");
-    inputs.push_back(mx::contiguous(mx::astype(*mask, mx::float32, st), false, st));
-  }
-  (void)B;
-  return mx::array(
-      {B, H, L, Dv}, mx::float32,
-      std::make_shared<FlashAttention>(st, scale, mode, offset, window, reference, rotate), inputs);
-}
-
-void Q8Pack::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(inputs[0]);
-  enc.set_output_array(out);
-  const float* x = inputs[0].data<float>();
-  uint8_t* o = out.data<uint8_t>();
-  const int D = inputs[0].shape(-1), G = group_;
-  const size_t rows = inputs[0].size() / size_t(D), W = size_t(out.shape(-1));
-  enc.dispatch([x, o, D, G, rows, W]() {
-    for (size_t r = 0; r < rows; ++r) {
-      const float* xr = x + r * D;
-      uint8_t* orow = o + r * W;
-      for (int g = 0; g < D / G; ++g) {
-        float amax = 0.0f;
-        for (int d = g * G; d < (g + 1) * G; ++d) amax = std::max(amax, std::fabs(xr[d]));
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int d = g * G; d < (g + 1) * G; ++d)
-          orow[d] = uint8_t(int8_t(std::clamp(std::nearbyint(xr[d] * inv), -127.0f, 127.0f)));
-        const float sc = amax / 127.0f;
-        std::memcpy(orow + D + 4 * g, &sc, 4);
-      }
-    }
-  });
-}
-
-void Q8Pack::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("[mlxterm] the CPU kernels have no GPU implementation.");
-}
-
-std::vector<mx::Shape> Q8Pack::output_shapes(const std::vector<mx::array>& inputs) {
-  auto shape = inputs[0].shape();
-  shape.back() += 4 * (shape.back() / group_);
-  return {shape};
-}
-
-mx::array q8_pack(const mx::array& x, int group, mx::StreamOrDevice s) {
-  const int D = x.ndim() ? x.shape(-1) : 0;
-  if (group <= 0 || D % group != 0) throw std::invalid_argument("[mlxterm.q8_pack] the last axis must be a multiple of group.");
-  auto st = mx::to_stream(s);
-  if (st.device != mx::Device::cpu) throw std::invalid_argument("[mlxterm.q8_pack] runs on the CPU stream only.");
-  auto shape = x.shape();
-  shape.back() += 4 * (D / group);
-  return mx::array(shape, mx::uint8, std::make_shared<Q8Pack>(st, group),
-                   {mx::contiguous(mx::astype(x, mx::float32, st), false, st)});
-}
+bool decode512_on() { return attn::use_avx512() && attn::decode512_switch().load(std::memory_order_relaxed); }
+bool set_decode512(bool on) { return attn::decode512_switch().exchange(on); }
 
 }  // namespace mlxterm
