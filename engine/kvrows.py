@@ -8,7 +8,7 @@ D = 64, group 32) and ``q8_unpack`` gives the values anywhere else.
 
 K rows hold the key rotated (``q8_rotate``: an orthonormal Walsh-Hadamard transform of the head
 dims) and attention rotates q the same way, so q . k is unchanged up to float32 rounding while a
-group's int8 step shrinks (SmolLM2's decode KL to fp16 KV drops 3.2x: docs/benchmarks.md, "Long
+group's int8 step shrinks (SmolLM2's decode KL to fp16 KV drops 3.2x: docs/benchmarks-log.md, "Long
 context, round 6"). V rows are stored as computed. Checkpoints name this format "q8hrows-g<group>" (``Q8_FORMAT``); the
 older unrotated "q8rows-g<group>" rows are never read as these.
 """

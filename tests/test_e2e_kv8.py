@@ -10,7 +10,7 @@ from a bad one; that test prints the numbers and bounds gross breakage only. On 
 the paths agree to 1e-4 (tests/test_e2e_attention.py) and the q8 error shows alone: the mean
 KL(fp16 KV || q8) per token and the perplexity change are what the gate holds.
 
-Measured (round 6, g64; docs/benchmarks.md "Long context, round 6"), fp32 weights, vs fp16 KV:
+Measured (round 6, g64; docs/benchmarks-log.md "Long context, round 6"), fp32 weights, vs fp16 KV:
 SmolLM2 rotated KL 0.35e-3 / ppl -0.35% (unrotated rows of rounds 4-5: 1.23e-3 / +0.19%) --
 the gate is met; Qwen 0.5B rotated KL 4.07e-3 / ppl +0.88% (unrotated: 11.5e-3 / +1.22%) --
 the gate is **missed** (Qwen's

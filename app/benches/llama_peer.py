@@ -3,7 +3,7 @@
 
 Shared by ``bench engine`` (one slot, a fresh prompt per run) and ``bench resume --long-context``
 (two slots that each keep their own context, so the decodes at ~100 tokens and at N tokens can
-alternate in chunks on one server). The wheel is an AVX2 build; docs/benchmarks.md (round 9)
+alternate in chunks on one server). The wheel is an AVX2 build; docs/benchmarks-log.md (round 9)
 compares a native build as well.
 """
 

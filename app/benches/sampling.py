@@ -1,7 +1,7 @@
 """Sampler cost per token: top-p by sorting the vocabulary vs the CPU kernel's O(vocab) filter.
 
 Why: sorting the whole vocabulary per token cost more than SmolLM2's whole forward
-(docs/benchmarks.md, round 17).
+(docs/benchmarks-log.md, round 17).
 Two parts, each alternating its arms A/B/C/C/B/A every round: ``sampler`` times
 ``make_sampler``'s sample() on synthetic logits per ``--vocabs`` size (arms ``sort``, ``mlx``,
 ``kernel``); ``decode`` (with ``--profiles``) decodes with each profile's own sampling, arms
