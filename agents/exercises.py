@@ -171,7 +171,8 @@ def restore_and_test_command(ex: Exercise) -> str:
 
 def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: int | None = None,
                   profile: str | None = None, steps: int | None = None, tokens: int | None = None,
-                  wall_s: float | None = None, seed: int | None = None) -> TaskSpec:
+                  wall_s: float | None = None, seed: int | None = None,
+                  temperature: float | None = None) -> TaskSpec:
     """The agent task for one exercise (``repair_rounds`` None: the profile's; ``seed``: step n
     samples with seed + n, so a run repeats token for token)."""
     return TaskSpec(
@@ -188,4 +189,5 @@ def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: in
         protected=tuple(ex.test),
         plan=False,  # one solution file to fix: no plan (instructions may name other files)
         seed=seed,
+        temperature=temperature,
     )

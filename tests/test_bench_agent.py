@@ -270,3 +270,15 @@ def test_plain_arm_scores_the_one_shot_reply_beside_the_agent(tmp_path, monkeypa
     with pytest.raises(ExerciseError, match="--arms: expected agent and/or plain"):
         args = _bench_args(tmp_path, "--arms", "agent,magic")
         args.func(args)
+
+
+def test_temperature_sets_the_agent_steps_sampling(tmp_path, monkeypatch):
+    from engine import runtime
+
+    engine = ScriptedEngine([format_call("write_file", {"path": "double_it.py", "content": DOUBLE_OK}), "Done."])
+    monkeypatch.setattr(runtime.Engine, "load", classmethod(lambda cls, profile=None: engine))
+    args = _bench_args(tmp_path, "--only", "double-it", "--repair-rounds", "0", "--temperature", "0.35")
+    assert args.func(args) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["temperature"] == 0.35 and data["passed_after_repair"] == 1
+    assert [r.params.temperature for r in engine.requests] == [0.35, 0.35]  # the scripted profile samples at 0

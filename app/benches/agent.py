@@ -53,6 +53,8 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="sampling seed of every exercise's run (step n samples with seed + n); default 0, so a "
                         "run repeats; a negative value samples unseeded")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature of the agent's steps (default: the profile's; 0 = greedy, as aider's runs)")
     p.add_argument("--arms", default="agent",
                    help="comma-separated: agent (the agent loop; default) and/or plain (the model alone: one "
                         "greedy whole-file reply, as aider's benchmark asks, written and scored the same way)")
@@ -254,7 +256,7 @@ def run(args) -> dict:
                     rec["plain"] = run_plain(ex, engine, tmp / "plain" / ex.slug, score)
                     continue
                 task = exercise_task(ex, tmp / "templates", repair_rounds=args.repair_rounds,
-                                     steps=args.steps, wall_s=args.wall_s,
+                                     steps=args.steps, wall_s=args.wall_s, temperature=args.temperature,
                                      seed=None if args.seed is not None and args.seed < 0 else args.seed)
                 rec.update(run_exercise(ex, task, engine, store, tmp / "runs" / ex.slug, args.candidates))
             rec["split"] = split_of(ex.slug)
@@ -295,6 +297,7 @@ def run(args) -> dict:
         "repair_rounds": args.repair_rounds,
         "seed": None if args.seed < 0 else args.seed,
         "candidates": args.candidates,
+        "temperature": args.temperature,
         "arms": list(arms),
         **summary,
         "reference": reference,
