@@ -27,7 +27,7 @@ from typing import Any
 from engine import paths
 
 from agents.evidence import Evidence
-from agents.tasks import Check
+from agents.taskfile import Check
 from agents.transcript import Transcript
 from tools.bash import execute
 from tools.sandbox import Limits, Sandbox, SandboxPolicy, SandboxRefused, SandboxStatus

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from engine.errors import MlxtermError
 
-from agents.tasks import Check, TaskSpec
+from agents.taskfile import Check, TaskSpec
 
 CHECK_TIMEOUT_S = 60
 SPLITS = ("tune", "report")

@@ -50,7 +50,7 @@ from agents.repair import (
     workspace_fingerprint,
 )
 from agents.session import AgentLimits, AgentOptions, AgentSession
-from agents.tasks import Check, TaskSpec
+from agents.taskfile import Check, TaskSpec
 from agents.transcript import Transcript
 
 

@@ -14,7 +14,7 @@ from agents.headless import HeadlessRun
 from agents.parser import ToolCallParser
 from agents.prompts import example_messages, system_prompt
 from agents.protocol import tool_map
-from agents.tasks import load_task
+from agents.taskfile import load_task
 from agents.transcript import read_transcript
 from tools import default_registry
 from tools.schema import validate_args

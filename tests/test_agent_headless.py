@@ -12,7 +12,7 @@ from agents.headless import HeadlessRun
 from agents.protocol import format_call
 from agents.scripted import Reply, ScriptedEngine
 from agents.session import AgentSession
-from agents.tasks import TaskError, load_task
+from agents.taskfile import TaskError, load_task
 from agents.transcript import read_transcript, replay_messages
 
 HELLO = """

@@ -13,7 +13,7 @@ from agents.headless import HeadlessRun, describe_event
 from agents.plan import Plan, PlanItem, parse_plan, plan_from_task
 from agents.scripted import Reply, ScriptedEngine, scripted_profile
 from agents.session import AgentOptions, AgentSession
-from agents.tasks import load_task
+from agents.taskfile import load_task
 from agents.transcript import read_transcript, replay_messages
 
 
@@ -286,7 +286,7 @@ def test_a_real_engine_reuses_the_prefix_after_an_old_version_is_dropped(tmp_pat
 
 
 def test_task_plan_key_and_resume_flag_are_checked(tmp_path):
-    from agents.tasks import TaskError
+    from agents.taskfile import TaskError
 
     bad = tmp_path / "bad.yaml"
     bad.write_text('prompt: "x"\nplan: yes please\n')

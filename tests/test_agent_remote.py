@@ -20,7 +20,7 @@ import yaml
 from agents.headless import HeadlessRun
 from agents.protocol import format_call
 from agents.scripted import ScriptedEngine, scripted_profile
-from agents.tasks import load_task
+from agents.taskfile import load_task
 from agents.transcript import read_transcript
 from app.serve.app import ServerState, build_app
 

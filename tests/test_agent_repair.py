@@ -7,7 +7,7 @@ from engine.sessions import SessionStore
 from agents.headless import HeadlessRun
 from agents.repair import check_status, repair_message, trim_output
 from agents.scripted import Reply, ScriptedEngine, scripted_profile
-from agents.tasks import load_task
+from agents.taskfile import load_task
 from agents.transcript import read_transcript
 
 TASK = """\

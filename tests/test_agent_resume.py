@@ -97,7 +97,7 @@ def test_resume_after_sigkill_finishes_with_no_step_lost_or_repeated(tmp_path):
 
 def test_resume_without_a_run_says_so(tmp_path):
     from agents.headless import HeadlessRun
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     task = tmp_path / "task.yaml"
     task.write_text(textwrap.dedent(TASK))

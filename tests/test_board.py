@@ -288,12 +288,12 @@ def cli(*argv):
 def test_cli_add_list_move_export(tmp_path, capsys):
     task = tmp_path / "t.yaml"
     task.write_text('prompt: "create x.txt"\nchecks:\n  - {name: x, run: test -f x.txt}\n')
-    assert cli("tasks", "add", str(task), "--priority", "2", "--label", "demo", "--json") == 0
+    assert cli("board", "add", str(task), "--priority", "2", "--label", "demo", "--json") == 0
     added = json.loads(capsys.readouterr().out)
     assert added["state"] == "queued" and added["checks"][0]["run"] == "test -f x.txt" and added["priority"] == 2
-    assert cli("tasks", "add", "--prompt", "say hi", "--backlog", "--after", str(added["id"])) == 0
+    assert cli("board", "add", "--prompt", "say hi", "--backlog", "--after", str(added["id"])) == 0
     capsys.readouterr()
-    assert cli("tasks", "list", "--json") == 0
+    assert cli("tasks", "list", "--json") == 0  # "tasks": the old name, kept as an alias
     listed = json.loads(capsys.readouterr().out)
     assert [(c["id"], c["state"]) for c in listed] == [(1, "queued"), (2, "backlog")]
     assert cli("tasks", "move", "2", "done") == 2

@@ -25,7 +25,7 @@ from agents.board.model import Card, CheckSpec
 from agents.board.store import BoardStore, default_path
 from agents.checks import agent_sandbox, run_check
 from agents.scripted import scripted_profile
-from agents.tasks import Check
+from agents.taskfile import Check
 from tests.board_engine import RoutedEngine, answer, write
 from tests.ci_strict import sandbox_skip_reason
 from tools import sandbox as sb
@@ -174,7 +174,7 @@ def test_yaml_card_checks_read_their_task_folder_inside_the_sandbox(tmp_path):
     assert not hidden["passed"] and "can't open file" in hidden["output"]  # the sandbox confines
 
     board = BoardStore(tmp_path / "board.sqlite3")
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     card = board.add(actions.card_from_task(load_task(yaml), state="queued"))
     engine = RoutedEngine({"a": [write("a.txt", "a"), answer()]})
@@ -193,7 +193,7 @@ def test_a_yaml_cards_sandbox_limits_cap_its_checks(tmp_path):
     yaml = task_folder(tmp_path, "a", run="head -c 30000000 /dev/zero > big; exit 0",
                        extra=f"sandbox: {{workspace_bytes: {cap}}}\n")
     board = BoardStore(tmp_path / "board.sqlite3")
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     card = board.add(actions.card_from_task(load_task(yaml), state="queued"))
     assert board.get(card.id).sandbox == {"workspace_bytes": cap}

@@ -81,7 +81,7 @@ def test_smollm2_mixed_batch_matches_solo_runs(smol_pair):
 @pytest.mark.e2e
 def test_two_agent_runs_share_the_batch(smol_pair, tmp_path):
     from agents.headless import HeadlessRun
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
     from agents.transcript import read_transcript
 
     _, eng = smol_pair

@@ -180,7 +180,7 @@ def test_checks_only_works_for_any_task(tmp_path):
     """--checks-only is not kanban-specific: the hello task's check on a hand-made workspace,
     with the check environment (task dir, run dir, python) a task script can rely on."""
     from agents.headless import HeadlessRun
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     task = tmp_path / "t.yaml"
     task.write_text('prompt: "create hello.txt"\nchecks:\n'

@@ -19,7 +19,7 @@ import pytest
 from agents.headless import HeadlessRun
 from agents.protocol import format_call
 from agents.scripted import ScriptedEngine
-from agents.tasks import load_task
+from agents.taskfile import load_task
 from app.report import ReportError, build_report, write_report
 from tests.browser import kanban_check
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from agents.checks import agent_sandbox, run_check
-from agents.tasks import Check
+from agents.taskfile import Check
 from tests.ci_strict import sandbox_skip_reason
 from tools import cgroups, default_registry, landlock, settings
 from tools import sandbox as sb
@@ -296,7 +296,7 @@ def test_a_check_cannot_forge_the_runs_transcript_result_or_quality(ws, base):
     """The run directory is never in the sandbox: a check writes only its evidence folder, and
     the host copies quality.json (and the screenshots inside that folder) out of it."""
     from agents.headless import HeadlessRun
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     run = base / "run"
     run.mkdir()
@@ -324,7 +324,7 @@ def test_a_run_directory_inside_the_workspace_is_refused(ws):
     from engine.errors import MlxtermError
 
     from agents.headless import HeadlessRun
-    from agents.tasks import TaskSpec
+    from agents.taskfile import TaskSpec
 
     task = TaskSpec(ws.parent / "t.yaml", "t", "x")
     for run_dir in (ws / "runs" / "x", ws):
@@ -457,7 +457,7 @@ def test_a_check_that_ends_past_the_cap_does_not_pass(ws):
 def test_a_tasks_own_sandbox_limits_cap_its_checks(ws, base):
     """``sandbox: {workspace_bytes: ...}`` in a task file reaches the sandbox its checks run in."""
     from agents.headless import HeadlessRun
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     (base / "t.yaml").write_text(f"prompt: fill\nsandbox: {{workspace_bytes: {CAP}}}\nchecks:\n"
                                  "  - name: fill\n    run: head -c 30000000 /dev/zero > big; exit 0\n")

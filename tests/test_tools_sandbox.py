@@ -19,7 +19,7 @@ import pytest
 
 from agents.checks import agent_sandbox, run_check
 from agents.policy import ApprovalPolicy
-from agents.tasks import Check
+from agents.taskfile import Check
 from tests.ci_strict import sandbox_skip_reason
 from tools import cgroups, default_registry
 from tools import sandbox as sb

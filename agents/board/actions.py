@@ -10,7 +10,7 @@ from agents.board import workspace
 from agents.board.model import BoardError, Card, CheckSpec
 from agents.board.runner import check_feedback
 from agents.board.store import BoardStore
-from agents.tasks import TaskSpec
+from agents.taskfile import TaskSpec
 
 
 def card_from_task(task: TaskSpec, **overrides: Any) -> Card:

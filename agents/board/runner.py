@@ -51,7 +51,7 @@ from agents.repair import (
     workspace_fingerprint,
 )
 from agents.session import AgentLimits, AgentOptions, AgentSession
-from agents.tasks import Check
+from agents.taskfile import Check
 from agents.transcript import Transcript
 from tools.sandbox import Limits
 

@@ -105,7 +105,7 @@ def score(ex, workspace: Path) -> dict[str, Any]:
     """Restore the original tests, run them once in the agent sandbox: the bench's verdict."""
     from agents.checks import agent_sandbox, run_check
     from agents.exercises import CHECK_TIMEOUT_S, restore_tests
-    from agents.tasks import Check
+    from agents.taskfile import Check
 
     try:
         restore_tests(ex, workspace)

@@ -43,7 +43,7 @@ def run_arm(profile: str, tasks: list[Path], concurrency: int) -> dict:
     from agents.board.actions import card_from_task
     from agents.board.dispatcher import Dispatcher
     from agents.board.store import BoardStore
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     tmp = Path(tempfile.mkdtemp(prefix="mlxterm-bench-board-"))
     data = profile_to_dict(load_profile(profile))

@@ -6,7 +6,7 @@ Modules import the engine lazily inside their handlers so ``mlxterm --help`` sta
 import importlib
 
 # Order is the order shown in ``mlxterm --help``.
-COMMANDS = ("chat", "generate", "sessions", "models", "profile", "cache", "transcribe", "run", "tasks", "bench",
+COMMANDS = ("chat", "generate", "sessions", "models", "profile", "cache", "transcribe", "run", "board", "bench",
             "report", "doctor", "serve")
 
 

@@ -36,7 +36,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from agents.headless import HeadlessRun, describe_event
-    from agents.tasks import TaskError, load_task
+    from agents.taskfile import TaskError, load_task
     from tools import TOOL_NAMES
 
     task = load_task(args.task)

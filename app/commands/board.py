@@ -1,7 +1,8 @@
-"""``mlxterm tasks add|list|show|move|run|cancel|retry|approve|reject|archive|export``: the
-Kanban task board from the command line (the TUI's board screen shows the same store).
+"""``mlxterm board add|list|show|move|run|cancel|retry|approve|reject|archive|export`` (alias
+``mlxterm tasks``): the Kanban task board from the command line (the TUI's board screen shows
+the same store).
 
-``tasks run`` is the headless dispatcher: it drains the queue with ``--concurrency N`` agent
+``board run`` is the headless dispatcher: it drains the queue with ``--concurrency N`` agent
 sessions on one engine per profile, prints a summary and exits 1 if any card it ran failed.
 """
 
@@ -14,8 +15,8 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("tasks", help="the task board: agent tasks as cards (add, run, review...)")
-    tsub = p.add_subparsers(dest="tasks_command", metavar="ACTION", required=True)
+    p = sub.add_parser("board", aliases=["tasks"], help="the task board: agent tasks as cards (add, run, review...)")
+    tsub = p.add_subparsers(dest="board_command", metavar="ACTION", required=True)
 
     ap = tsub.add_parser("add", help="add a card from a task YAML or from --prompt")
     ap.add_argument("task", nargs="?", type=Path, help="task YAML (the same file as `mlxterm run`)")
@@ -111,7 +112,7 @@ def _line(card) -> str:
 def _add(args) -> int:
     from agents.board.actions import card_from_task, workspace_spec
     from agents.board.model import BoardError, Card, CheckSpec
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     if (args.task is None) == (args.prompt is None):
         raise BoardError("give a task YAML file or --prompt TEXT (one of them)")
@@ -159,7 +160,7 @@ def _list(args) -> int:
             for c in group:
                 print(_line(c))
     if not cards:
-        print("no cards; add one with: mlxterm tasks add TASK.yaml")
+        print("no cards; add one with: mlxterm board add TASK.yaml")
     return 0
 
 
