@@ -72,9 +72,7 @@ class AgentCommands(SingleCommand):
 
 
 class AgentActions:
-    """Mixed into ``MainScreen``; needs ``controller``, ``conversation``, ``prompt``,
-    ``status``, ``session_id``, ``open_session``, ``action_new_chat``, ``update_context``,
-    ``refresh_sessions``, ``turn_status``, ``release_pane`` and ``_title``. Call
+    """Mixed into ``MainScreen``; needs what ``app.tui.hosts.AgentHost`` lists. Call
     ``init_agent()`` in ``__init__``."""
 
     def init_agent(self) -> None:
@@ -145,7 +143,7 @@ class AgentActions:
 
     async def send_agent(self, text: str) -> None:
         if self.agent_busy:  # one run at a time; it works in another session's pane
-            self.notify(f"An agent run is still working in “{self._title(self.agent_pane)}”; wait "
+            self.notify(f"An agent run is still working in “{self.pane_title(self.agent_pane)}”; wait "
                         "for it or open that session and press Esc.", severity="warning")
             return
         self.prompt.sent(text)

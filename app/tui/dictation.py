@@ -307,8 +307,8 @@ class DictationCommands(SingleCommand):
 
 
 class DictationActions:
-    """Mixed into ``MainScreen``; needs ``prompt``, ``controller`` and a
-    ``RecordingIndicator`` with id ``recording``. Call ``init_dictation()`` in ``__init__``."""
+    """Mixed into ``MainScreen``; needs what ``app.tui.hosts.DictationHost`` lists. Call
+    ``init_dictation()`` in ``__init__``."""
 
     def init_dictation(self) -> None:
         self.dictation = Dictation(lambda take, ev: self.post_message(DictationUpdate(take, ev)))

@@ -17,8 +17,7 @@ from app.tui.screens.dialogs import ConfirmScreen, TextScreen
 
 
 class ChatActions:
-    """Needs ``session_id``, ``controller``, ``visible_busy``, ``open_session``,
-    ``action_new_chat`` and ``stop_and_wait`` from the screen it is mixed into."""
+    """Needs what ``app.tui.hosts.ChatHost`` lists from the screen it is mixed into."""
 
     def _need_session(self) -> str | None:
         if self.session_id is None:

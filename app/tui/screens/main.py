@@ -432,7 +432,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             await self.send_agent(text)
             return
         if self.chat_busy:  # one chat turn at a time; it streams in another session's pane
-            self.notify(f"A reply is still streaming in “{self._title(self.chat_pane)}”; wait for "
+            self.notify(f"A reply is still streaming in “{self.pane_title(self.chat_pane)}”; wait for "
                         "it or open that chat and press Esc.", severity="warning")
             return
         if self.session_id is None:
@@ -444,7 +444,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         sid = self.session_id
         self.start_turn(lambda: self.controller.send(sid, text), user)
 
-    def _title(self, pane: Conversation | None) -> str:
+    def pane_title(self, pane: Conversation | None) -> str:
         try:
             return self.controller.session(pane.session_id).title
         except (MlxtermError, AttributeError):
