@@ -1,7 +1,9 @@
 """Agents on a real llama.cpp server: a remote profile (``model.remote``) pointed at llama.cpp's
 own HTTP server (PyPI ``xllamacpp``, started as ``bench serve`` starts it) on Qwen2.5-Coder 0.5B's
-GGUF, in the text protocol and with native tool calls (llama.cpp parses the model's calls with
-the GGUF's chat template). A headless task writes a file and passes its check.
+GGUF, in the text protocol and with native tool calls. A headless task writes a file and passes
+its check. (With the tools offered natively, Qwen2.5-Coder 0.5B and 1.5B answer with the call as
+a JSON object in text, not in their template's ``<tool_call>`` form, so llama.cpp streams it as
+content, not ``tool_calls``; the agent's parser reads it as a call whose marker was dropped.)
 
 Opt-in: needs the 0.5B (``./setup.sh --with-qwen``) and the ``peer`` extra."""
 
