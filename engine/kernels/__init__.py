@@ -184,8 +184,8 @@ def restore_int8_prefill(was: tuple[bool, bool]) -> None:
 
 def prefill_path(rows: int = 16) -> str | None:
     """The path a non-exact quantized matmul of ``rows`` rows takes now: "amx", "vnni512",
-    "int8 many rows", "float panels" or "int8 rows" (the decode row path, below 16 rows); None
-    without the kernels."""
+    "int8 many rows", "float panels", "int8 few rows" (2..8 rows on AVX2: the few-row path) or
+    "int8 rows" (the decode row path, below 16 rows); None without the kernels."""
     ext = _load()
     return str(ext.qmm_path(rows)) if ext is not None else None
 
