@@ -180,17 +180,44 @@ def test_bench_qmm_run_reports_each_arm_against_float():
     threads = kernels.status()["threads"]
     rows = kernels.set_amx_min_rows(16)
     try:
-        out = bench.run(Namespace(rows="2,16", models="smollm2-135m", bits=4, reps=1, threads=1))
+        out = bench.run(Namespace(rows="2,16", models="smollm2-135m", bits=4, reps=1, threads=1, group_size=32,
+                                  scales="float32"))
+        # The 1.5B's scale forms (K-quant records, float16 symmetric 8-bit) and times over one row.
+        gguf = [bench.run(Namespace(rows="1,3", models="smollm2-135m", bits=bits, reps=1, threads=1, group_size=32,
+                                    scales="gguf")) for bits in (4, 8)]
     finally:  # the bench leaves its settings behind (it runs in its own process)
         kernels.set_amx_min_rows(rows)
         kernels.set_threads(threads)
+    assert kernels._load().small_rows()  # restored
     assert out["arms"][-1] == "float"
+    assert ("few" in out["arms"]) == (kernels.status()["isa"] == "avx2")
     assert len(out["results"]) == len(bench.SHAPES["smollm2-135m"]) * 2
     for r in out["results"]:
         for arm in out["arms"]:
             assert r[f"{arm}_ms"] > 0 and r[f"{arm}_gops"] > 0
         for arm in out["arms"][:-1]:
             assert r[f"{arm}_speedup"] == pytest.approx(r["float_ms"] / r[f"{arm}_ms"], rel=0.05)
+    for g in gguf:
+        assert g["scales"] == "gguf" and len(g["results"]) == len(bench.SHAPES["smollm2-135m"]) * 2
+        by = {(r["N"], r["K"], r["M"]): r for r in g["results"]}
+        for (n, k, _), r in by.items():
+            for arm in g["arms"]:
+                assert r[f"{arm}_x1"] == pytest.approx(r[f"{arm}_ms"] / by[(n, k, 1)][f"{arm}_ms"], rel=0.05)
+
+
+def test_bench_qmm_gguf_scales_take_the_engines_compact_forms():
+    import mlx.core as mx
+    import numpy as np
+
+    from app.benches import qmm as bench
+
+    rng = np.random.default_rng(0)
+    _, s, b, sym = bench._weights(8, 512, 4, 32, "gguf", rng)  # whole super-blocks: K-quant records
+    assert s.dtype == b.dtype == mx.uint8 and s.shape == (8, 2 * 20) and not sym
+    _, s, b, sym = bench._weights(8, 576, 4, 32, "gguf", rng)  # no K-quant form: float16
+    assert s.dtype == b.dtype == mx.float16 and s.shape == (8, 18) and not sym
+    _, s, b, sym = bench._weights(8, 576, 8, 32, "gguf", rng)  # re-quantized Q6_K: symmetric float16
+    assert s.dtype == mx.float16 and sym and mx.array_equal(b, s * -128).item()
 
 
 def test_bench_sandbox_run_times_both_arms():

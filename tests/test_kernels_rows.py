@@ -180,3 +180,71 @@ def test_the_pipelined_panels_give_the_panel_by_panel_bits(bits, scales, x16):
         ext.set_rows512_pipe(was[2])
         kernels.set_amx(was[3])
         ext.set_vnni_gemm(was[4])
+
+
+def _few_row_cases():
+    """(name, weights, bits, group size, symmetric) for the few-row path's checks: every scale
+    form the 1.5B's decode reads (K-quant records, float16 symmetric 8-bit), float32 and float16
+    scales, group sizes 32/64/128, an odd block count, N not a multiple of 8."""
+    from engine.kernels import kscales
+    from engine.model.gguf import quants
+
+    from tests.test_gguf_quants import make_blocks
+
+    cases = []
+    for bits in (4, 5, 8):
+        for gs in (32, 64, 128):
+            wq, s, b = _weights(bits, gs, seed=bits * 10 + gs)
+            cases.append((f"f32-{bits}b-g{gs}", (wq, s, b), bits, gs, False))
+        wq, s, b = _weights(bits, 32, seed=bits, k=13 * 32)  # 13 blocks: a last single one
+        cases.append((f"odd-{bits}b", (wq, s, b), bits, 32, False))
+        wq, s, _ = _weights(bits, 64, seed=bits + 1)
+        s16 = s.astype(mx.float16)
+        cases.append((f"f16-sym-{bits}b", (wq, s16, s16 * -(2 ** (bits - 1))), bits, 64, True))
+        cases.append((f"f16-{bits}b", (wq, s16, (s16 * -3).astype(mx.float16)), bits, 64, False))
+    for name, bits in (("Q4_K", 4), ("Q5_K", 5)):
+        raw, _ = make_blocks(name, 45 * 768 // 256)
+        a = quants.to_affine(raw, name, (45, 768))
+        rec = mx.array(kscales.pack(a.scales, a.biases))
+        cases.append((f"{name}-records", (mx.array(a.weight), rec, rec), bits, 32, False))
+    return cases
+
+
+def few_rows_check() -> None:
+    """Run under MLXTERM_KERNELS=avx2 (test below): for every case and M = 2..8, the few-row path
+    gives the panel path's bits (on vs off, 1 and 2 threads) and every row its solo bits; 1 and
+    9+ rows do not take it."""
+    ext = kernels._load()
+    assert kernels.status()["isa"] == "avx2"
+    assert [ext.qmm_path(m) for m in (1, 2, 8, 9, 16)] == [
+        "int8 rows", "int8 few rows", "int8 few rows", "int8 rows", "int8 many rows"]
+    was = ext.set_small_rows(True)
+    try:
+        for name, (wq, s, b), bits, gs, sym in _few_row_cases():
+            k = int(wq.shape[1]) * 32 // bits
+            xs = np.random.default_rng(len(name)).standard_normal((9, k)).astype(np.float32)
+            xs[2] *= 30.0  # rows of very different magnitude share the matmul
+            xs[4, :64] = 0.0  # all-zero activation blocks
+            x = mx.array(xs)
+
+            def mm(m, x=x, wq=wq, s=s, b=b, gs=gs, bits=bits, sym=sym):
+                return kernels.quantized_matmul(x[:m], wq, s, b, gs, bits, symmetric=sym)
+
+            solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, gs, bits, symmetric=sym)[0] for i in range(9)]
+            for m in range(2, 10):
+                y = _on_equals_off(ext.set_small_rows, lambda m=m, mm=mm: mm(m))
+                assert all(mx.array_equal(y[i], solo[i]).item() for i in range(m)), (name, m)
+            ext.set_small_rows(True)
+    finally:
+        ext.set_small_rows(was)
+
+
+def test_the_avx2_few_row_path_gives_the_panel_paths_bits():
+    """2..8 rows on AVX2 (qmm_small_rows.inc: each weight block decoded in registers once for all
+    rows) = the stored-panel path bit for bit and each row its solo bits, for 4/5/8-bit weights
+    with float32, float16, symmetric and K-quant scales; forced to AVX2 in a subprocess so that
+    every x86 machine runs it."""
+    env = dict(os.environ, MLXTERM_KERNELS="avx2")
+    code = "from tests.test_kernels_rows import few_rows_check; few_rows_check()"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -8,11 +8,18 @@ alternated in order then reversed (A/B/B/A) in one process:
            (kernels.set_amx_min_rows(2) in this process, so M < 16 runs on tiles too)
   vnni512  the AVX512-VNNI GEMM (src/qmm_gemm512.cpp) on, AMX off: M >= 16 (kernels.dense_rows())
   int8     AVX2 / AVX-VNNI only: the int8 row path over every row for M >= 16 ("int8 many rows")
+  few      plain AVX2 only: 2..8 rows on the few-row path (src/qmm_small_rows.inc), which every
+           other arm has switched off (kernels.set_small_rows(False))
   float    both off (kernels.set_int8_prefill(False)): M >= 16 on the float panels
-           (src/qmm_kernel.inc dense_run), M < 16 on the int8 row path (group_rows)
+           (src/qmm_dense.inc), M < 16 on the int8 row path (stored panel, group_rows)
+Every (M, arm) cell of a shape runs ``--reps`` calls in order, then again in reverse order.
 Reported per arm: the median process CPU time per call (steadier than wall time on a shared
-machine; the kernel pool runs ``--threads`` threads), GOP/s from it (2 M N K / time), and each
-int8 arm's speed-up over ``float``.
+machine; the kernel pool runs ``--threads`` threads), GOP/s from it (2 M N K / time), each
+int8 arm's speed-up over ``float`` and, when M = 1 is among ``--rows``, its time over the
+one-row time (``x1``: what a batch's decode step costs against a solo one).
+``--scales gguf`` gives the weights the scale forms the engine reads for a GGUF Q4_K_M (random
+values): 4/5-bit K-quant records (group 32, K a multiple of 256; else float16 scales and biases
+as a Q4_1 / Q5_1), 8-bit symmetric float16 (re-quantized Q6_K).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import time
 SHAPES = {
     "smollm2-135m": [(576, 576), (1536, 576), (576, 1536), (192, 576)],
     "qwen2.5-0.5b": [(896, 896), (4864, 896), (896, 4864), (128, 896)],
+    # q/o, k/v, gate/up, down, the tied head (8-bit in a Q4_K_M: Q6_K re-quantized)
+    "qwen2.5-1.5b": [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (151936, 1536)],
 }
 
 
@@ -33,8 +42,36 @@ def add_arguments(p) -> None:
         "--models", default="smollm2-135m,qwen2.5-0.5b", help="comma list of: " + ", ".join(SHAPES)
     )
     p.add_argument("--bits", type=int, default=4)
-    p.add_argument("--reps", type=int, default=9, help="calls per arm per pass (4 passes: A/B/B/A)")
+    p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128))
+    p.add_argument("--scales", default="float32", choices=("float32", "gguf"),
+                   help="float32: mx.quantize's; gguf: K-quant records (4/5-bit) or float16 symmetric (8-bit)")
+    p.add_argument("--reps", type=int, default=9, help="calls per (M, arm) cell per pass (2 passes: in order, then reversed)")
     p.add_argument("--threads", type=int, default=1, help="kernel pool threads")
+
+
+def _weights(N: int, K: int, bits: int, gs: int, scales: str, rng):
+    """Random quantized weights (wq, scales, biases, symmetric) in the requested scale form."""
+    import mlx.core as mx
+    import numpy as np
+
+    if scales == "float32":
+        w = mx.array(rng.standard_normal((N, K)).astype(np.float32))
+        return (*mx.quantize(w, group_size=gs, bits=bits), False)
+    wq = mx.array(rng.integers(0, 2**32, (N, K * bits // 32), dtype=np.uint32))
+    if bits == 8:  # symmetric: the bias is -128 * scale (read from the scale alone)
+        s = mx.array(rng.uniform(1e-3, 2e-3, (N, K // gs)).astype(np.float16))
+        return wq, s, s * -128, True
+    if gs != 32 or K % 256:  # no K-quant form: float16 scales and biases (Q4_1 / Q5_1)
+        s = mx.array(rng.uniform(1e-3, 2e-3, (N, K // gs)).astype(np.float16))
+        return wq, s, (s * -7).astype(mx.float16), False
+    from engine.kernels import kscales
+
+    nsb = K // (32 * kscales.SUPER)  # 256-value super-blocks per row
+    rec = rng.integers(0, 64, (N, nsb, kscales.RECORD_BYTES)).astype(np.uint8)  # sc, m in [0, 63]
+    d = rng.uniform(1e-3, 2e-3, (N, nsb, 2)).astype(np.float16)  # d, dmin
+    rec[:, :, :4] = d.view(np.uint8).reshape(N, nsb, 4)
+    r = mx.array(rec.reshape(N, -1))
+    return wq, r, r, False
 
 
 def run(args) -> dict:
@@ -49,53 +86,68 @@ def run(args) -> dict:
     kernels.set_amx_min_rows(2)
     rows = [int(m) for m in args.rows.split(",")]
     ext = kernels._load()
-    # (amx, vnni_gemm) switch settings per arm; only the paths this CPU has.
-    settings = {"amx": (True, False), "vnni512": (False, True), "int8": (False, True), "float": (False, False)}
+    # (amx, vnni_gemm, small_rows) switch settings per arm; only the paths this CPU has.
+    settings = {"amx": (True, False, False), "vnni512": (False, True, False), "int8": (False, True, False),
+                "few": (False, True, True), "float": (False, False, False)}
     wide = ext.isa() == "avx2+avx512vnni"
-    names = [a for a, have in (("amx", ext.amx()), ("vnni512", wide), ("int8", not wide)) if have]
+    have = (("amx", ext.amx()), ("vnni512", wide), ("int8", not wide), ("few", ext.isa() == "avx2"))
+    names = [a for a, ok in have if ok]
     names.append("float")
+    gs = args.group_size
     out = []
+    one = 1 in rows
     table = [
         "| model | M | N x K | " + " | ".join(f"{a} ms" for a in names) + " | "
-        + " | ".join(f"{a} GOP/s" for a in names) + " | " + " | ".join(f"{a} speed-up" for a in names[:-1]) + " |",
-        "|---" * (3 + 2 * len(names) + len(names) - 1) + "|",
+        + " | ".join(f"{a} GOP/s" for a in names) + " | " + " | ".join(f"{a} speed-up" for a in names[:-1])
+        + (" | " + " | ".join(f"{a} x1" for a in names) if one else "") + " |",
+        "|---" * (3 + 3 * len(names) - 1 + (len(names) if one else 0)) + "|",
     ]
-    for model in args.models.split(","):
-        for N, K in SHAPES[model]:
-            rng = np.random.default_rng(N + K)
-            w = mx.array(rng.standard_normal((N, K)).astype(np.float32))
-            wq, s, b = mx.quantize(w, group_size=32, bits=args.bits)
-            for M in rows:
-                x = mx.array(rng.standard_normal((M, K)).astype(np.float32))
-                mx.eval(wq, s, b, x)
-                times: dict[str, list[float]] = {a: [] for a in names}
-                for arm in names + names[::-1]:
-                    was = kernels.set_amx(settings[arm][0]), kernels.set_vnni_gemm(settings[arm][1])
+    small_was = kernels.set_small_rows(True)
+    try:
+        for model in args.models.split(","):
+            for N, K in SHAPES[model]:
+                rng = np.random.default_rng(N + K)
+                wq, s, b, sym = _weights(N, K, args.bits, gs, args.scales, rng)
+                xs = {M: mx.array(rng.standard_normal((M, K)).astype(np.float32)) for M in rows}
+                mx.eval(wq, s, b, *xs.values())
+                cells = [(M, arm) for M in rows for arm in names]
+                times: dict[tuple[int, str], list[float]] = {c: [] for c in cells}
+                for M, arm in cells + cells[::-1]:
+                    amx, vnni, few = settings[arm]
+                    was = kernels.set_amx(amx), kernels.set_vnni_gemm(vnni)
+                    kernels.set_small_rows(few)
                     try:
-                        mx.eval(kernels.quantized_matmul(x, wq, s, b, 32, args.bits))  # warm-up
+                        mx.eval(kernels.quantized_matmul(xs[M], wq, s, b, gs, args.bits, symmetric=sym))  # warm-up
                         for _ in range(args.reps):
                             t = time.process_time()
-                            mx.eval(kernels.quantized_matmul(x, wq, s, b, 32, args.bits))
-                            times[arm].append(time.process_time() - t)
+                            mx.eval(kernels.quantized_matmul(xs[M], wq, s, b, gs, args.bits, symmetric=sym))
+                            times[(M, arm)].append(time.process_time() - t)
                     finally:
                         kernels.restore_int8_prefill(was)
-                ms = {k: statistics.median(v) * 1000 for k, v in times.items()}
-                gops = {k: 2 * M * N * K / (v / 1000) / 1e9 for k, v in ms.items()}
-                row = {"model": model, "M": M, "N": N, "K": K}
-                row.update({f"{a}_ms": round(ms[a], 4) for a in names})
-                row.update({f"{a}_gops": round(gops[a], 1) for a in names})
-                row.update({f"{a}_speedup": round(ms["float"] / ms[a], 2) for a in names[:-1]})
-                out.append(row)
-                table.append(
-                    f"| {model} | {M} | {N} x {K} | " + " | ".join(str(row[f"{a}_ms"]) for a in names) + " | "
-                    + " | ".join(str(row[f"{a}_gops"]) for a in names) + " | "
-                    + " | ".join(f"{row[f'{a}_speedup']}x" for a in names[:-1]) + " |"
-                )
+                ms = {c: statistics.median(v) * 1000 for c, v in times.items()}
+                for M in rows:
+                    row = {"model": model, "M": M, "N": N, "K": K}
+                    row.update({f"{a}_ms": round(ms[(M, a)], 4) for a in names})
+                    row.update({f"{a}_gops": round(2 * M * N * K / ms[(M, a)] / 1e6, 1) for a in names})
+                    row.update({f"{a}_speedup": round(ms[(M, "float")] / ms[(M, a)], 2) for a in names[:-1]})
+                    if one:
+                        row.update({f"{a}_x1": round(ms[(M, a)] / ms[(1, a)], 2) for a in names})
+                    out.append(row)
+                    table.append(
+                        f"| {model} | {M} | {N} x {K} | " + " | ".join(str(row[f"{a}_ms"]) for a in names) + " | "
+                        + " | ".join(str(row[f"{a}_gops"]) for a in names) + " | "
+                        + " | ".join(f"{row[f'{a}_speedup']}x" for a in names[:-1])
+                        + (" | " + " | ".join(f"{row[f'{a}_x1']}x" for a in names) if one else "") + " |"
+                    )
+    finally:
+        kernels.set_small_rows(small_was)
     return {
         "bench": "qmm",
         "kernels": kernels.status(),
         "threads": args.threads,
         "bits": args.bits,
+        "group_size": gs,
+        "scales": args.scales,
         "arms": names,
         "load_avg": list(os.getloadavg()),
         "results": out,

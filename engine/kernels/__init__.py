@@ -134,6 +134,14 @@ def set_vnni_gemm(on: bool) -> bool:
     return bool(ext.set_vnni_gemm(on)) if ext is not None else False
 
 
+def set_small_rows(on: bool) -> bool:
+    """Run int8 matmuls of 2..8 rows (a batch's decode step) on AVX2 without VNNI on the few-row
+    path (each weight block decoded in registers once for all rows, the one-row paths' bits) or
+    on the panel path (A/B measurements); returns the previous setting; on by default."""
+    ext = _load()
+    return bool(ext.set_small_rows(on)) if ext is not None else False
+
+
 def set_attn_rows(on: bool) -> bool:
     """Run causal prompt attention (no sliding window) position by position with the decode
     step's kernels, key splits and merge -- a cold prefill then writes the K/V a token-by-token
@@ -176,8 +184,8 @@ def restore_int8_prefill(was: tuple[bool, bool]) -> None:
 
 def prefill_path(rows: int = 16) -> str | None:
     """The path a non-exact quantized matmul of ``rows`` rows takes now: "amx", "vnni512",
-    "int8 many rows", "float panels" or "int8 rows" (the decode row path, below 16 rows); None
-    without the kernels."""
+    "int8 many rows", "float panels", "int8 few rows" (2..8 rows on AVX2: the few-row path) or
+    "int8 rows" (the decode row path, below 16 rows); None without the kernels."""
     ext = _load()
     return str(ext.qmm_path(rows)) if ext is not None else None
 

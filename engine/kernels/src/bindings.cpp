@@ -164,6 +164,10 @@ NB_MODULE(_ext, m) {
         "Switch the AVX512-VNNI GEMM on or off (A/B); returns the previous setting.");
   m.def("set_shared_job", [](bool on) { return mlxterm::set_shared_job(on); }, "on"_a,
         "Hand q/k/v (gate/up) on one x to the pool as one job, or one job per matmul (A/B); returns the previous setting.");
+  m.def("small_rows", [] { return mlxterm::small_rows_on(); },
+        "True when int8 matmuls of 2..8 rows on AVX2 may run on the few-row path (decode in registers).");
+  m.def("set_small_rows", [](bool on) { return mlxterm::set_small_rows(on); }, "on"_a,
+        "Switch the AVX2 few-row path on or off (A/B); returns the previous setting.");
   m.def("x16", [] { return mlxterm::x16_on(); },
         "True when quantized matmuls' int8 paths prepare 16-bit activations (two int8 parts).");
   m.def("set_x16", [](bool on) { return mlxterm::set_x16(on); }, "on"_a,

@@ -143,87 +143,6 @@ QmmProblem f32_scales(const QmmProblem& p, std::vector<float>& buf) {
 
 namespace {
 
-// One super-block's 8 values as d * q (d a float16 value, q in [0, 63]) bit for bit, trying the
-// largest q first: kscales.py's factor() for one row, the same choices (the same bytes).
-bool factor8(const float* v, uint16_t& dh, uint8_t* q) {
-  uint32_t bits[8];
-  std::memcpy(bits, v, sizeof(bits));
-  bool zero = true;
-  for (int i = 0; i < 8; ++i) zero = zero && bits[i] == 0;
-  if (zero) {
-    dh = 0;
-    std::memset(q, 0, 8);
-    return true;
-  }
-  int im = 0;
-  for (int i = 1; i < 8; ++i)
-    if (std::fabs(v[i]) > std::fabs(v[im])) im = i;
-  for (int k = 63; k > 0; --k) {
-    const uint16_t h = _cvtss_sh(v[im] / float(k), _MM_FROUND_TO_NEAREST_INT);
-    const float dc = _cvtsh_ss(h);
-    if (dc == 0.0f) continue;
-    bool ok = true;
-    uint8_t qq[8];
-    for (int i = 0; i < 8 && ok; ++i) {
-      const float r = std::nearbyint(v[i] / dc);
-      if (!(r >= 0.0f && r <= 63.0f)) {
-        ok = false;
-        break;
-      }
-      qq[i] = uint8_t(r);
-      const float back = dc * float(qq[i]);
-      uint32_t b;
-      std::memcpy(&b, &back, 4);
-      ok = b == bits[i];
-    }
-    if (ok) {
-      dh = h;
-      std::memcpy(q, qq, 8);
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
-mx::array kscales_pack(const mx::array& scales_in, const mx::array& biases_in) {
-  if (scales_in.ndim() != 2 || scales_in.shape() != biases_in.shape() || scales_in.dtype() != mx::float32 ||
-      biases_in.dtype() != mx::float32)
-    throw std::invalid_argument("[mlxterm.kscales_pack] scales/biases must be float32 (N, groups), one shape.");
-  const int n = scales_in.shape(0), ng = scales_in.shape(1);
-  auto none = [] {
-    const uint8_t* nothing = nullptr;
-    return mx::array(nothing, mx::Shape{0}, mx::uint8);
-  };
-  if (ng % 8 != 0) return none();
-  mx::array sc = mx::contiguous(scales_in), bi = mx::contiguous(biases_in);
-  sc.eval();
-  bi.eval();
-  const float* s = sc.data<float>();
-  const float* b = bi.data<float>();
-  const size_t blocks = size_t(n) * (ng / 8);
-  std::vector<uint8_t> out(blocks * kKScaleBytes);
-  for (size_t i = 0; i < blocks; ++i) {
-    uint8_t* rec = out.data() + i * kKScaleBytes;
-    float nb[8];
-    for (int j = 0; j < 8; ++j) nb[j] = -b[i * 8 + j];
-    uint16_t d, dmin;
-    if (!factor8(s + i * 8, d, rec + 4) || !factor8(nb, dmin, rec + 12))
-      return none();
-    const float dm = _cvtsh_ss(dmin);
-    for (int j = 0; j < 8; ++j) {  // the sign of a zero bias: -(dmin * 0) is -0.0
-      const float back = -(dm * float(rec[12 + j]));
-      if (std::memcmp(&back, b + i * 8 + j, 4) != 0) return none();
-    }
-    std::memcpy(rec, &d, 2);
-    std::memcpy(rec + 2, &dmin, 2);
-  }
-  return mx::array(out.begin(), mx::Shape{n, ng / 8 * kKScaleBytes}, mx::uint8);
-}
-
-namespace {
-
 // Every primitive of this extension (names "Mlxterm...") allocates its outputs row contiguous
 // (or, kv_write_rows, shares a row-contiguous buffer), so an output of one not yet evaluated
 // (the decoder layers' chain, attention's q/k/v and output) needs no Contiguous node either.
@@ -529,6 +448,11 @@ std::atomic<bool>& x16_switch() {
   return on;
 }
 
+std::atomic<bool>& small_rows_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
 std::atomic<bool>& vnni_gemm_switch() {
   static std::atomic<bool> on{true};
   return on;
@@ -540,12 +464,16 @@ bool vnni_gemm_active() {
 
 // Where a non-exact matmul of `rows` rows runs (qmm_path names it): the one decision run_qmm
 // and the status report share.
-enum class RowsPath { amx, vnni512, float_panels, int8_rows, int8_many };
+enum class RowsPath { amx, vnni512, float_panels, int8_rows, int8_many, int8_small };
 
 RowsPath rows_path(int rows) {
   // AMX tiles run int8 activations only (16-bit ones go to the VNNI GEMM, the same bits as rows).
   if (rows >= amx_rows() && amx_on() && !x16_on()) return RowsPath::amx;
-  if (rows < dense_min_rows()) return RowsPath::int8_rows;
+  if (rows < dense_min_rows()) {
+    // The few-row path runs inside the AVX2 row kernel (int8 activations only).
+    const bool small = best_isa() == Isa::avx2 && rows >= 2 && rows <= kSmallRowsMax && small_rows_on() && !x16_on();
+    return small ? RowsPath::int8_small : RowsPath::int8_rows;
+  }
   if (vnni_gemm_active()) return RowsPath::vnni512;
   // AVX2 / AVX-VNNI: the decode row path over every row (a weight group decoded once for all
   // rows), so a prompt forward writes the K/V a decode would, bit for bit (issue 30, item 4);
@@ -730,6 +658,8 @@ bool vnni_gemm_on() { return vnni_gemm_active(); }
 bool set_vnni_gemm(bool on) { return vnni_gemm_switch().exchange(on); }
 bool shared_job_on() { return shared_job_switch().load(std::memory_order_relaxed); }
 bool set_shared_job(bool on) { return shared_job_switch().exchange(on); }
+bool small_rows_on() { return small_rows_switch().load(std::memory_order_relaxed); }
+bool set_small_rows(bool on) { return small_rows_switch().exchange(on); }
 bool x16_on() { return x16_switch().load(std::memory_order_relaxed); }
 bool set_x16(bool on) { return x16_switch().exchange(on); }
 const char* qmm_path(int rows) {
@@ -738,6 +668,7 @@ const char* qmm_path(int rows) {
     case RowsPath::vnni512: return "vnni512";
     case RowsPath::float_panels: return "float panels";
     case RowsPath::int8_many: return "int8 many rows";
+    case RowsPath::int8_small: return "int8 few rows";
     default: return "int8 rows";
   }
 }

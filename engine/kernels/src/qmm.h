@@ -159,6 +159,12 @@ bool set_vnni_gemm(bool on);
 // off: one job per matmul (A/B). set_shared_job returns the old setting.
 bool shared_job_on();
 bool set_shared_job(bool on);
+// Int8 matmuls of 2..8 rows (a batch's decode step) on AVX2 without VNNI run on the few-row
+// path (qmm_small_rows.inc: each weight block decoded in registers once for all rows, the
+// one-row paths' bits); set_small_rows(false) sends them to the panel path (A/B).
+bool small_rows_on();
+bool set_small_rows(bool on);
+constexpr int kSmallRowsMax = 8;  // more rows go to the panel path (its decode shared by enough)
 // The path a non-exact matmul of `rows` rows takes now: "amx", "vnni512", "int8 many rows",
 // "float panels" or "int8 rows" (the row path, below the many-row threshold).
 const char* qmm_path(int rows);
