@@ -68,7 +68,7 @@ def statuses(report):
 
 
 def test_every_category_has_a_defect_a_check_and_a_task_check():
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     names = [n for n, _ in check.CATEGORIES]
     assert len(names) == 13 and set(DEFECTS) == set(names)
@@ -86,7 +86,7 @@ def test_prompt_plans_the_three_files_and_names_every_hook():
     import re
 
     from agents.plan import plan_from_task
-    from agents.tasks import load_task
+    from agents.taskfile import load_task
 
     prompt = load_task(EXPENSE_TASK_YAML).prompt
     assert [i.path for i in plan_from_task(prompt, lambda p: False).items] == ["index.html", "app.js", "style.css"]
