@@ -106,15 +106,25 @@ class Page(webcheck.Page):
         found = self.d.find_elements("css selector", "#form-error")
         return bool(found) and found[0].is_displayed() and bool(found[0].get_attribute("textContent").strip())
 
+    def field(self, css: str, what: str, blocked: bool = False):
+        """The input or textarea ``css`` names; a readable reason when the first element with
+        that id is something else (a duplicated id on a form or a wrapper)."""
+        el = self.one(css, what, blocked=blocked)
+        tag = el.tag_name.lower()
+        if tag not in ("input", "textarea"):
+            msg = f"{css} ({what}) is a <{tag}>, not an input: ids must be unique and name the input itself"
+            raise Blocked(msg) if blocked else Fail(msg)
+        return el
+
     def fill(self, description: str, amount: str, category: str = "", date: str = "",
              blocked: bool = False) -> None:
         """Fill the add-expense form (without submitting it)."""
-        self.type_into(self.one("#expense-description", "description input", blocked=blocked), description)
-        self.type_into(self.one("#expense-amount", "amount input", blocked=blocked), amount)
+        self.type_into(self.field("#expense-description", "description input", blocked=blocked), description)
+        self.type_into(self.field("#expense-amount", "amount input", blocked=blocked), amount)
         if category:
             self.select("#expense-category", category, "category select", blocked=blocked)
         if date:
-            self.set_value(self.one("#expense-date", "date input", blocked=blocked), date)
+            self.set_value(self.field("#expense-date", "date input", blocked=blocked), date)
 
     def add_expense(self, description: str, amount: float | str, category: str = "food",
                     date: str = "2026-03-01", blocked: bool = True) -> None:
@@ -204,8 +214,8 @@ def _open_editor(p: Page, description: str) -> None:
 def check_edit_expense(p: Page) -> str:
     p.add_expense("Taxi", "18", "transport", "2026-03-03")
     _open_editor(p, "Taxi")
-    desc = p.one("#edit-description", "edit description input")
-    amount = p.one("#edit-amount", "edit amount input")
+    desc = p.field("#edit-description", "edit description input")
+    amount = p.field("#edit-amount", "edit amount input")
     category = p.one("#edit-category", "edit category select")
     expect(desc.get_attribute("value") == "Taxi", f"#edit-description shows {desc.get_attribute('value')!r}, not 'Taxi'")
     expect(same_amount(amount.get_attribute("value"), 18), f"#edit-amount shows {amount.get_attribute('value')!r}, not 18")
@@ -222,7 +232,7 @@ def check_edit_expense(p: Page) -> str:
     expect("fun" in got["category"].lower(), f"category not updated: {got['category']!r}, want 'fun'")
     _total_is(p, 21.5, "after editing the amount to 21.50")
     _open_editor(p, "Taxi home")
-    p.type_into(p.one("#edit-description", "edit description input"), "Not saved")
+    p.type_into(p.field("#edit-description", "edit description input"), "Not saved")
     p.one("#cancel-edit", "cancel button").click()
     expect_soon(p, lambda: not p.dialog_open(), "#expense-dialog still shown after #cancel-edit")
     expect(p.descriptions() == ["Taxi home"], f"#cancel-edit changed the expense: {p.descriptions()}")
