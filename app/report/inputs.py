@@ -152,7 +152,8 @@ def classify(data: dict[str, Any], path: Path | None) -> Item:
     source = str(path) if path else None
     if data.get("kind") == "board_card":
         return _card(data, source)
-    if data.get("kind") == "kanban_quality":
+    # a web-app task's browser checks (assets/tasks/webcheck.py): kanban_quality, expense_quality...
+    if str(data.get("kind") or "").endswith("_quality"):
         return Item("quality", f"quality: {data.get('workspace') or source or 'workspace'}", source, data)
     if "status" in data and "checks" in data and ("task" in data or "name" in data):
         return _run(data, path)

@@ -19,23 +19,24 @@ Usage (the task's checks)::
 ``--out`` defaults to ``$MLXTERM_RUN_DIR/quality.json`` (set by ``mlxterm run``), else
 ``./quality.json``. Needs ``selenium`` (``pip install 'mlxterm[browser]'``) and
 ``apt-get install chromium chromium-driver``; without them every category is blocked.
+The browser, server, scoring loop and command line are shared with the other web-app tasks
+(``../webcheck.py``); this file holds the board's categories and moves.
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
-import http.server
-import json
-import os
-import shutil
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tasks folder: webcheck.py
+import webcheck  # noqa: E402
+from webcheck import Blocked, Fail, expect, expect_soon  # noqa: E402
+
+browser_missing = webcheck.browser_missing
+launch_browser = webcheck.launch_browser
+NoBoard = webcheck.NoApp
 
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("create_card", "create card"),
@@ -57,103 +58,6 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("console_errors", "no console errors"),
     ("accessible_names", "accessible names on controls"),
 )
-CHROME_FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1280,900")
-WAIT_S = 2.0  # how long an expected change may take to show (renders are usually immediate)
-
-
-class Blocked(Exception):
-    """A prerequisite for the category is missing; the category itself was not tested."""
-
-
-class NoBoard(Blocked):
-    """A freshly loaded page shows no board: every later category would be blocked the same way."""
-
-
-class Fail(AssertionError):
-    """The category's behaviour is wrong; the message is the failing assertion."""
-
-
-# -- the browser and the server --------------------------------------------------------------
-def browser_missing() -> str | None:
-    """Why no browser session can start (None: selenium, chromium and chromedriver are here)."""
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install 'mlxterm[browser]')"
-    if not _chromium() or not _chromedriver():
-        return "chromium / chromedriver not found (apt-get install chromium chromium-driver)"
-    return None
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-
-
-def _chromedriver() -> str | None:
-    return shutil.which("chromedriver")
-
-
-def launch_browser(profile_dir: str | Path):
-    """A headless Chromium on a fresh profile, console messages logged, nothing fetched."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = _chromium()
-    for flag in CHROME_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={profile_dir}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # Chromium also writes under $HOME (~/.pki, ~/.cache): point that at the private profile dir
-    # so a sandbox with a read-only home works. An explicit driver path keeps Selenium Manager
-    # (which would try to download drivers) out of it.
-    home = Path(profile_dir)
-    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-           "XDG_CACHE_HOME": str(home / ".cache")}
-    driver = webdriver.Chrome(service=Service(executable_path=_chromedriver(), env=env), options=options)
-    # A hung app (an endless loop on load) costs its categories, not the whole check's timeout.
-    driver.set_page_load_timeout(20)
-    driver.set_script_timeout(10)
-    return driver
-
-
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args) -> None:  # quiet: the checks' output is the evidence
-        pass
-
-    def end_headers(self) -> None:
-        self.send_header("Cache-Control", "no-store")
-        super().end_headers()
-
-    def do_GET(self) -> None:
-        # Browsers ask for /favicon.ico on their own; a 404 would be a console error the app
-        # did not cause.
-        if self.path.split("?")[0] == "/favicon.ico" and not Path(self.directory, "favicon.ico").exists():
-            self.send_response(204)
-            self.end_headers()
-            return
-        super().do_GET()
-
-
-class LoopbackServer:
-    """Static files of a directory on 127.0.0.1:<free port>, served from a thread."""
-
-    def __init__(self, directory: str | Path):
-        handler = functools.partial(_Handler, directory=str(directory))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> LoopbackServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
 
 # -- page helpers ------------------------------------------------------------------------------
 _DRAG_JS = """
@@ -186,56 +90,12 @@ return Array.from(document.querySelectorAll('[data-testid=column]')).map((col) =
 """
 
 
-class Page:
-    """One browser tab on the served app, with the few moves the categories are made of."""
 
-    def __init__(self, driver, url: str):
-        self.d = driver
-        self.url = url
-        self.console: list[dict[str, Any]] = []
+class Page(webcheck.Page):
+    """One browser tab on the served board, with the few moves the categories are made of."""
 
-    # navigation and state
-    def fresh(self) -> None:
-        """The app with empty localStorage, freshly loaded (one navigation once on the origin)."""
-        if not (self.d.current_url or "").startswith(self.url):
-            self.d.get(self.url)
-        self.d.execute_script("try { localStorage.clear(); sessionStorage.clear(); } catch (e) {}")
-        try:
-            self.reload()
-        except Blocked as e:
-            raise NoBoard(str(e)) from None
-
-    def reload(self) -> None:
-        self.collect_console()
-        self.d.get(self.url)
-        if not self.until(lambda: self.d.find_elements("css selector", "[data-testid=column]")):
-            raise Blocked("the board did not render: no [data-testid=column] element after loading index.html")
-
-    def collect_console(self) -> None:
-        try:
-            self.console += [e for e in self.d.get_log("browser") if e.get("level") == "SEVERE"]
-        except Exception:  # noqa: BLE001 - a driver without the log endpoint: nothing to add
-            pass
-
-    def until(self, fn: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-        """Poll ``fn`` until it returns something truthy (or the time is up); its last value."""
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                value = fn()
-            except Exception:  # noqa: BLE001 - stale elements mid-render: try again
-                value = None
-            if value or time.monotonic() >= end:
-                return value
-            time.sleep(0.05)
-
-    # finding things
-    def one(self, css: str, what: str, root=None, blocked: bool = False):
-        found = (root or self.d).find_elements("css selector", css)
-        if not found:
-            msg = f"no element matching {css!r} ({what})"
-            raise Blocked(msg) if blocked else Fail(msg)
-        return found[0]
+    ready_css = "[data-testid=column]"
+    not_ready = "the board did not render: no [data-testid=column] element after loading index.html"
 
     def board(self) -> list[dict[str, Any]]:
         return self.d.execute_script(_BOARD_JS)
@@ -259,20 +119,6 @@ class Page:
 
     def all_titles(self) -> set[str]:
         return {c["title"] for col in self.board() for c in col["cards"]}
-
-    # acting
-    def type_into(self, el, text: str) -> None:
-        el.clear()
-        el.send_keys(text)
-
-    def select(self, css: str, value: str, what: str, blocked: bool = False) -> None:
-        """Choose the option with ``value`` by clicking it, as a user does (fires ``change``)."""
-        el = self.one(css, what, blocked=blocked)
-        options = el.find_elements("css selector", f'option[value="{value}"]')
-        if el.tag_name.lower() != "select" or not options:
-            msg = f"{css} ({what}) has no option with value {value!r}"
-            raise Blocked(msg) if blocked else Fail(msg)
-        options[0].click()
 
     def add_card(self, title: str, description: str = "", label: str = "", assignee: str = "",
                  blocked: bool = True) -> None:
@@ -299,19 +145,6 @@ class Page:
         self.d.execute_script("arguments[0].focus()", card)
         return card
 
-    def keys(self, *keys: str, alt: bool = False) -> None:
-        from selenium.webdriver.common.action_chains import ActionChains
-        from selenium.webdriver.common.keys import Keys
-
-        chain = ActionChains(self.d)
-        if alt:
-            chain.key_down(Keys.ALT)
-        for k in keys:
-            chain.send_keys(k)
-        if alt:
-            chain.key_up(Keys.ALT)
-        chain.perform()
-
     def drag(self, src, dst, where: str) -> None:
         self.d.execute_script(_DRAG_JS, src, dst, where)
 
@@ -321,18 +154,7 @@ class Page:
             "const t = c && c.querySelector('[data-testid=card-title]'); return t ? t.textContent.trim() : null;")
 
     def dialog_open(self) -> bool:
-        found = self.d.find_elements("css selector", "#card-dialog")
-        return bool(found) and found[0].is_displayed()
-
-
-def expect(cond: Any, message: str) -> None:
-    if not cond:
-        raise Fail(message)
-
-
-def expect_soon(page: Page, fn: Callable[[], Any], message: Callable[[], str] | str) -> None:
-    if not page.until(fn):
-        raise Fail(message() if callable(message) else message)
+        return self.shown("#card-dialog")
 
 
 # -- the categories ----------------------------------------------------------------------------
@@ -605,181 +427,29 @@ def check_themes(p: Page) -> str:
 
 def check_accessible_names(p: Page) -> str:
     p.add_card("Named", "", "bug", "alice")
-    missing = []
-    sel = "button, input, select, textarea, [role=button], a[href]"
-
-    def scan(root=None) -> None:
-        for el in (root or p.d).find_elements("css selector", sel):
-            if not el.is_displayed():
-                continue
-            name = (el.accessible_name or "").strip()
-            if not name:
-                ident = el.get_attribute("id") or el.get_attribute("data-testid") or el.get_attribute("outerHTML")[:80]
-                missing.append(f"<{el.tag_name}> {ident}")
-
-    scan()
+    missing = p.unnamed_controls()
     _open_editor(p, "Named")
-    scan(p.one("#card-dialog", "card dialog"))  # a modal dialog makes the rest of the page inert
+    missing += p.unnamed_controls(p.one("#card-dialog", "card dialog"))  # a modal dialog makes the rest of the page inert
     expect(not missing, "controls without an accessible name: " + ", ".join(sorted(set(missing))))
     return "every visible button, input, select and textarea has an accessible name"
 
 
-CHECKS: dict[str, Callable[[Page], str]] = {name: globals()[f"check_{name}"] for name, _ in CATEGORIES
-                                           if name != "console_errors"}
-
-
-# -- scoring -------------------------------------------------------------------------------------
-def _entry(name: str, status: str, evidence: str, screenshot: str | None = None, duration_ms: int = 0) -> dict:
-    return {"name": name, "title": dict(CATEGORIES)[name], "status": status, "evidence": evidence,
-            "screenshot": screenshot, "duration_ms": duration_ms}
+CHECKS = {name: globals()[f"check_{name}"] for name, _ in CATEGORIES if name != webcheck.CONSOLE}
+SUITE = webcheck.Suite(
+    kind="kanban_quality", label="kanban quality", description="Kanban-app browser acceptance checks",
+    categories=CATEGORIES, checks=CHECKS, page=Page, profile_prefix="kanban-chrome-",
+    never_loaded="the board never rendered, so there was no session to watch")
 
 
 def score(workspace: str | Path, out: str | Path, *, driver=None) -> dict[str, Any]:
-    """Score the app in ``workspace`` on every category; write and return quality.json.
-
-    ``out`` is the quality.json path; screenshots go to ``screenshots/`` beside it. Pass a
-    running ``driver`` to reuse one browser for several workspaces (tests do).
-    """
-    workspace, out = Path(workspace).resolve(), Path(out).resolve()
-    shots = out.parent / "screenshots"
-    t0 = time.monotonic()
-    reason = None
-    if not (workspace / "index.html").is_file():
-        reason = f"no index.html in the workspace {workspace}"
-    elif driver is None:
-        reason = browser_missing()
-    if reason:
-        results = [_entry(n, "blocked", reason) for n, _ in CATEGORIES]
-    else:
-        results = _score_in_browser(workspace, shots, driver)
-    report = {
-        "kind": "kanban_quality", "version": 1, "workspace": str(workspace),
-        "passed": sum(r["status"] == "pass" for r in results),
-        "failed": sum(r["status"] == "fail" for r in results),
-        "blocked": sum(r["status"] == "blocked" for r in results),
-        "total": len(CATEGORIES), "wall_s": round(time.monotonic() - t0, 2),
-        "categories": results,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    # Atomic by hand (not engine.atomic): this script must run on a bare python3 with selenium.
-    os.replace(tmp, out)
-    return report
-
-
-def _score_in_browser(workspace: Path, shots: Path, driver) -> list[dict]:
-    shots.mkdir(parents=True, exist_ok=True)
-    own = driver is None
-    profile = tempfile.mkdtemp(prefix="kanban-chrome-") if own else None
-    results: list[dict] = []
-    try:
-        if own:
-            driver = launch_browser(profile)
-        with LoopbackServer(workspace) as server:
-            page = Page(driver, server.url + "index.html")
-            page.collect_console()  # drop what an earlier workspace left in a shared driver
-            page.console.clear()
-            no_board = None
-            for name, _ in CATEGORIES:
-                if name == "console_errors":
-                    continue
-                if no_board:  # the page never shows a board: no point loading it 16 more times
-                    results.append(_entry(name, "blocked", no_board))
-                    continue
-                results.append(_run_one(page, name, shots))
-                no_board = results[-1].pop("no_board", None)
-            loaded = no_board is None
-            page.collect_console()
-            results.insert([n for n, _ in CATEGORIES].index("console_errors"), _console_entry(page, loaded))
-    except Exception as e:  # noqa: BLE001 - the browser itself broke: what is left is blocked
-        done = {r["name"] for r in results}
-        results += [_entry(n, "blocked", f"browser session failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-                    for n, _ in CATEGORIES if n not in done]
-        order = [n for n, _ in CATEGORIES]
-        results.sort(key=lambda r: order.index(r["name"]))
-    finally:
-        if own and driver is not None:
-            driver.quit()
-        if profile:
-            shutil.rmtree(profile, ignore_errors=True)
-    return results
-
-
-def _run_one(page: Page, name: str, shots: Path) -> dict:
-    t0 = time.monotonic()
-    from selenium.common.exceptions import WebDriverException
-
-    no_board = None
-    try:
-        page.fresh()
-        status, evidence = "pass", CHECKS[name](page)
-    except NoBoard as e:
-        status, evidence = "blocked", str(e)
-        no_board = str(e)
-    except Blocked as e:
-        status, evidence = "blocked", str(e)
-    except Fail as e:
-        status, evidence = "fail", str(e)
-    except WebDriverException as e:
-        first = (e.msg or type(e).__name__).splitlines()[0]
-        status, evidence = "fail", f"browser error while checking: {type(e).__name__}: {first}"
-    except (StopIteration, IndexError, KeyError, TypeError) as e:
-        status, evidence = "fail", f"unexpected page structure: {type(e).__name__}: {e}"
-    shot = shots / f"{name}.png"
-    try:
-        page.d.save_screenshot(str(shot))
-    except WebDriverException:
-        shot = None
-    entry = _entry(name, status, evidence, str(shot) if shot else None, round((time.monotonic() - t0) * 1000))
-    if no_board:
-        entry["no_board"] = no_board
-    return entry
-
-
-def _console_entry(page: Page, loaded: bool) -> dict:
-    if page.console:
-        msgs = "; ".join(e.get("message", "")[:200] for e in page.console[:5])
-        return _entry("console_errors", "fail", f"{len(page.console)} console error(s): {msgs}")
-    if not loaded:
-        return _entry("console_errors", "blocked", "the board never rendered, so there was no session to watch")
-    return _entry("console_errors", "pass", "no console errors during the whole session (every category's interactions)")
-
-
-# -- command line --------------------------------------------------------------------------------
-def _default_out() -> Path:
-    run_dir = os.environ.get("MLXTERM_RUN_DIR")
-    return Path(run_dir) / "quality.json" if run_dir else Path("quality.json")
+    """Score the app in ``workspace`` on every category; write and return quality.json
+    (screenshots in ``screenshots/`` beside it). Pass a running ``driver`` to reuse one browser
+    for several workspaces (tests do)."""
+    return webcheck.score(SUITE, workspace, out, driver=driver)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Kanban-app browser acceptance checks")
-    ap.add_argument("category", nargs="?", help="report this category from quality.json (exit 0 iff it passed)")
-    ap.add_argument("--score", action="store_true", help="run the browser on the workspace and write quality.json first")
-    ap.add_argument("--workspace", type=Path, default=Path.cwd(), help="the app's directory (default: the current one)")
-    ap.add_argument("--out", type=Path, default=None, help="quality.json path (default: $MLXTERM_RUN_DIR/quality.json)")
-    args = ap.parse_args(argv)
-    out = args.out or _default_out()
-    if args.category and args.category not in dict(CATEGORIES):
-        print(f"unknown category {args.category!r} (categories: {', '.join(dict(CATEGORIES))})", file=sys.stderr)
-        return 2
-    if args.score:
-        out.unlink(missing_ok=True)  # never let a category read an earlier run's verdict
-        report = score(args.workspace, out)
-        print(f"kanban quality: {report['passed']}/{report['total']} passed, {report['failed']} failed, "
-              f"{report['blocked']} blocked ({report['wall_s']} s) -> {out}")
-    if not args.category:
-        return 0
-    try:
-        report = json.loads(out.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        print(f"blocked: no readable {out} (the scoring check did not run or broke)")
-        return 1
-    entry = next(c for c in report["categories"] if c["name"] == args.category)
-    print(f"{entry['status']}: {entry['title']}: {entry['evidence']}")
-    if entry.get("screenshot"):
-        print(f"screenshot: {entry['screenshot']}")
-    return 0 if entry["status"] == "pass" else 1
+    return webcheck.main(SUITE, argv)
 
 
 if __name__ == "__main__":
