@@ -104,7 +104,7 @@ def _sampler_part(args, arms: dict) -> tuple[list[dict], list[str]]:
             ms = {a: statistics.median(v) * 1000 for a, v in times.items()}
             row = {"vocab": V, "rows": R}
             row.update({f"{a}_ms": round(ms[a], 3) for a in names})
-            row.update({f"{a}_speedup": round(ms["sort"] / ms[a], 1) for a in names[1:]})
+            row.update({f"{a}_speedup": round(ms["sort"] / ms[a], 3) for a in names[1:]})
             out.append(row)
             table.append(
                 f"| {V} | {R} | " + " | ".join(str(row[f"{a}_ms"]) for a in names) + " | "
