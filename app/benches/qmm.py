@@ -1,25 +1,10 @@
 """Quantized matmul microbench: the int8 many-row paths (AMX-INT8 tiles, AVX512-VNNI register
 tiles) vs the float panels / int8 row path.
 
-For each (M, N, K) -- the weight shapes of SmolLM2-135M and Qwen2.5-0.5B at prefill chunk sizes
-(M >= 16) and multi-row step sizes (M < 16) -- the arms this CPU has, on the same random weights,
-alternated in order then reversed (A/B/B/A) in one process:
-  amx      engine.kernels.quantized_matmul with the AMX path on and the VNNI GEMM off
-           (kernels.set_amx_min_rows(2) in this process, so M < 16 runs on tiles too)
-  vnni512  the AVX512-VNNI GEMM (src/qmm_gemm512.cpp) on, AMX off: M >= 16 (kernels.dense_rows())
-  int8     AVX2 / AVX-VNNI only: the int8 row path over every row for M >= 16 ("int8 many rows")
-  few      plain AVX2 only: 2..8 rows on the few-row path (src/qmm_small_rows.inc), which every
-           other arm has switched off (kernels.set_small_rows(False))
-  float    both off (kernels.set_int8_prefill(False)): M >= 16 on the float panels
-           (src/qmm_dense.inc), M < 16 on the int8 row path (stored panel, group_rows)
-Every (M, arm) cell of a shape runs ``--reps`` calls in order, then again in reverse order.
-Reported per arm: the median process CPU time per call (steadier than wall time on a shared
-machine; the kernel pool runs ``--threads`` threads), GOP/s from it (2 M N K / time), each
-int8 arm's speed-up over ``float`` and, when M = 1 is among ``--rows``, its time over the
-one-row time (``x1``: what a batch's decode step costs against a solo one).
-``--scales gguf`` gives the weights the scale forms the engine reads for a GGUF Q4_K_M (random
-values): 4/5-bit K-quant records (group 32, K a multiple of 256; else float16 scales and biases
-as a Q4_1 / Q5_1), 8-bit symmetric float16 (re-quantized Q6_K).
+For each (M, N, K) of a model's weight shapes, the arms this CPU has (amx, vnni512, int8, few,
+float) on the same random weights, alternated A/B/B/A in one process; per arm the median process
+CPU time per call, GOP/s, the speed-up over ``float`` and the time over one row. The arms and
+``--scales gguf``: docs/benches.md ("mlxterm bench qmm").
 """
 
 from __future__ import annotations
