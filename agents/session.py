@@ -466,11 +466,12 @@ class AgentSession:
         partial = PartialReply(self.store, self.session_id, replies.Opened(handle, opening_ids), meta={"step": step})
         done: Done | None = None
         guard, raw, early, file_closed = LoopGuard(), opening, None, False
-        native = NativeCalls()  # a server's own tool calls, read as the text protocol's blocks
+        # a server's own tool calls, read as the text protocol's blocks (native remote runs only)
+        native = NativeCalls() if self.remote_native else None
         for pe in parser.feed(opening):
             yield replies.event(step, pe)
         try:
-            for ev in native.as_text(handle):
+            for ev in (native.as_text(handle) if native is not None else handle):
                 if isinstance(ev, EngineTextDelta):
                     closed = False
                     for pe in parser.feed(ev.text):
@@ -488,7 +489,7 @@ class AgentSession:
                         if early is not None:
                             handle.cancel()  # the rest of the budget would be wasted
                 elif isinstance(ev, Done):
-                    done = replace(ev, text=native.text) if native.seen else ev
+                    done = replace(ev, text=native.text) if native is not None and native.seen else ev
             for pe in parser.finish():
                 if early is not None and early[0] == "planned" and isinstance(pe, Malformed):
                     continue  # the file block the plan stopped at: not a call
