@@ -28,6 +28,8 @@ from agents.taskfile import Check, TaskSpec
 
 CHECK_TIMEOUT_S = 60
 SPLITS = ("tune", "report")
+# the unit tests shown as context: whole up to this many characters (~3k tokens), else the head
+TESTS_CONTEXT_CHARS = 12000
 
 
 class ExerciseError(MlxtermError):
@@ -139,6 +141,23 @@ def prepare_template(ex: Exercise, workspace_root: str | Path) -> Path:
     for name in ("INSTRUCTIONS.md", *ex.solution, *ex.test):
         copy_writable(ex.dir / name, template / name)
     return template
+
+
+def fenced_file(path: Path, name: str, *, limit: int | None = None) -> str:
+    """``name`` on a line of its own, then the file's text in one fenced block (cut to its first
+    ``limit`` characters, at a line end, with a note saying so)."""
+    text = path.read_text(encoding="utf-8", errors="replace").rstrip()
+    if limit is not None and len(text) > limit:
+        text = text[:text.rfind("\n", 0, limit) + 1].rstrip() + f"\n# ... ({name} continues)"
+    lang = "python" if name.endswith(".py") else ""
+    return f"{name}\n```{lang}\n{text}\n```"
+
+
+def tests_context(ex: Exercise) -> str:
+    """The exercise's unit test files, read-only context for the model (each cut to
+    ``TESTS_CONTEXT_CHARS``): what the solution must satisfy, names and messages included."""
+    files = "\n\n".join(fenced_file(ex.dir / name, name, limit=TESTS_CONTEXT_CHARS) for name in ex.test)
+    return f"The unit tests (read-only: do not change them):\n\n{files}"
 
 
 def exercise_prompt(ex: Exercise) -> str:

@@ -267,7 +267,22 @@ def test_plain_arm_scores_the_one_shot_reply_beside_the_agent(tmp_path, monkeypa
     assert data["count"] == 0 and data["passed_plain"] == 1 and data["plain_count"] == 2
     assert [r["plain"]["wrote"] for r in data["results"]] == [["double_it.py"], []]
     assert "agent first try" not in data["summary"] and len(engine2.requests) == 2
-    with pytest.raises(ExerciseError, match="--arms: expected agent and/or plain"):
+    assert data["plain_tests_count"] == 0 and data["pct_plain_tests"] is None
+
+    # plain_tests: the same request with the unit tests shown (read-only) after the stub
+    engine3 = ScriptedEngine([f"double_it.py\n```python\n{DOUBLE_OK}```\n"] * 2 + ["nothing"] * 2)
+    monkeypatch.setattr(runtime.Engine, "load", classmethod(lambda cls, profile=None: engine3))
+    args = _bench_args(tmp_path, "--arms", "plain,plain_tests", "--only", "double-it")
+    assert args.func(args) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["passed_plain"] == 1 and data["passed_plain_tests"] == 1 and len(engine3.requests) == 2
+    prompts = [engine3.tokenizer.decode(r.prompt_ids) for r in engine3.requests]
+    test_text = (FIXTURES / "double-it" / "double_it_test.py").read_text().strip()
+    # exercise 1 runs the arms in order: plain, then plain_tests
+    assert test_text not in prompts[0] and test_text in prompts[1]
+    assert prompts[1].index("def double(n)") < prompts[1].index("read-only") < prompts[1].index(test_text)
+    assert "plain_tests (one greedy whole-file reply, tests shown) 1/1" in data["summary"]
+    with pytest.raises(ExerciseError, match="--arms: expected agent, plain and/or plain_tests"):
         args = _bench_args(tmp_path, "--arms", "agent,magic")
         args.func(args)
 

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.benches.agent_plain import ARMS as PLAIN_ARMS
+
 # aider's code-editing leaderboard (133 Exercism Python exercises, whole-file edits), in
 # percent: first try / after one round of test output
 AIDER_REFERENCE = {
@@ -56,8 +58,9 @@ def add_arguments(p) -> None:
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature of the agent's steps (default: the profile's; 0 = greedy, as aider's runs)")
     p.add_argument("--arms", default="agent",
-                   help="comma-separated: agent (the agent loop; default) and/or plain (the model alone: one "
-                        "greedy whole-file reply, as aider's benchmark asks, written and scored the same way)")
+                   help="comma-separated: agent (the agent loop; default), plain (the model alone: one "
+                        "greedy whole-file reply, as aider's benchmark asks, written and scored the same way) "
+                        "and/or plain_tests (the same with the unit tests shown beside the stub)")
     p.add_argument("--candidates", type=int, default=None,
                    help="drafts decoded together per repair round, one that passes kept (default: the profile's)")
 
@@ -170,11 +173,11 @@ def run_exercise(ex, task, engine, store, run_dir: Path, candidates: int | None 
 
 def parse_arms(text: str) -> tuple[str, ...]:
     arms = tuple(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
-    bad = [a for a in arms if a not in ("agent", "plain")]
+    bad = [a for a in arms if a not in ("agent", *PLAIN_ARMS)]
     if bad or not arms:
         from agents.exercises import ExerciseError
 
-        raise ExerciseError(f"--arms: expected agent and/or plain, got {text!r}")
+        raise ExerciseError(f"--arms: expected agent, plain and/or plain_tests, got {text!r}")
     return arms
 
 
@@ -187,10 +190,12 @@ def _yes_no(v: bool | None) -> str:
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    plain = [r["plain"] for r in records if isinstance(r.get("plain"), dict)]
-    plain_summary = {"plain_count": len(plain),
-                     "passed_plain": sum(1 for p in plain if p["passed"]) if plain else None,
-                     "pct_plain": _pct(sum(1 for p in plain if p["passed"]), len(plain)) if plain else None}
+    plain_summary = {}
+    for arm in PLAIN_ARMS:
+        done = [r[arm] for r in records if isinstance(r.get(arm), dict)]
+        passed = sum(1 for p in done if p["passed"])
+        plain_summary.update({f"{arm}_count": len(done), f"passed_{arm}": passed if done else None,
+                              f"pct_{arm}": _pct(passed, len(done)) if done else None})
     records = [r for r in records if "passed_after_repair" in r]  # the agent arm's
     n = len(records)
     known_first = [r for r in records if r["passed_first_try"] is not None]
@@ -218,9 +223,10 @@ def progress_line(rec: dict[str, Any]) -> str:
         parts.append(f"first try {_yes_no(rec['passed_first_try'])}, after repair "
                      f"{_yes_no(rec['passed_after_repair'])}, {rec['wall_s']:.1f} s"
                      + (f" ({rec['stop_reason']}: {rec['error']})" if rec["error"] else ""))
-    if "plain" in rec:
-        p = rec["plain"]
-        parts.append(f"plain {_yes_no(p['passed'])}, {p['wall_s']:.1f} s" + (f" ({p['error']})" if p["error"] else ""))
+    for arm in PLAIN_ARMS:
+        if arm in rec:
+            p = rec[arm]
+            parts.append(f"{arm} {_yes_no(p['passed'])}, {p['wall_s']:.1f} s" + (f" ({p['error']})" if p["error"] else ""))
     return "; ".join(parts)
 
 
@@ -252,8 +258,8 @@ def run(args) -> dict:
             rec: dict[str, Any] = {"slug": ex.slug}
             # arms alternate A/B, B/A from one exercise to the next (a warm cache favours neither)
             for arm in (arms if i % 2 else arms[::-1]):
-                if arm == "plain":
-                    rec["plain"] = run_plain(ex, engine, tmp / "plain" / ex.slug, score)
+                if arm in PLAIN_ARMS:
+                    rec[arm] = run_plain(ex, engine, tmp / arm / ex.slug, score, show_tests=arm == "plain_tests")
                     continue
                 task = exercise_task(ex, tmp / "templates", repair_rounds=args.repair_rounds,
                                      steps=args.steps, wall_s=args.wall_s, temperature=args.temperature,
@@ -279,9 +285,9 @@ def run(args) -> dict:
              else f"{summary['passed_first_try']}/{summary['first_try_known']} ({summary['pct_first_try']}%)")
     after = f"{summary['passed_after_repair']}/{summary['count']} ({summary['pct_after_repair']}%)"
     agent = "agent" in arms
-    plain = ("" if summary["pct_plain"] is None else
-             f"plain (one greedy whole-file reply) {summary['passed_plain']}/{summary['plain_count']}"
-             f" ({summary['pct_plain']}%)")
+    plain = "; ".join(f"{arm} (one greedy whole-file reply{', tests shown' if arm == 'plain_tests' else ''}) "
+                      f"{summary[f'passed_{arm}']}/{summary[f'{arm}_count']} ({summary[f'pct_{arm}']}%)"
+                      for arm in PLAIN_ARMS if summary[f"pct_{arm}"] is not None)
     ref = (f"; aider {reference['model']}: {reference['pct_first_try']}% / {reference['pct_after_repair']}%"
            if reference else "")
     return {

@@ -5,6 +5,8 @@ whole file in one fenced block (the setup of aider's whole-file benchmark, in ou
 sampled greedily; the block is written over the stub in a fresh workspace and the exercise's
 own tests run on it in the agent sandbox. Run beside the agent on the same exercises, engine
 and weights, it separates what the model can do from what the agent harness loses or adds.
+The ``plain_tests`` arm is the same request with the exercise's unit tests shown beside the stub
+(read-only context, as a user hands an agent the files it must satisfy).
 """
 
 from __future__ import annotations
@@ -18,22 +20,25 @@ SYSTEM = ("You are an expert software developer. Change the code the user suppli
           "Reply with the complete new version of the file: its file name on a line of its own, then "
           "the whole file in one fenced code block, every line of it.")
 MAX_TOKENS = 2048
+ARMS = ("plain", "plain_tests")
 
 
-def plain_messages(ex) -> list[dict[str, str]]:
+def plain_messages(ex, *, show_tests: bool = False) -> list[dict[str, str]]:
     """The stub file(s) in one turn, then the instructions and the request (as aider orders
-    them: with the instructions first, the greedy 1.5B opened a fence and copied them into it)."""
-    stubs = []
-    for name in ex.solution:
-        text = (ex.dir / name).read_text(encoding="utf-8", errors="replace")
-        lang = "python" if name.endswith(".py") else ""
-        stubs.append(f"{name}\n```{lang}\n{text.rstrip()}\n```")
+    them: with the instructions first, the greedy 1.5B opened a fence and copied them into it).
+    ``show_tests``: the unit tests follow the stub in the first turn, marked read-only."""
+    from agents.exercises import fenced_file, tests_context
+
+    stubs = [fenced_file(ex.dir / name, name) for name in ex.solution]
+    first = "Here are the files:\n\n" + "\n\n".join(stubs)
+    if show_tests:
+        first += "\n\n" + tests_context(ex)
     files = ", ".join(ex.solution)
     request = (f"{ex.instructions.rstrip()}\n\n"
                f"Use the instructions above to change {files}. Keep the names of the existing functions "
                "and classes: unit tests call them. Use only Python's standard library.")
     return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": "Here are the files:\n\n" + "\n\n".join(stubs)},
+            {"role": "user", "content": first},
             {"role": "assistant", "content": "Ok."},
             {"role": "user", "content": request}]
 
@@ -58,7 +63,7 @@ def written_files(ex, text: str) -> dict[str, str]:
     return out
 
 
-def run_plain(ex, engine, workspace: Path, score) -> dict[str, Any]:
+def run_plain(ex, engine, workspace: Path, score, *, show_tests: bool = False) -> dict[str, Any]:
     """Ask once, write the reply's block over the stub, score it with ``score(ex, workspace)``."""
     from engine.runtime import GenerationRequest
 
@@ -74,7 +79,7 @@ def run_plain(ex, engine, workspace: Path, score) -> dict[str, Any]:
     text, usage = "", None
     try:
         params = engine.sampling(max_tokens=MAX_TOKENS, temperature=0.0, repetition_penalty=1.0, seed=0)
-        handle = engine.submit(GenerationRequest(engine.chat_prompt(plain_messages(ex)), params))
+        handle = engine.submit(GenerationRequest(engine.chat_prompt(plain_messages(ex, show_tests=show_tests)), params))
         try:
             done = handle.result()
         except KeyboardInterrupt:  # Ctrl-C: stop decoding now, the bench reports what finished
