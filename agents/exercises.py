@@ -28,8 +28,6 @@ from agents.taskfile import Check, TaskSpec
 
 CHECK_TIMEOUT_S = 60
 SPLITS = ("tune", "report")
-# the unit tests shown as context: whole up to this many characters (~3k tokens), else the head
-TESTS_CONTEXT_CHARS = 12000
 
 
 class ExerciseError(MlxtermError):
@@ -143,23 +141,6 @@ def prepare_template(ex: Exercise, workspace_root: str | Path) -> Path:
     return template
 
 
-def fenced_file(path: Path, name: str, *, limit: int | None = None) -> str:
-    """``name`` on a line of its own, then the file's text in one fenced block (cut to its first
-    ``limit`` characters, at a line end, with a note saying so)."""
-    text = path.read_text(encoding="utf-8", errors="replace").rstrip()
-    if limit is not None and len(text) > limit:
-        text = text[:text.rfind("\n", 0, limit) + 1].rstrip() + f"\n# ... ({name} continues)"
-    lang = "python" if name.endswith(".py") else ""
-    return f"{name}\n```{lang}\n{text}\n```"
-
-
-def tests_context(ex: Exercise) -> str:
-    """The exercise's unit test files, read-only context for the model (each cut to
-    ``TESTS_CONTEXT_CHARS``): what the solution must satisfy, names and messages included."""
-    files = "\n\n".join(fenced_file(ex.dir / name, name, limit=TESTS_CONTEXT_CHARS) for name in ex.test)
-    return f"The unit tests (read-only: do not change them):\n\n{files}"
-
-
 def exercise_prompt(ex: Exercise) -> str:
     """The instructions, the stub file(s) as they are now (what a user hands an agent, and what
     aider's benchmark shows the model), and how to test."""
@@ -191,9 +172,10 @@ def restore_and_test_command(ex: Exercise) -> str:
 def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: int | None = None,
                   profile: str | None = None, steps: int | None = None, tokens: int | None = None,
                   wall_s: float | None = None, seed: int | None = None,
-                  temperature: float | None = None) -> TaskSpec:
+                  temperature: float | None = None, show_tests: bool = False) -> TaskSpec:
     """The agent task for one exercise (``repair_rounds`` None: the profile's; ``seed``: step n
-    samples with seed + n, so a run repeats token for token)."""
+    samples with seed + n, so a run repeats token for token; ``show_tests``: the test files go
+    with the prompt as read-only files)."""
     return TaskSpec(
         path=ex.dir / "exercise.json",
         name=ex.slug,
@@ -206,6 +188,7 @@ def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: in
         test_command=ex.test_command,
         repair_rounds=repair_rounds,
         protected=tuple(ex.test),
+        read=tuple(ex.test) if show_tests else (),
         plan=False,  # one solution file to fix: no plan (instructions may name other files)
         seed=seed,
         temperature=temperature,

@@ -208,7 +208,7 @@ class HeadlessRun:
         outcome = None
         agent_cfg = engine.profile.agent
         t0 = time.monotonic()
-        prompt, prior = task.full_prompt(), None
+        prompt, prior = task.full_prompt(self.workspace), None
         if self._planned():
             for ev in work_through_plan(self.agent, prompt, limits, transcript=transcript,
                                         cancelled=self._cancelled.is_set,

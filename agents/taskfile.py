@@ -1,8 +1,8 @@
 """Task files for headless runs (``mlxterm run TASK.yaml``).
 
 A task names a prompt, optionally a workspace template, profile, system prompt, allowed tools,
-limits, sampling, network, sandbox limits, a test command, repair rounds, protected paths, a
-plan switch, and the checks (shell commands run in the sandboxed workspace afterwards) that
+limits, sampling, network, sandbox limits, a test command, repair rounds, protected paths,
+read-only files shown with the prompt, a plan switch, and the checks (shell commands run in the sandboxed workspace afterwards) that
 decide whether the agent succeeded::
 
     name: hello
@@ -30,12 +30,13 @@ from tools import TOOL_NAMES
 from tools.sandbox import Limits
 
 TOP_KEYS = ("name", "prompt", "workspace_template", "profile", "system", "examples", "allow",
-            "limits", "sampling", "checks", "network", "test_command", "repair_rounds", "protected", "plan",
-            "sandbox")
+            "limits", "sampling", "checks", "network", "test_command", "repair_rounds", "protected", "read",
+            "plan", "sandbox")
 LIMIT_KEYS = ("steps", "tokens", "wall_s")
 SAMPLING_KEYS = ("temperature", "seed", "max_tokens")
 CHECK_KEYS = ("name", "run", "timeout_s")
 DEFAULT_CHECK_TIMEOUT_S = 60
+READ_FILE_CHARS = 12000  # a ``read:`` file is shown whole up to this (~3k tokens), else its head
 
 
 class TaskError(MlxtermError):
@@ -70,15 +71,50 @@ class TaskSpec:
     test_command: str | None = None
     repair_rounds: int | None = None  # None: the profile's agent.repair_rounds
     protected: tuple[str, ...] = ()
+    read: tuple[str, ...] = ()  # workspace files shown read-only before the prompt (e.g. the tests)
     plan: bool | None = None  # None: plan when the prompt names 2+ files the workspace lacks
     sandbox_limits: Limits | None = None  # the task's ``sandbox:`` limits (None: the defaults)
     sandbox: dict[str, Any] = field(default_factory=dict)  # the same as written (a board card keeps it)
 
-    def full_prompt(self) -> str:
-        """The prompt the agent gets: the task's, plus how to run its tests when it names them."""
-        if not self.test_command or self.test_command in self.prompt:
-            return self.prompt
-        return f"{self.prompt.rstrip()}\n\nRun the tests with: {self.test_command}"
+    def full_prompt(self, workspace: Path | None = None) -> str:
+        """The prompt the agent gets: the ``read:`` files as they are in ``workspace`` (when
+        given), the task's prompt, and how to run its tests when it names them."""
+        prompt = self.prompt
+        if self.test_command and self.test_command not in prompt:
+            prompt = f"{prompt.rstrip()}\n\nRun the tests with: {self.test_command}"
+        if self.read and workspace is not None:
+            prompt = f"{read_context(Path(workspace), self.read)}\n\n---\n\n{prompt}"
+        return prompt
+
+
+def fenced_file(path: Path, name: str, *, limit: int | None = None) -> str:
+    """``name`` on a line of its own, then the file's text in one fenced block (cut to its first
+    ``limit`` characters at a line end, with a note saying so)."""
+    text = path.read_text(encoding="utf-8", errors="replace").rstrip()
+    if limit is not None and len(text) > limit:
+        text = text[:text.rfind("\n", 0, limit) + 1].rstrip() + f"\n# ... ({name} continues)"
+    lang = "python" if name.endswith(".py") else ""
+    return f"{name}\n```{lang}\n{text}\n```"
+
+
+READ_HEADING = "Read-only files (for reference: do not change them):"
+
+
+def read_context(root: Path, names: tuple[str, ...] | list[str], heading: str = READ_HEADING) -> str:
+    """The files ``names`` under ``root`` as read-only context (each cut to READ_FILE_CHARS); a
+    file that is missing, unreadable or outside ``root`` is named as such, never read."""
+    top = root.resolve()
+    parts = []
+    for name in names:
+        path = (root / name).resolve()
+        if not path.is_relative_to(top):
+            parts.append(f"{name}: not shown (outside the workspace)")
+            continue
+        try:
+            parts.append(fenced_file(path, name, limit=READ_FILE_CHARS))
+        except OSError as e:
+            parts.append(f"{name}: not shown ({e.strerror or e})")
+    return f"{heading}\n\n" + "\n\n".join(parts)
 
 
 def load_task(path: str | Path) -> TaskSpec:
@@ -161,6 +197,7 @@ def parse_task(data: Any, path: Path) -> TaskSpec:
         test_command=_text(path, "test_command", data["test_command"]) if data.get("test_command") is not None else None,
         repair_rounds=_number(path, "repair_rounds", data.get("repair_rounds"), integer=True, minimum=0),
         protected=_strings(path, "protected", data.get("protected")),
+        read=_relative(path, "read", _strings(path, "read", data.get("read"))),
         plan=plan,
         sandbox_limits=sandbox_limits,
         sandbox=dict(data.get("sandbox") or {}),
@@ -193,6 +230,13 @@ def _strings(path: Path, key: str, raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list) or not all(isinstance(x, str) and x.strip() for x in raw):
         raise TaskError(f"{path}: {key}: expected a list of paths")
     return tuple(raw)
+
+
+def _relative(path: Path, key: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    for name in names:
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise TaskError(f"{path}: {key}: {name!r} must be a path inside the workspace")
+    return names
 
 
 def _section(path: Path, key: str, raw: Any, keys: tuple[str, ...]) -> dict[str, Any]:

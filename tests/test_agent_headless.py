@@ -51,6 +51,9 @@ def good_engine():
     ("prompt: hi\nsandbox: {workspace: 3}\n", "sandbox: unknown sandbox limit 'workspace'"),
     ("prompt: hi\nsandbox: {workspace_bytes: -1}\n", "sandbox: sandbox limit 'workspace_bytes' must be a positive number"),
     ("prompt: hi\nsandbox: 5\n", "sandbox: expected a mapping of limits"),
+    ("prompt: hi\nread: notes.md\n", "read: expected a list of paths"),
+    ("prompt: hi\nread: [../secret.txt]\n", "read: '../secret.txt' must be a path inside the workspace"),
+    ("prompt: hi\nread: [/etc/passwd]\n", "read: '/etc/passwd' must be a path inside the workspace"),
     ("prompt: [unclosed\n", "not valid YAML at line"),
     ("- a list\n", "must be a mapping"),
 ])
@@ -110,6 +113,28 @@ def test_passing_run_writes_result_transcript_and_session(tmp_path):
     events = list(agent.run("what does hello.txt say?"))
     assert events[-1].reason == "answered" and events[-1].final_text == "It says hello world."
     assert engine.requests[0].prompt_ids[: session.token_count] == store.context_tokens(session.id)[: session.token_count]
+
+
+def test_read_files_go_before_the_prompt_read_only(tmp_path):
+    """``read:`` shows workspace files (as the run starts) before the prompt; a file that escapes
+    the workspace by a symlink or is missing is named, never read."""
+    (tmp_path / "tpl").mkdir()
+    (tmp_path / "tpl" / "hello_test.sh").write_text('test "$(cat hello.txt)" = "hello world"\n')
+    (tmp_path / "outside.txt").write_text("SECRET outside the workspace")
+    (tmp_path / "tpl" / "link.txt").symlink_to(tmp_path / "outside.txt")
+    task = load_task(write_task(tmp_path, HELLO + "workspace_template: tpl\n"
+                                "read: [hello_test.sh, link.txt, gone.txt]\nprotected: [hello_test.sh]\n"))
+    assert task.read == ("hello_test.sh", "link.txt", "gone.txt")
+    engine = good_engine()
+    result = HeadlessRun(task, engine=engine, run_dir=tmp_path / "run", store=SessionStore()).run()
+    assert result["status"] == "passed"
+    prompt = engine.tokenizer.decode(engine.requests[0].prompt_ids)
+    shown = prompt.index('hello_test.sh\n```\ntest "$(cat hello.txt)" = "hello world"\n```')
+    assert prompt.index("Read-only files") < shown < prompt.index("create hello.txt containing exactly")
+    assert "link.txt: not shown (outside the workspace)" in prompt and "SECRET" not in prompt
+    assert "gone.txt: not shown (No such file or directory)" in prompt
+    # without a workspace (nothing to read yet) the prompt is the task's own
+    assert task.full_prompt() == task.prompt
 
 
 def test_failed_and_error_and_cancelled_runs(tmp_path):

@@ -297,3 +297,19 @@ def test_temperature_sets_the_agent_steps_sampling(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["temperature"] == 0.35 and data["passed_after_repair"] == 1
     assert [r.params.temperature for r in engine.requests] == [0.35, 0.35]  # the scripted profile samples at 0
+
+
+def test_show_tests_hands_the_agent_the_test_files(tmp_path, monkeypatch):
+    """``--show-tests``: the exercise's tests go with the agent's prompt as read-only files."""
+    from engine import runtime
+
+    test_text = (FIXTURES / "double-it" / "double_it_test.py").read_text().strip()
+    for flag, shown in ((), False), (("--show-tests",), True):
+        engine = ScriptedEngine([format_call("write_file", {"path": "double_it.py", "content": DOUBLE_OK}), "Done."])
+        monkeypatch.setattr(runtime.Engine, "load", classmethod(lambda cls, profile=None, e=engine: e))
+        args = _bench_args(tmp_path, "--only", "double-it", "--repair-rounds", "0", *flag)
+        assert args.func(args) == 0
+        data = json.loads((tmp_path / "bench.json").read_text())
+        assert data["show_tests"] is shown and data["passed_after_repair"] == 1
+        prompt = engine.tokenizer.decode(engine.requests[0].prompt_ids)
+        assert (test_text in prompt) is shown and ("Read-only files" in prompt) is shown

@@ -27,12 +27,12 @@ def plain_messages(ex, *, show_tests: bool = False) -> list[dict[str, str]]:
     """The stub file(s) in one turn, then the instructions and the request (as aider orders
     them: with the instructions first, the greedy 1.5B opened a fence and copied them into it).
     ``show_tests``: the unit tests follow the stub in the first turn, marked read-only."""
-    from agents.exercises import fenced_file, tests_context
+    from agents.taskfile import fenced_file, read_context
 
     stubs = [fenced_file(ex.dir / name, name) for name in ex.solution]
     first = "Here are the files:\n\n" + "\n\n".join(stubs)
     if show_tests:
-        first += "\n\n" + tests_context(ex)
+        first += "\n\n" + read_context(ex.dir, ex.test, "The unit tests (read-only: do not change them):")
     files = ", ".join(ex.solution)
     request = (f"{ex.instructions.rstrip()}\n\n"
                f"Use the instructions above to change {files}. Keep the names of the existing functions "
