@@ -72,8 +72,8 @@ class AgentHost(Protocol):
 
 
 class DictationHost(Protocol):
-    """Needed by ``app.tui.dictation.DictationActions`` (and a ``RecordingIndicator`` with id
-    ``recording`` among the screen's widgets)."""
+    """Given to ``app.tui.dictation.DictationActions`` (which also queries the host for a
+    ``RecordingIndicator`` with id ``recording``)."""
 
     @property
     def controller(self) -> Any: ...

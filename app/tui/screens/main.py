@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 STATUS_EVERY = 8  # update the "generating" counter every N text deltas
 
 
-class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
+class MainScreen(ChatActions, AgentActions, Screen):
     COMMANDS = {ChatCommands, AgentCommands, DictationCommands}
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
@@ -84,7 +84,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self._pane: Conversation | None = None  # the visible conversation pane
         self.panes: dict[str, Conversation] = {}  # session id -> hidden pane still streaming
         self.chat_pane: Conversation | None = None  # where the chat turn streams
-        self.init_dictation()
+        self.dictation_actions = DictationActions(self, id="dictation-actions")
         self.init_agent()
 
     # -- layout ----------------------------------------------------------------------------------
@@ -97,6 +97,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
                 yield PromptInput(prompts=self.app.history.entries, id="prompt")
         yield StatusBar(self.app.memory_probe, id="status")
         yield Footer()
+        yield self.dictation_actions
 
     @property
     def controller(self):
@@ -182,7 +183,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         await pane.remove()
 
     def on_unmount(self) -> None:
-        self.close_dictation()
+        self.dictation_actions.close()
 
     def on_mount(self) -> None:
         self.status.requests_probe = self.controller.active_requests
@@ -201,7 +202,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         if action == "stop":
             return self.visible_busy  # Esc does nothing (and is not shown) when idle
         if action == "dictate":
-            return self.dictation_state()  # shown disabled when there is no microphone
+            return self.dictation_actions.enabled()  # shown disabled when there is no microphone
         return True
 
     # -- sessions ------------------------------------------------------------------------------
@@ -271,6 +272,10 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             self.notify("There is no session to reopen yet.", severity="warning")
         elif sid != self.session_id:
             await self.open_session(sid)
+
+    def action_dictate(self) -> None:
+        """F5: start or stop dictation into the message box."""
+        self.dictation_actions.toggle()
 
     def action_board(self) -> None:
         """Open the task board (its cards keep running when you come back here)."""
@@ -397,7 +402,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         text = event.text
         if is_dictate_command(text):
             self.prompt.sent(text)
-            self.dictate_command()
+            self.dictation_actions.command()
             return
         if text.strip().lower() == "/board":
             self.prompt.sent(text)
