@@ -16,8 +16,8 @@ from app.tui.hosts import HOSTS, AgentHost, ChatHost, DictationHost, members
 from app.tui.screens.chat_actions import ChatActions
 from app.tui.screens.main import MainScreen
 
-OWNED = [(DictationActions, DictationHost)]
-MIXINS = [(ChatActions, ChatHost), (AgentActions, AgentHost)]
+OWNED = [(ChatActions, ChatHost), (DictationActions, DictationHost)]
+MIXINS = [(AgentActions, AgentHost)]
 
 
 def _host_uses(cls) -> set[str]:

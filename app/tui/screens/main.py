@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 STATUS_EVERY = 8  # update the "generating" counter every N text deltas
 
 
-class MainScreen(ChatActions, AgentActions, Screen):
+class MainScreen(AgentActions, Screen):
     COMMANDS = {ChatCommands, AgentCommands, DictationCommands}
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
@@ -84,6 +84,7 @@ class MainScreen(ChatActions, AgentActions, Screen):
         self._pane: Conversation | None = None  # the visible conversation pane
         self.panes: dict[str, Conversation] = {}  # session id -> hidden pane still streaming
         self.chat_pane: Conversation | None = None  # where the chat turn streams
+        self.chat_actions = ChatActions(self)
         self.dictation_actions = DictationActions(self, id="dictation-actions")
         self.init_agent()
 
@@ -273,6 +274,25 @@ class MainScreen(ChatActions, AgentActions, Screen):
         elif sid != self.session_id:
             await self.open_session(sid)
 
+    # -- chat commands (``ChatActions``) ------------------------------------------------------
+    def action_rename(self, title: str = "") -> None:
+        self.chat_actions.rename(title)
+
+    def action_delete(self) -> None:
+        self.chat_actions.delete()
+
+    async def action_fork(self, at: int | None = None) -> None:
+        await self.chat_actions.fork(at)
+
+    def action_export(self, fmt: str = "md", path: str | None = None) -> None:
+        self.chat_actions.export(fmt, path)
+
+    def action_clear(self) -> None:
+        self.chat_actions.clear()
+
+    async def action_system(self, text: str = "") -> None:
+        await self.chat_actions.system(text)
+
     def action_dictate(self) -> None:
         """F5: start or stop dictation into the message box."""
         self.dictation_actions.toggle()
@@ -420,7 +440,7 @@ class MainScreen(ChatActions, AgentActions, Screen):
             return
         if slash is not None:
             self.prompt.sent(text)
-            await self.run_slash(*slash)
+            await self.chat_actions.run_slash(*slash)
             return
         await self.send(literal(text))
 
@@ -456,7 +476,7 @@ class MainScreen(ChatActions, AgentActions, Screen):
             return "another session"
 
     async def action_retry(self) -> None:
-        sid = self._need_session()
+        sid = self.chat_actions.need_session()
         if sid is None:
             return
         if self.chat_busy:
