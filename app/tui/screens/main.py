@@ -1,9 +1,11 @@
 """``MainScreen``: sessions sidebar, conversation, message box and status bar.
 
 It turns user intent (keys, palette entries, widget messages) into calls on the app's
-``ChatController``, loads profiles and streams chat turns into the conversation (the chat
-commands and slash commands live in ``chat_actions.py``). Model loading runs in a thread
-worker and generation on the engine thread, so the UI never waits on MLX.
+``ChatController``, loads profiles and streams chat turns into the conversation. It owns three
+controllers, each given the screen as a host typed in ``app.tui.hosts``: ``ChatActions`` (chat
+and slash commands), ``AgentActions`` and ``DictationActions`` (hidden child widgets); its
+``action_*`` methods for them only delegate. Model loading runs in a thread worker and
+generation on the engine thread, so the UI never waits on MLX.
 
 Each session streams into its own ``Conversation`` pane. Opening another session while a chat
 reply or an agent run is still streaming hides that pane instead of stopping the work: it keeps
@@ -55,7 +57,7 @@ log = logging.getLogger(__name__)
 STATUS_EVERY = 8  # update the "generating" counter every N text deltas
 
 
-class MainScreen(AgentActions, Screen):
+class MainScreen(Screen):
     COMMANDS = {ChatCommands, AgentCommands, DictationCommands}
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
@@ -86,7 +88,7 @@ class MainScreen(AgentActions, Screen):
         self.chat_pane: Conversation | None = None  # where the chat turn streams
         self.chat_actions = ChatActions(self)
         self.dictation_actions = DictationActions(self, id="dictation-actions")
-        self.init_agent()
+        self.agent_actions = AgentActions(self, id="agent-actions")
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -99,6 +101,7 @@ class MainScreen(AgentActions, Screen):
         yield StatusBar(self.app.memory_probe, id="status")
         yield Footer()
         yield self.dictation_actions
+        yield self.agent_actions
 
     @property
     def controller(self):
@@ -127,17 +130,18 @@ class MainScreen(AgentActions, Screen):
     @property
     def generating(self) -> bool:
         """Anything streaming: a chat turn or an agent run, visible or not."""
-        return self.chat_busy or self.agent_busy
+        return self.chat_busy or self.agent_actions.agent_busy
 
     @property
     def visible_busy(self) -> bool:
         """The visible pane's session is streaming (what Esc stops)."""
         pane = self.conversation
-        return (self.chat_busy and pane is self.chat_pane) or (self.agent_busy and pane is self.agent_pane)
+        return (self.chat_busy and pane is self.chat_pane) or self.agent_actions.streams_into(pane)
 
     def busy_sessions(self) -> set[str]:
         """Sessions with a reply or an agent run streaming (the sidebar marks them)."""
-        panes = ((self.chat_busy, self.chat_pane), (self.agent_busy, self.agent_pane))
+        agent = self.agent_actions
+        panes = ((self.chat_busy, self.chat_pane), (agent.agent_busy, agent.agent_pane))
         return {p.session_id for busy, p in panes if busy and p is not None and p.session_id}
 
     def turn_status(self, pane: Conversation, text: str) -> None:
@@ -172,7 +176,7 @@ class MainScreen(AgentActions, Screen):
         return pane
 
     def _streams(self, pane: Conversation) -> bool:
-        return (pane is self.chat_pane and self.chat_busy) or (pane is self.agent_pane and self.agent_busy)
+        return (pane is self.chat_pane and self.chat_busy) or self.agent_actions.streams_into(pane)
 
     async def release_pane(self, pane: Conversation | None) -> None:
         """A run in ``pane`` ended: drop the pane if it is hidden (its session is stored)."""
@@ -224,16 +228,17 @@ class MainScreen(AgentActions, Screen):
             self.notify(str(e), severity="error")
             return
         self.session_id = session.id
-        self.set_agent_mode(session)
+        self.agent_actions.set_agent_mode(session)
+        agent_mode = self.agent_actions.agent_mode
         pane, live = await self.show_pane(session.id)
         if live:  # still streaming: its pane kept every event
             pane.scroll_end(animate=False)
             self.status.set_turn(f"opened “{session.title}” · still "
-                                 f"{'working' if self.agent_mode else 'streaming'}…")
+                                 f"{'working' if agent_mode else 'streaming'}…")
         else:
-            plan = self.controller.store.get_meta(session.id).get("plan") if self.agent_mode else None
+            plan = self.controller.store.get_meta(session.id).get("plan") if agent_mode else None
             await pane.show(self.controller.messages(session.id),
-                            agent=self.agent_mode, workspace=session.workspace, plan=plan)
+                            agent=agent_mode, workspace=session.workspace, plan=plan)
             self.status.set_turn(f"opened “{session.title}” · {session.message_count} messages")
         self.update_context()
         self.refresh_sessions()
@@ -256,7 +261,7 @@ class MainScreen(AgentActions, Screen):
 
     async def action_new_chat(self) -> None:
         self.session_id = None
-        self.set_agent_mode(None)
+        self.agent_actions.set_agent_mode(None)
         pane, _ = await self.show_pane(None)
         await pane.show([])
         self.status.set_turn("")
@@ -273,6 +278,17 @@ class MainScreen(AgentActions, Screen):
             self.notify("There is no session to reopen yet.", severity="warning")
         elif sid != self.session_id:
             await self.open_session(sid)
+
+    # -- agent mode (``AgentActions``) --------------------------------------------------------
+    async def action_agent(self, path: str = "") -> None:
+        """Toggle agent mode (``/agent [PATH]``, the palette)."""
+        await self.agent_actions.toggle(path)
+
+    @on(AgentActions.RunEnded)
+    async def _agent_run_ended(self, event: AgentActions.RunEnded) -> None:
+        self.update_context()
+        self.refresh_sessions()  # drops the sidebar's working mark
+        await self.release_pane(event.pane)
 
     # -- chat commands (``ChatActions``) ------------------------------------------------------
     def action_rename(self, title: str = "") -> None:
@@ -389,9 +405,7 @@ class MainScreen(AgentActions, Screen):
         if waiting:
             self.notify(f"{waiting} board card{'s' if waiting > 1 else ''} waiting to run: running in the "
                         "background (Ctrl+B shows the board).")
-        pending, self._agent_after_load = self._agent_after_load, None
-        if pending is not None and info.profile == self.controller.engine.profile.name:
-            await self.action_agent(pending)
+        await self.agent_actions.profile_loaded(info.profile)
 
     @work(thread=True, exclusive=True, group="probe", exit_on_error=False)
     def _probe_remote(self) -> None:
@@ -403,7 +417,7 @@ class MainScreen(AgentActions, Screen):
 
     def _load_failed(self, spec: str, message: str) -> None:
         self._loading = None
-        self._agent_after_load = None
+        self.agent_actions.load_failed()
         log.error("cannot load profile %s: %s", spec, message)
         self.status.set_model(self.controller.info())
 
@@ -453,8 +467,8 @@ class MainScreen(AgentActions, Screen):
                        else "No model is loaded; pick a profile with /profile.")
             self.notify(message, severity="warning")
             return
-        if self.agent_mode:
-            await self.send_agent(text)
+        if self.agent_actions.agent_mode:
+            await self.agent_actions.send(text)
             return
         if self.chat_busy:  # one chat turn at a time; it streams in another session's pane
             self.notify(f"A reply is still streaming in “{self.pane_title(self.chat_pane)}”; wait for "
@@ -482,7 +496,7 @@ class MainScreen(AgentActions, Screen):
         if self.chat_busy:
             self.notify("A reply is still streaming; press Esc to stop it.", severity="warning")
             return
-        if self.agent_mode:
+        if self.agent_actions.agent_mode:
             self.notify("Retry is for chats; in agent mode send the task again.",
                         severity="warning")
             return
@@ -583,8 +597,8 @@ class MainScreen(AgentActions, Screen):
     def action_stop(self) -> None:
         """Esc: stop what streams in the visible pane (a run in a hidden pane keeps going)."""
         pane = self.conversation
-        if self.agent_busy and pane is self.agent_pane:
-            self.stop_agent()
+        if self.agent_actions.streams_into(pane):
+            self.agent_actions.stop()
         elif pane is self.chat_pane:
             self._stop_chat()
 
@@ -602,10 +616,10 @@ class MainScreen(AgentActions, Screen):
         if everything or self.conversation is self.chat_pane:
             groups.add("turn")
             self._stop_chat()
-        if everything or self.conversation is self.agent_pane:
+        if everything or self.conversation is self.agent_actions.agent_pane:
             groups.add("agent")
-            if self.agent_busy:
-                self.stop_agent()
+            if self.agent_actions.agent_busy:
+                self.agent_actions.stop()
         for worker in self.workers:
             if worker.group in groups:
                 await worker.wait()
