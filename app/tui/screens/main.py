@@ -309,6 +309,7 @@ class MainScreen(Screen):
     async def action_system(self, text: str = "") -> None:
         await self.chat_actions.system(text)
 
+    # -- dictation (``DictationActions``) -----------------------------------------------------
     def action_dictate(self) -> None:
         """F5: start or stop dictation into the message box."""
         self.dictation_actions.toggle()
