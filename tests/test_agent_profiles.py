@@ -94,7 +94,7 @@ async def test_agent_mode_loads_the_best_capable_profile(monkeypatch):
         app.query_one(PromptInput).focus()
         await pilot.press(*"/agent", "enter")
         deadline = time.monotonic() + 10
-        while not app.screen_stack[0].agent_mode:
+        while not app.screen_stack[0].agent_actions.agent_mode:
             assert time.monotonic() < deadline, loaded
             await pilot.pause(0.02)
         assert loaded == ["chatty", "coder"] and app.controller.engine.profile.name == "coder"

@@ -82,7 +82,7 @@ async def start_agent(pilot, arg: str = "", palette: bool = False) -> None:
     else:
         prompt.load_text(f"/agent {arg}".rstrip())
         await pilot.press("enter")
-    await wait_for(pilot, lambda: main(app).agent_mode, what="agent mode")
+    await wait_for(pilot, lambda: main(app).agent_actions.agent_mode, what="agent mode")
 
 
 def users(app) -> list[str]:
@@ -170,10 +170,10 @@ async def test_write_edit_bash_with_approval_then_reopen(tmp_path):
 
         # Leave agent mode, then reopen the session from the sidebar: the same cards.
         await pilot.press("ctrl+n")
-        assert not screen.agent_mode and cards(app) == []
+        assert not screen.agent_actions.agent_mode and cards(app) == []
         await pilot.press("ctrl+l", "enter")
         await wait_for(pilot, lambda: screen.session_id == sid and cards(app), what="the reopened session")
-        assert screen.agent_mode
+        assert screen.agent_actions.agent_mode
         write, edit, bash = cards(app)
         assert [c.tool for c in (write, edit, bash)] == ["write_file", "edit_file", "bash"]
         assert all(c.collapsed for c in (write, edit, bash))
@@ -412,7 +412,7 @@ async def test_chat_while_the_agent_runs(tmp_path):
 
         # A new chat: the agent's pane is hidden, not stopped.
         await pilot.press("ctrl+n")
-        assert screen.agent_busy and not screen.agent_mode
+        assert screen.agent_actions.agent_busy and not screen.agent_actions.agent_mode
         assert screen.conversation is not agent_pane and not agent_pane.display
         assert screen.panes == {agent_sid: agent_pane}
         await pilot.press(*"[chat] hi", "enter")
@@ -435,9 +435,9 @@ async def test_chat_while_the_agent_runs(tmp_path):
         assert sum(chat_t[0] < t < chat_t[-1] for t in agent_t) >= 10
 
         # Back to the agent: the same pane, still streaming, then complete.
-        assert screen.agent_busy
+        assert screen.agent_actions.agent_busy
         await open_from_sidebar(pilot, agent_sid)
-        assert screen.conversation is agent_pane and agent_pane.display and screen.agent_mode
+        assert screen.conversation is agent_pane and agent_pane.display and screen.agent_actions.agent_mode
         assert screen.panes == {}  # the finished chat's pane was dropped with nothing streaming
         release.set()
         await idle(pilot, 20)
@@ -479,9 +479,9 @@ async def test_esc_stops_the_visible_run_only(tmp_path):
         await wait_for(pilot, lambda: not screen.chat_busy, what="the chat to stop")
         (reply,) = [v for v in chat_pane.query(MessageView) if v.role == "assistant"]
         assert reply.state == "stopped" and reply.content.strip() == CHAT_SAYS[:10].strip()
-        assert screen.agent_busy and not screen.running_agent.cancelled
+        assert screen.agent_actions.agent_busy and not screen.agent_actions.running_agent.cancelled
         await open_from_sidebar(pilot, agent_sid)
-        assert screen.conversation is agent_pane and screen.agent_busy
+        assert screen.conversation is agent_pane and screen.agent_actions.agent_busy
         await pilot.press("escape")
         await idle(pilot, 20)
         (step,) = [v for v in agent_pane.query(MessageView) if v.role == "assistant"]

@@ -152,7 +152,7 @@ async def test_no_input_device_disables_dictation_with_one_notice(tiny_profile, 
     app = make_app(tiny_profile)
     async with app.run_test(size=SIZE) as pilot:
         screen = main_screen(app)
-        d = screen.dictation
+        d = screen.dictation_actions.dictation
         d.probe = no_device
         d.loader = lambda name: loads.append(name)
         await wait_for(pilot, lambda: app.controller.loaded, what="the model")
@@ -166,8 +166,8 @@ async def test_no_input_device_disables_dictation_with_one_notice(tiny_profile, 
         notes = [n.message for n in app._notifications]
         assert notes == [f"Dictation is unavailable: {NO_MIC}"]
         assert loads == []  # no microphone: Whisper is never loaded
-        assert not box.read_only and box.text == "hi" and screen.indicator.state is None
-        assert not screen.indicator.display
+        assert not box.read_only and box.text == "hi" and screen.dictation_actions.indicator.state is None
+        assert not screen.dictation_actions.indicator.display
         assert not footer_key(app, "f5").enabled  # shown as unavailable
         await pilot.press("f5")  # disabled: nothing happens, no second notice
         await pilot.pause()
@@ -196,7 +196,7 @@ async def test_bad_speech_model_is_a_notification(tmp_path, tiny_llama_dir):
     app = make_app(profile)
     async with app.run_test(size=SIZE) as pilot:
         screen = main_screen(app)
-        d = screen.dictation
+        d = screen.dictation_actions.dictation
         d.probe = None  # pretend there is a microphone; the real loader refuses the name
         await pilot.press("f5")
         await wait_for(pilot, lambda: d.state == IDLE, what="the failed start")
@@ -205,7 +205,7 @@ async def test_bad_speech_model_is_a_notification(tmp_path, tiny_llama_dir):
         assert "loading speech model…" in notes
         assert any("whisper-nope: no such speech model" in n for n in notes)
         assert d.unavailable is None and footer_key(app, "f5").enabled  # may be fixed and retried
-        assert not screen.prompt.read_only and not screen.indicator.display
+        assert not screen.prompt.read_only and not screen.dictation_actions.indicator.display
 
 
 class FakeSession:
@@ -281,7 +281,7 @@ def dictation_app(tmp_path, tiny_llama_dir, audio, loader, auto_stop: bool):
     mics: list[ClipMicrophone] = []
 
     def setup() -> None:
-        d = main_screen(app).dictation
+        d = main_screen(app).dictation_actions.dictation
         d.probe, d.loader = None, loader
 
         def factory(callback):
@@ -302,7 +302,7 @@ async def test_push_to_talk_shows_partials_then_final(tmp_path, tiny_llama_dir, 
     async with app.run_test(size=SIZE) as pilot:
         setup()
         screen = main_screen(app)
-        d, box, indicator = screen.dictation, screen.prompt, screen.indicator
+        d, box, indicator = screen.dictation_actions.dictation, screen.prompt, screen.dictation_actions.indicator
         await wait_for(pilot, lambda: app.controller.loaded, what="the chat model")
         box.focus()
         await pilot.press(*"Note:")
@@ -358,12 +358,12 @@ async def test_auto_stop_ends_the_take_after_silence(tmp_path, tiny_llama_dir, w
     async with app.run_test(size=SIZE) as pilot:
         setup()
         screen = main_screen(app)
-        d, box = screen.dictation, screen.prompt
+        d, box = screen.dictation_actions.dictation, screen.prompt
         await pilot.press("f5")
         await wait_for(pilot, lambda: d.state == RECORDING, timeout=60, what="recording to start")
         await wait_for(pilot, lambda: d.state == IDLE, timeout=45, what="the automatic stop")
         await pilot.pause()
-        assert "report" in box.text.lower() and not screen.indicator.display
+        assert "report" in box.text.lower() and not screen.dictation_actions.indicator.display
         assert mics[0]._stop.is_set()
         silence_fed = (mics[0].fed - audio.size) / 16000
         assert mics[0].clip_played and silence_fed < 6  # stopped by the pause, not a timeout

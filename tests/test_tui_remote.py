@@ -107,7 +107,7 @@ async def test_agent_mode_on_a_remote_profile(tmp_path):
             await idle(pilot)
             (card,) = cards(app)
             assert card.tool == "write_file" and card.state == "done"
-            assert (screen.agent.workspace / "notes.txt").read_text() == "remote hello\n"
+            assert (screen.agent_actions.agent.workspace / "notes.txt").read_text() == "remote hello\n"
             assert replies(app)[-1] == "notes.txt is written."
     finally:
         server.close()

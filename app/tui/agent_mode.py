@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import MlxtermError
 
 from textual import work
+from textual.message import Message
+from textual.widget import Widget
 
 from agents.events import (
     AgentDone,
@@ -43,6 +46,9 @@ from app.tui.screens.approval import ApprovalScreen, ask_approval
 from app.tui.slash import Command
 from app.tui.widgets.message import MessageView
 from app.tui.widgets.prompt import PLACEHOLDER
+
+if TYPE_CHECKING:
+    from app.tui.hosts import AgentHost
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +77,23 @@ class AgentCommands(SingleCommand):
 
 
 
-class AgentActions:
-    """Mixed into ``MainScreen``; needs what ``app.tui.hosts.AgentHost`` lists. Call
-    ``init_agent()`` in ``__init__``."""
+class AgentActions(Widget):
+    """The screen's agent-mode controller: a hidden child widget (the run worker is its own)
+    that uses of its host only what ``app.tui.hosts.AgentHost`` lists, and posts ``RunEnded``
+    when a run is over (the screen then updates the sidebar and drops a hidden pane)."""
 
-    def init_agent(self) -> None:
+    DEFAULT_CSS = "AgentActions { display: none; }"
+
+    class RunEnded(Message):
+        """A run stopped streaming into ``pane`` (finished, failed or cancelled)."""
+
+        def __init__(self, pane) -> None:
+            super().__init__()
+            self.pane = pane
+
+    def __init__(self, host: AgentHost, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.host = host
         self.agent = None  # the AgentSession of the open session, once a task ran or started
         self.agent_mode = False  # the open session is an agent session
         self.agent_workspace: str | None = None
@@ -88,6 +106,20 @@ class AgentActions:
         self._approval: ApprovalScreen | None = None
         self._agent_after_load: str | None = None  # /agent waiting for an agent-capable model
 
+    def streams_into(self, pane) -> bool:
+        """A run is working and streams into ``pane``."""
+        return self.agent_busy and pane is self.agent_pane
+
+    async def profile_loaded(self, profile: str) -> None:
+        """The screen loaded ``profile``: start agent mode if ``/agent`` waited for it."""
+        pending, self._agent_after_load = self._agent_after_load, None
+        if pending is not None and profile == self.host.controller.engine.profile.name:
+            await self.toggle(pending)
+
+    def load_failed(self) -> None:
+        """The screen could not load a profile: ``/agent`` no longer waits for it."""
+        self._agent_after_load = None
+
     def set_agent_mode(self, session) -> None:
         """Follow the open session (None: a new chat): agent mode for kind "agent"."""
         on = session is not None and session.kind == "agent"
@@ -98,24 +130,24 @@ class AgentActions:
             self.agent = running  # back in the running session: Esc and approvals reach it
         self.agent_mode = on
         self.agent_workspace = session.workspace if on else None
-        self.query_one("#chat").set_class(on, "-agent")
-        self.prompt.border_title = f"agent · {self.agent_workspace}" if on else None
-        self.prompt.placeholder = AGENT_PLACEHOLDER if on else PLACEHOLDER
+        self.host.query_one("#chat").set_class(on, "-agent")
+        self.host.prompt.border_title = f"agent · {self.agent_workspace}" if on else None
+        self.host.prompt.placeholder = AGENT_PLACEHOLDER if on else PLACEHOLDER
 
-    async def action_agent(self, path: str = "") -> None:
+    async def toggle(self, path: str = "") -> None:
         """Toggle agent mode: start a new agent session (in ``path``), or leave agent mode.
         A run in progress keeps working in its own pane."""
         if self.agent_mode and not path:
-            await self.action_new_chat()
+            await self.host.action_new_chat()
             self.notify("Left agent mode; this is a new chat.")
             return
-        if not self.controller.loaded:
+        if not self.host.controller.loaded:
             self.notify("Agent mode needs the model; wait for it to load.", severity="warning")
             return
-        loaded = self.controller.engine.profile
+        loaded = self.host.controller.engine.profile
         # a remote profile's server runs the agent in the text protocol (docs/serving.md); a
         # local one that cannot do agent work hands over to the best installed one
-        if not loaded.agent.capable and not self.controller.remote:
+        if not loaded.agent.capable and not self.host.controller.remote:
             from agents.choose import best_agent_profile
 
             try:
@@ -124,41 +156,41 @@ class AgentActions:
                 self.notify(f"{e}. Agent mode runs on {loaded.name} for now.", severity="warning", timeout=10)
             else:
                 # The chat model cannot do agent work: load the best agent-capable one first;
-                # agent mode starts when it is loaded (MainScreen._loaded).
+                # agent mode starts when it is loaded (profile_loaded).
                 self._agent_after_load = path
                 self.notify(f"Agent mode runs on {best} ({loaded.name} cannot do agent tasks); loading it…")
-                self.load_profile(best)
+                self.host.load_profile(best)
                 return
         try:
-            agent = await asyncio.to_thread(self.controller.new_agent, path or None)
+            agent = await asyncio.to_thread(self.host.controller.new_agent, path or None)
         except MlxtermError as e:
             self.notify(str(e), severity="error")
             return
-        await self.open_session(agent.session_id, switch_profile=False)
+        await self.host.open_session(agent.session_id, switch_profile=False)
         self.agent = agent
         self.notify(f"Agent mode: working in {agent.workspace}. Type a task; tools set to "
                     "ask (bash) wait for your approval.", timeout=8)
         if agent.sandbox_notice:  # no sandbox here: said once per process
             self.notify(agent.sandbox_notice, severity="warning", timeout=12)
 
-    async def send_agent(self, text: str) -> None:
+    async def send(self, text: str) -> None:
         if self.agent_busy:  # one run at a time; it works in another session's pane
-            self.notify(f"An agent run is still working in “{self.pane_title(self.agent_pane)}”; wait "
+            self.notify(f"An agent run is still working in “{self.host.pane_title(self.agent_pane)}”; wait "
                         "for it or open that session and press Esc.", severity="warning")
             return
-        self.prompt.sent(text)
+        self.host.prompt.sent(text)
         self.app.history.add(text)
-        pane = self.agent_pane = self.conversation
+        pane = self.agent_pane = self.host.conversation
         await pane.add(MessageView("user", text))
         self.agent_busy, self._agent_stop = True, False
         self._run_workspace = self.agent_workspace
-        self.refresh_bindings()
-        self.refresh_sessions()  # the sidebar marks the working session
-        self._run_agent(self.session_id, text, pane)
+        self.host.refresh_bindings()
+        self.host.refresh_sessions()  # the sidebar marks the working session
+        self._run_agent(self.host.session_id, text, pane)
 
     @work(exclusive=True, group="agent")
     async def _run_agent(self, session_id: str, text: str, pane) -> None:
-        status = lambda text: self.turn_status(pane, text)  # noqa: E731 (only while it is visible)
+        status = lambda text: self.host.turn_status(pane, text)  # noqa: E731 (only while it is visible)
         status("agent · starting…")
         view = self.agent_view = AgentRunView(pane)
         done: AgentDone | None = None
@@ -181,11 +213,11 @@ class AgentActions:
                         status(f"agent · step {ev.step} · {doing}… {count} tokens")
                 elif isinstance(ev, StepStart):
                     count = 0
-                    self.status.refresh_shared()
+                    self.host.status.refresh_shared()
                     status(f"agent · step {ev.step} · reading {ev.prompt_tokens:,} tokens…")
                 elif isinstance(ev, StepDone):
                     status(agent_step_summary(ev))
-                    self.update_context()
+                    self.host.update_context()
                 elif isinstance(ev, ToolStarted):
                     status(f"agent · step {ev.step} · running {ev.call.name}…")
                 elif isinstance(ev, ToolFinished):
@@ -203,12 +235,10 @@ class AgentActions:
             self.agent_busy = False
             self.agent_pane = self.running_agent = None
             self._close_approval()
-            self.refresh_bindings()
+            self.host.refresh_bindings()
         if done is not None:
             self._agent_done(done, pane)
-        self.update_context()
-        self.refresh_sessions()
-        await self.release_pane(pane)
+        self.post_message(self.RunEnded(pane))
 
     def _planned_run(self, agent, text: str):
         """A task naming two or more new files: the plan first, then one run per item (the
@@ -221,16 +251,16 @@ class AgentActions:
         """The open session's AgentSession (reused while the model stays the same, so
         "always" approvals last), else opened again. Runs on a thread (SQLite)."""
         agent = self.agent
-        if agent is None or agent.session_id != session_id or agent.engine is not self.controller.engine:
-            agent = self.agent = self.controller.open_agent(session_id)
-        self.controller.name_agent(session_id, text)
+        if agent is None or agent.session_id != session_id or agent.engine is not self.host.controller.engine:
+            agent = self.agent = self.host.controller.open_agent(session_id)
+        self.host.controller.name_agent(session_id, text)
         return agent
 
     def _ask(self, ev: ApprovalNeeded, view: AgentRunView, pane) -> None:
         card = view.card(ev.call.id)
         if card is not None:
             card.set_state("approval")
-        self.turn_status(pane, f"agent · step {ev.step} · waiting for approval of {ev.call.name}")
+        self.host.turn_status(pane, f"agent · step {ev.step} · waiting for approval of {ev.call.name}")
         def closed(screen: ApprovalScreen) -> None:
             if self._approval is screen:
                 self._approval = None
@@ -244,14 +274,14 @@ class AgentActions:
 
     def _agent_done(self, done: AgentDone, pane) -> None:
         summary = agent_done_summary(done)
-        self.turn_status(pane, summary)
+        self.host.turn_status(pane, summary)
         log.info("agent run done: %s", summary)
         if done.reason == "error":
             self.notify(f"The agent stopped with an error: {done.error}", severity="error")
 
-    def stop_agent(self) -> None:
+    def stop(self) -> None:
         """Esc: cancel the run (generation stops, a running tool is killed)."""
         if self.running_agent is not None and self.agent_busy:
             self.running_agent.cancel()
         self._agent_stop = True
-        self.turn_status(self.agent_pane, "agent · cancelling…")
+        self.host.turn_status(self.agent_pane, "agent · cancelling…")

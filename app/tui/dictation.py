@@ -8,9 +8,9 @@ Three layers, so most of it is testable without a terminal:
   load Whisper once, start a ``DictationSession`` fed by an audio source, stop, cancel); the
   audio source is injectable (``capture_factory``), so tests push audio through the same
   ``session.feed`` callback the microphone uses;
-- :class:`DictationActions`: the Textual surface mixed into ``MainScreen``.
+- :class:`DictationActions`: the Textual surface, a hidden child widget ``MainScreen`` owns.
 
-Session events arrive on worker threads and are posted as :class:`DictationUpdate` messages
+Session events arrive on worker threads and are posted as ``DictationActions.Update`` messages
 (``post_message`` never blocks, so workers never wait on the UI; the UI may wait on them).
 """
 
@@ -27,6 +27,7 @@ from engine.speech.errors import AudioInputError, NoAudioInputDevice
 
 from textual import work
 from textual.message import Message
+from textual.widget import Widget
 
 from app.tui.commands import SingleCommand
 from app.tui.slash import Command
@@ -34,6 +35,8 @@ from app.tui.slash import Command
 if TYPE_CHECKING:
     from engine.profile_schema import SpeechConfig
     from engine.speech.stream import DictationEvent
+
+    from app.tui.hosts import DictationHost
 
 log = logging.getLogger(__name__)
 
@@ -286,50 +289,53 @@ def _session_class():
 # -- Textual surface -------------------------------------------------------------------------
 
 
-class DictationUpdate(Message):
-    """A session event, posted from a worker thread to the screen."""
-
-    def __init__(self, take: int, event: DictationEvent) -> None:
-        super().__init__()
-        self.take = take
-        self.event = event
-
-
 class DictationCommands(SingleCommand):
-    """The palette entry (calls the screen directly, so it can say why it is unavailable)."""
+    """The palette entry (calls the controller directly, so it can say why it is unavailable)."""
 
     title = PALETTE_TITLE
     help = PALETTE_HELP
 
-
     def _run(self) -> None:
-        self.screen.dictate_command()
+        self.screen.query_one(DictationActions).command()
 
 
-class DictationActions:
-    """Mixed into ``MainScreen``; needs what ``app.tui.hosts.DictationHost`` lists. Call
-    ``init_dictation()`` in ``__init__``."""
+class DictationActions(Widget):
+    """The screen's dictation controller: a hidden child widget (its workers and messages are
+    its own) that uses of its host only what ``app.tui.hosts.DictationHost`` lists."""
 
-    def init_dictation(self) -> None:
-        self.dictation = Dictation(lambda take, ev: self.post_message(DictationUpdate(take, ev)))
+    DEFAULT_CSS = "DictationActions { display: none; }"
+
+    class Update(Message, bubble=False):
+        """A session event, posted from a worker thread to this controller."""
+
+        def __init__(self, take: int, event: DictationEvent) -> None:
+            super().__init__()
+            self.take = take
+            self.event = event
+
+    def __init__(self, host: DictationHost, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.host = host
+        self.dictation = Dictation(lambda take, ev: self.post_message(self.Update(take, ev)))
         self._splice: PromptSplice | None = None
 
     @property
     def indicator(self):
-        return self.query_one("#recording")
+        return self.host.query_one("#recording")
 
-    def dictation_state(self) -> bool | None:
-        """For ``check_action``: None (shown disabled) when there is no microphone."""
+    def enabled(self) -> bool | None:
+        """For the screen's ``check_action``: None (shown disabled) without a microphone."""
         return None if self.dictation.unavailable else True
 
-    def dictate_command(self) -> None:
+    def command(self) -> None:
         """``/dictate`` and the palette: like F5, but says why when it is unavailable."""
         if self.dictation.unavailable:
             self.notify(f"Dictation is unavailable: {self.dictation.unavailable}", severity="warning")
             return
-        self.action_dictate()
+        self.toggle()
 
-    def action_dictate(self) -> None:
+    def toggle(self) -> None:
+        """F5: start a take when idle, stop it while recording."""
         d = self.dictation
         if d.state == IDLE:
             self._start_dictation()
@@ -339,13 +345,13 @@ class DictationActions:
             self._stop_dictation()
 
     def _start_dictation(self) -> None:
-        prompt = self.prompt
+        prompt = self.host.prompt
         take = self.dictation.begin()
         self._splice = PromptSplice(prompt)
         prompt.read_only = True  # the box is the transcript's until the take ends
         prompt.add_class("-dictating")
         self.indicator.level, self.indicator.state = 0.0, "starting"
-        self.refresh_bindings()
+        self.host.refresh_bindings()
         self._open_dictation(take)
 
     @work(thread=True, exclusive=True, group="dictation", exit_on_error=False)
@@ -367,12 +373,12 @@ class DictationActions:
             self.app.call_from_thread(self._dictation_started, take)
 
     def _speech_config(self) -> SpeechConfig:
-        eng = self.controller.engine
+        eng = self.host.controller.engine
         if eng is not None:
             return eng.profile.speech
         from engine.profiles import load_profile
 
-        return load_profile(self.controller.profile_spec).speech
+        return load_profile(self.host.controller.profile_spec).speech
 
     def _dictation_started(self, take: int) -> None:
         d = self.dictation
@@ -400,19 +406,19 @@ class DictationActions:
     def _stop_dictation(self) -> None:
         self.dictation.stop()
         self.indicator.state = "transcribing"
-        self.refresh_bindings()
+        self.host.refresh_bindings()
 
     def _end_dictation(self) -> None:
         self.dictation.finished()
         self._splice = None
-        prompt = self.prompt
+        prompt = self.host.prompt
         prompt.read_only = False
         prompt.remove_class("-dictating")
         self.indicator.state = None
-        self.refresh_bindings()
+        self.host.refresh_bindings()
         prompt.focus()
 
-    def on_dictation_update(self, message: DictationUpdate) -> None:
+    def on_dictation_actions_update(self, message: Update) -> None:
         d, ev = self.dictation, message.event
         if message.take != d.take or d.state == IDLE:
             return  # an abandoned take
@@ -432,7 +438,6 @@ class DictationActions:
         if ev.kind == "done":
             self._end_dictation()
 
-    def close_dictation(self) -> None:
+    def close(self) -> None:
         """Stop any take (the screen is going away); waits for its workers."""
         self.dictation.close()
-

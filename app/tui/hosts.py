@@ -1,10 +1,11 @@
-"""What the main screen's action mixins need from the screen they are mixed into.
+"""What each of the main screen's controllers may use of its host, the screen that owns it.
 
-``MainScreen`` is composed of ``ChatActions``, ``AgentActions`` and ``DictationActions``; each
-protocol below is the whole of what one of them uses of its host (besides Textual's own
-``Screen`` API: ``notify``, ``app``, ``query_one``, ``post_message``, ``refresh_bindings``).
-``tests/test_tui_hosts.py`` checks that ``MainScreen`` provides every member, so a rename in
-the screen breaks a test instead of a mixin at run time.
+``MainScreen`` constructs ``ChatActions``, ``AgentActions`` and ``DictationActions`` with itself
+as ``host``; each protocol below is the whole of what one of them uses of ``self.host``
+(besides Textual's own ``Screen`` API: ``notify``, ``app``, ``query_one``, ``refresh_bindings``).
+Where the screen must react to a controller, the controller posts a message declared on its own
+class (``AgentActions.RunEnded``) instead of calling into the screen. ``tests/test_tui_hosts.py``
+checks that ``MainScreen`` provides every member and that no controller uses an undeclared one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Protocol
 
 
 class ChatHost(Protocol):
-    """Needed by ``app.tui.screens.chat_actions.ChatActions``."""
+    """The host of ``app.tui.screens.chat_actions.ChatActions``."""
 
     session_id: str | None
 
@@ -38,7 +39,7 @@ class ChatHost(Protocol):
 
 
 class AgentHost(Protocol):
-    """Needed by ``app.tui.agent_mode.AgentActions``."""
+    """The host of ``app.tui.agent_mode.AgentActions``."""
 
     session_id: str | None
 
@@ -64,16 +65,14 @@ class AgentHost(Protocol):
 
     def turn_status(self, pane: Any, text: str) -> None: ...
 
-    def release_pane(self, pane: Any) -> Awaitable[None]: ...
-
     def pane_title(self, pane: Any) -> str: ...
 
     def load_profile(self, spec: str) -> None: ...
 
 
 class DictationHost(Protocol):
-    """Needed by ``app.tui.dictation.DictationActions`` (and a ``RecordingIndicator`` with id
-    ``recording`` among the screen's widgets)."""
+    """The host of ``app.tui.dictation.DictationActions`` (which also queries it for a
+    ``RecordingIndicator`` with id ``recording``)."""
 
     @property
     def controller(self) -> Any: ...

@@ -1,9 +1,11 @@
 """``MainScreen``: sessions sidebar, conversation, message box and status bar.
 
 It turns user intent (keys, palette entries, widget messages) into calls on the app's
-``ChatController``, loads profiles and streams chat turns into the conversation (the chat
-commands and slash commands live in ``chat_actions.py``). Model loading runs in a thread
-worker and generation on the engine thread, so the UI never waits on MLX.
+``ChatController``, loads profiles and streams chat turns into the conversation. It owns three
+controllers, each given the screen as a host typed in ``app.tui.hosts``: ``ChatActions`` (chat
+and slash commands), ``AgentActions`` and ``DictationActions`` (hidden child widgets); its
+``action_*`` methods for them only delegate. Model loading runs in a thread worker and
+generation on the engine thread, so the UI never waits on MLX.
 
 Each session streams into its own ``Conversation`` pane. Opening another session while a chat
 reply or an agent run is still streaming hides that pane instead of stopping the work: it keeps
@@ -55,7 +57,7 @@ log = logging.getLogger(__name__)
 STATUS_EVERY = 8  # update the "generating" counter every N text deltas
 
 
-class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
+class MainScreen(Screen):
     COMMANDS = {ChatCommands, AgentCommands, DictationCommands}
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
@@ -84,8 +86,9 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         self._pane: Conversation | None = None  # the visible conversation pane
         self.panes: dict[str, Conversation] = {}  # session id -> hidden pane still streaming
         self.chat_pane: Conversation | None = None  # where the chat turn streams
-        self.init_dictation()
-        self.init_agent()
+        self.chat_actions = ChatActions(self)
+        self.dictation_actions = DictationActions(self, id="dictation-actions")
+        self.agent_actions = AgentActions(self, id="agent-actions")
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -97,6 +100,8 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
                 yield PromptInput(prompts=self.app.history.entries, id="prompt")
         yield StatusBar(self.app.memory_probe, id="status")
         yield Footer()
+        yield self.dictation_actions
+        yield self.agent_actions
 
     @property
     def controller(self):
@@ -125,17 +130,18 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
     @property
     def generating(self) -> bool:
         """Anything streaming: a chat turn or an agent run, visible or not."""
-        return self.chat_busy or self.agent_busy
+        return self.chat_busy or self.agent_actions.agent_busy
 
     @property
     def visible_busy(self) -> bool:
         """The visible pane's session is streaming (what Esc stops)."""
         pane = self.conversation
-        return (self.chat_busy and pane is self.chat_pane) or (self.agent_busy and pane is self.agent_pane)
+        return (self.chat_busy and pane is self.chat_pane) or self.agent_actions.streams_into(pane)
 
     def busy_sessions(self) -> set[str]:
         """Sessions with a reply or an agent run streaming (the sidebar marks them)."""
-        panes = ((self.chat_busy, self.chat_pane), (self.agent_busy, self.agent_pane))
+        agent = self.agent_actions
+        panes = ((self.chat_busy, self.chat_pane), (agent.agent_busy, agent.agent_pane))
         return {p.session_id for busy, p in panes if busy and p is not None and p.session_id}
 
     def turn_status(self, pane: Conversation, text: str) -> None:
@@ -170,7 +176,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         return pane
 
     def _streams(self, pane: Conversation) -> bool:
-        return (pane is self.chat_pane and self.chat_busy) or (pane is self.agent_pane and self.agent_busy)
+        return (pane is self.chat_pane and self.chat_busy) or self.agent_actions.streams_into(pane)
 
     async def release_pane(self, pane: Conversation | None) -> None:
         """A run in ``pane`` ended: drop the pane if it is hidden (its session is stored)."""
@@ -182,7 +188,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         await pane.remove()
 
     def on_unmount(self) -> None:
-        self.close_dictation()
+        self.dictation_actions.close()
 
     def on_mount(self) -> None:
         self.status.requests_probe = self.controller.active_requests
@@ -201,7 +207,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         if action == "stop":
             return self.visible_busy  # Esc does nothing (and is not shown) when idle
         if action == "dictate":
-            return self.dictation_state()  # shown disabled when there is no microphone
+            return self.dictation_actions.enabled()  # shown disabled when there is no microphone
         return True
 
     # -- sessions ------------------------------------------------------------------------------
@@ -222,16 +228,17 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             self.notify(str(e), severity="error")
             return
         self.session_id = session.id
-        self.set_agent_mode(session)
+        self.agent_actions.set_agent_mode(session)
+        agent_mode = self.agent_actions.agent_mode
         pane, live = await self.show_pane(session.id)
         if live:  # still streaming: its pane kept every event
             pane.scroll_end(animate=False)
             self.status.set_turn(f"opened “{session.title}” · still "
-                                 f"{'working' if self.agent_mode else 'streaming'}…")
+                                 f"{'working' if agent_mode else 'streaming'}…")
         else:
-            plan = self.controller.store.get_meta(session.id).get("plan") if self.agent_mode else None
+            plan = self.controller.store.get_meta(session.id).get("plan") if agent_mode else None
             await pane.show(self.controller.messages(session.id),
-                            agent=self.agent_mode, workspace=session.workspace, plan=plan)
+                            agent=agent_mode, workspace=session.workspace, plan=plan)
             self.status.set_turn(f"opened “{session.title}” · {session.message_count} messages")
         self.update_context()
         self.refresh_sessions()
@@ -254,7 +261,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
 
     async def action_new_chat(self) -> None:
         self.session_id = None
-        self.set_agent_mode(None)
+        self.agent_actions.set_agent_mode(None)
         pane, _ = await self.show_pane(None)
         await pane.show([])
         self.status.set_turn("")
@@ -271,6 +278,41 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             self.notify("There is no session to reopen yet.", severity="warning")
         elif sid != self.session_id:
             await self.open_session(sid)
+
+    # -- agent mode (``AgentActions``) --------------------------------------------------------
+    async def action_agent(self, path: str = "") -> None:
+        """Toggle agent mode (``/agent [PATH]``, the palette)."""
+        await self.agent_actions.toggle(path)
+
+    @on(AgentActions.RunEnded)
+    async def _agent_run_ended(self, event: AgentActions.RunEnded) -> None:
+        self.update_context()
+        self.refresh_sessions()  # drops the sidebar's working mark
+        await self.release_pane(event.pane)
+
+    # -- chat commands (``ChatActions``) ------------------------------------------------------
+    def action_rename(self, title: str = "") -> None:
+        self.chat_actions.rename(title)
+
+    def action_delete(self) -> None:
+        self.chat_actions.delete()
+
+    async def action_fork(self, at: int | None = None) -> None:
+        await self.chat_actions.fork(at)
+
+    def action_export(self, fmt: str = "md", path: str | None = None) -> None:
+        self.chat_actions.export(fmt, path)
+
+    def action_clear(self) -> None:
+        self.chat_actions.clear()
+
+    async def action_system(self, text: str = "") -> None:
+        await self.chat_actions.system(text)
+
+    # -- dictation (``DictationActions``) -----------------------------------------------------
+    def action_dictate(self) -> None:
+        """F5: start or stop dictation into the message box."""
+        self.dictation_actions.toggle()
 
     def action_board(self) -> None:
         """Open the task board (its cards keep running when you come back here)."""
@@ -364,9 +406,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         if waiting:
             self.notify(f"{waiting} board card{'s' if waiting > 1 else ''} waiting to run: running in the "
                         "background (Ctrl+B shows the board).")
-        pending, self._agent_after_load = self._agent_after_load, None
-        if pending is not None and info.profile == self.controller.engine.profile.name:
-            await self.action_agent(pending)
+        await self.agent_actions.profile_loaded(info.profile)
 
     @work(thread=True, exclusive=True, group="probe", exit_on_error=False)
     def _probe_remote(self) -> None:
@@ -378,7 +418,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
 
     def _load_failed(self, spec: str, message: str) -> None:
         self._loading = None
-        self._agent_after_load = None
+        self.agent_actions.load_failed()
         log.error("cannot load profile %s: %s", spec, message)
         self.status.set_model(self.controller.info())
 
@@ -397,7 +437,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         text = event.text
         if is_dictate_command(text):
             self.prompt.sent(text)
-            self.dictate_command()
+            self.dictation_actions.command()
             return
         if text.strip().lower() == "/board":
             self.prompt.sent(text)
@@ -415,7 +455,7 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             return
         if slash is not None:
             self.prompt.sent(text)
-            await self.run_slash(*slash)
+            await self.chat_actions.run_slash(*slash)
             return
         await self.send(literal(text))
 
@@ -428,8 +468,8 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
                        else "No model is loaded; pick a profile with /profile.")
             self.notify(message, severity="warning")
             return
-        if self.agent_mode:
-            await self.send_agent(text)
+        if self.agent_actions.agent_mode:
+            await self.agent_actions.send(text)
             return
         if self.chat_busy:  # one chat turn at a time; it streams in another session's pane
             self.notify(f"A reply is still streaming in “{self.pane_title(self.chat_pane)}”; wait for "
@@ -451,13 +491,13 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
             return "another session"
 
     async def action_retry(self) -> None:
-        sid = self._need_session()
+        sid = self.chat_actions.need_session()
         if sid is None:
             return
         if self.chat_busy:
             self.notify("A reply is still streaming; press Esc to stop it.", severity="warning")
             return
-        if self.agent_mode:
+        if self.agent_actions.agent_mode:
             self.notify("Retry is for chats; in agent mode send the task again.",
                         severity="warning")
             return
@@ -558,8 +598,8 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
     def action_stop(self) -> None:
         """Esc: stop what streams in the visible pane (a run in a hidden pane keeps going)."""
         pane = self.conversation
-        if self.agent_busy and pane is self.agent_pane:
-            self.stop_agent()
+        if self.agent_actions.streams_into(pane):
+            self.agent_actions.stop()
         elif pane is self.chat_pane:
             self._stop_chat()
 
@@ -577,10 +617,10 @@ class MainScreen(ChatActions, AgentActions, DictationActions, Screen):
         if everything or self.conversation is self.chat_pane:
             groups.add("turn")
             self._stop_chat()
-        if everything or self.conversation is self.agent_pane:
+        if everything or self.conversation is self.agent_actions.agent_pane:
             groups.add("agent")
-            if self.agent_busy:
-                self.stop_agent()
+            if self.agent_actions.agent_busy:
+                self.agent_actions.stop()
         for worker in self.workers:
             if worker.group in groups:
                 await worker.wait()
