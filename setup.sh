@@ -4,7 +4,8 @@
 #   ./setup.sh          runtime only
 #   ./setup.sh --with-qwen  also Qwen2.5-Coder 1.5B + 0.5B (~1.6 GB; combines with --test)
 #   ./setup.sh --test   also test tools, Qwen2.5-Coder 0.5B (agent e2e tests) and test-time packages (espeak-ng, sox, tmux, chromium +
-#                       chromium-driver and selenium for the kanban-app task's browser checks)
+#                       chromium-driver and selenium for the kanban-app task's browser checks, nodejs for
+#                       the agent's JavaScript syntax check)
 set -euo pipefail
 cd "$(dirname "$0")"
 want_test=0
@@ -25,7 +26,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   # g++: the CPU kernel extension (engine/kernels); libseccomp2: the sandbox's seccomp filter
   pkgs=(libopenblas0-pthread g++ bubblewrap libseccomp2 libportaudio2)
-  [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux chromium chromium-driver)
+  [ $want_test = 1 ] && pkgs+=(espeak-ng sox tmux chromium chromium-driver nodejs)
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then

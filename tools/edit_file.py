@@ -11,6 +11,7 @@ from typing import Any
 
 from tools.atomic import atomic_write_bytes
 from tools.base import Tool, ToolError, ToolResult, Workspace
+from tools.lint import syntax_problem
 from tools.textio import cap_text, diff_stats, unified_diff
 
 MAX_EDIT_BYTES = 8 * 1024 * 1024
@@ -54,10 +55,15 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
     shown, _ = cap_text(diff, MAX_DIFF_CHARS)
     kept, truncated = cap_text(diff, MAX_DATA_DIFF_CHARS)
     times = f"{count} replacements" if count > 1 else "1 replacement"
+    message = f"Edited {name}: {times}, +{added} -{removed} lines.\n{shown.rstrip()}"
+    extra = {}
+    problem = syntax_problem(name, updated)
+    if problem:
+        extra["syntax_error"] = problem
+        message += f"\nThe file does not parse now: {problem}\nFix it."
     return ToolResult.success(
-        f"Edited {name}: {times}, +{added} -{removed} lines.\n{shown.rstrip()}",
-        path=name, replacements=count, diff=kept, diff_truncated=truncated,
-        lines_added=added, lines_removed=removed,
+        message, path=name, replacements=count, diff=kept, diff_truncated=truncated,
+        lines_added=added, lines_removed=removed, **extra,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from tools.atomic import atomic_write_bytes
 from tools.base import Tool, ToolError, ToolResult, Workspace
+from tools.lint import syntax_problem
 from tools.textio import cap_text, diff_stats, looks_binary, unified_diff
 
 MAX_DIFF_SOURCE_BYTES = 2 * 1024 * 1024  # larger old/new files are written without a diff
@@ -36,7 +37,12 @@ def run(ws: Workspace, args: dict[str, Any], cancel: threading.Event | None) -> 
         data.update(diff=diff, diff_truncated=truncated, lines_added=added, lines_removed=removed)
         summary = f": +{added} -{removed} lines" if diff else ": content unchanged"
     verb = "Created" if created else "Updated"
-    return ToolResult.success(f"{verb} {name} ({len(new)} bytes){summary}.", **data)
+    message = f"{verb} {name} ({len(new)} bytes){summary}."
+    problem = syntax_problem(name, args["content"])
+    if problem:
+        data["syntax_error"] = problem
+        message += f"\nThe file does not parse: {problem}\nFix it."
+    return ToolResult.success(message, **data)
 
 
 def _previous_text(ws: Workspace, path: Path) -> str | None:
