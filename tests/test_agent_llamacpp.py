@@ -1,9 +1,10 @@
 """Agents on a real llama.cpp server: a remote profile (``model.remote``) pointed at llama.cpp's
 own HTTP server (PyPI ``xllamacpp``, started as ``bench serve`` starts it) on Qwen2.5-Coder 0.5B's
 GGUF, in the text protocol and with native tool calls. A headless task writes a file and passes
-its check. (With the tools offered natively, Qwen2.5-Coder 0.5B and 1.5B answer with the call as
-a JSON object in text, not in their template's ``<tool_call>`` form, so llama.cpp streams it as
-content, not ``tool_calls``; the agent's parser reads it as a call whose marker was dropped.)
+its check, and a board card reaches review. (With the tools offered natively, Qwen2.5-Coder 0.5B
+and 1.5B answer with the call as a JSON object in text, not in their template's ``<tool_call>``
+form, so llama.cpp streams it as content, not ``tool_calls``; the agent's parser reads it as a
+call whose marker was dropped.)
 
 Opt-in: needs the 0.5B (``./setup.sh --with-qwen``) and the ``peer`` extra."""
 
@@ -100,3 +101,24 @@ def test_a_task_on_llama_cpp_writes_and_passes(tmp_path, llama_server, tool_call
     assert responses[0]["usage"]["prompt_tokens"] > 0 and responses[0]["timings"]["ttft_ms"] > 0
     if os.environ.get("MLXTERM_TEST_VERBOSE"):
         print(tool_calls, [r["raw_text"][:200] for r in responses])
+
+
+def test_a_board_card_on_llama_cpp_reaches_review(tmp_path, llama_server):
+    """A board card (text protocol) on llama.cpp's server: written, checked, in review."""
+    from agents.board.dispatcher import Dispatcher
+    from agents.board.model import Card, CheckSpec
+    from agents.board.store import BoardStore
+
+    engine = RemoteEngine.load(remote_profile(tmp_path / "far.yaml", llama_server, "text"))
+    board = BoardStore(tmp_path / "board.sqlite3")
+    try:
+        card = board.add(Card(id=0, title="hi", prompt="Create the file hello.txt containing exactly: hi there",
+                              state="queued", checks=[CheckSpec("content", 'test "$(cat hello.txt)" = "hi there"')]))
+        Dispatcher(board, SessionStore(tmp_path / "s.sqlite3"), lambda p: engine, default_profile="far").drain()
+        (att,) = board.attempts(card.id)
+        assert att.status == "passed", (att.status, att.error, att.checks)
+        assert board.get(card.id).state == "review"
+        assert (Path(board.get(card.id).workspace_dir) / "hello.txt").read_text().strip() == "hi there"
+    finally:
+        board.close()
+        engine.close()
