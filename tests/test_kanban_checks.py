@@ -132,6 +132,8 @@ def test_app_that_crashes_on_load_is_blocked_with_its_console_error(driver, tmp_
     assert set(got.values()) == {"blocked"} and report["passed"] == 0
     evidence = {c["name"]: c["evidence"] for c in report["categories"]}
     assert "no [data-testid=column]" in evidence["create_card"] and "Uncaught TypeError" in evidence["console_errors"]
+    # every category loads the page again: the same error counted each time, quoted once
+    assert ", 1 distinct: " in evidence["console_errors"] and evidence["console_errors"].count("Uncaught TypeError") == 1
 
 
 @needs_browser

@@ -390,8 +390,10 @@ def _run_one(suite: Suite, page: Page, name: str, shots: Path) -> dict:
 
 def _console_entry(suite: Suite, page: Page, loaded: bool) -> dict:
     if page.console:
-        msgs = "; ".join(e.get("message", "")[:200] for e in page.console[:5])
-        return suite.entry(CONSOLE, "fail", f"{len(page.console)} console error(s): {msgs}")
+        # each page load repeats a script's error: count every one, quote each message once
+        distinct = list(dict.fromkeys(e.get("message", "")[:200] for e in page.console))
+        msgs = "; ".join(distinct[:5])
+        return suite.entry(CONSOLE, "fail", f"{len(page.console)} console error(s), {len(distinct)} distinct: {msgs}")
     if not loaded:
         return suite.entry(CONSOLE, "blocked", suite.never_loaded)
     return suite.entry(CONSOLE, "pass", "no console errors during the whole session (every category's interactions)")
