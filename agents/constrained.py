@@ -1,125 +1,43 @@
 """Constrained decoding of tool calls: the grammar in ``agents.grammar`` mapped onto a vocabulary.
 
-``ToolCallMasks`` is built once per (tokenizer, tool set) and caches one boolean mask per
-grammar state; ``ToolCallConstraint`` is the per-request object the engine's decode loop
-drives (``allowed()`` before each token, ``advance(token)`` after; see
+The generic part (token table, a mask per grammar state, budget masks, forced drafts) is
+engine.generation.vocab_masks; this module adds what is specific to tool calls. ``ToolCallMasks``
+is built once per (tokenizer, tool set); ``ToolCallConstraint`` is the per-request object the
+engine's decode loop drives (``allowed()`` before each token, ``advance(token)`` after; see
 engine.generation.constraints). Why: a small model's tool call must parse and validate every
 time. Free text gets no mask; once the text ends in enough of the open marker (or the reply's
 first token opens a JSON object: a dropped marker) the call is committed and enforced token by
-token, within the request's token budget (``tight_mask``, ``closing_mask``), so a budget never
-cuts a call off. Masks: a first-byte test, then only survivors walked byte by byte through
-interned states. Rules, budget and measurements: docs/agents.md, "Constrained decoding".
+token, within the request's token budget, so a budget never cuts a call off. Rules, budget and
+measurements: docs/agents.md, "Constrained decoding".
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import threading
 import time
 import weakref
-from collections.abc import Iterable
 from typing import Any
 
-import engine  # noqa: F401  (loads OpenBLAS before mlx)
+from engine.generation.vocab_masks import DEAD, GrammarMasks, TokenTable, table_width
 
 import mlx.core as mx
 import numpy as np
 
-from agents.grammar import LIT, STR, State, ToolCallGrammar, is_plain_string_byte
+from agents.grammar import LIT, ToolCallGrammar
 from agents.protocol import CLOSE, OPEN
 
-_UNKNOWN = -2
-_DEAD = -1
 _WS = b" \t\n\r"
-_PLAIN = np.array([is_plain_string_byte(b) for b in range(256)], dtype=bool)
 
 
-class TokenTable:
-    """Each token id's bytes, plus vectors the mask computation gathers from."""
-
-    def __init__(self, tokenizer, width: int):
-        self.width = width
-        limit = min(width, tokenizer.vocab_size)
-        special = set(getattr(tokenizer, "special_ids", ()))
-        pieces: list[bytes | None] = [None] * width
-        for i in range(limit):
-            if i in special:
-                continue  # end-of-turn and friends are never part of a call's text
-            p = tokenizer.piece(i)
-            b = p if isinstance(p, bytes) else p.encode("utf-8")
-            pieces[i] = b or None
-        self.pieces = pieces
-        self.first = np.full(width, 256, dtype=np.int32)  # 256 = no piece
-        self.plain_prefix = np.zeros(width, dtype=np.int32)
-        self.lengths = np.zeros(width, dtype=np.int32)
-        for i, b in enumerate(pieces):
-            if b is None:
-                continue
-            self.first[i] = b[0]
-            self.lengths[i] = len(b)
-            n = 0
-            for byte in b:
-                if not _PLAIN[byte]:
-                    break
-                n += 1
-            self.plain_prefix[i] = n
-        self.valid = self.first < 256
-        self.fully_plain = self.valid & (self.plain_prefix == self.lengths)
-        self.eos = sorted(i for i in getattr(tokenizer, "eos_ids", ()) if i < width)
-        self.by_piece: dict[bytes, list[int]] = {}
-        for i, b in enumerate(pieces):
-            if b is not None:
-                self.by_piece.setdefault(b, []).append(i)
-
-        self.max_piece = max((len(b) for b in self.by_piece), default=1)
-        # speculative drafts spell forced text as the model's tokenizer does (None: no drafts)
-        self.encode = getattr(tokenizer, "encode", None)
-
-    def prefix_ids(self, text: bytes) -> list[int]:
-        """Ids of tokens whose bytes are a non-empty prefix of ``text``."""
-        return [i for n in range(1, len(text) + 1) for i in self.by_piece.get(text[:n], ())]
-
-    def spell(self, text: bytes) -> tuple[int, list[int]]:
-        """Fewest tokens that spell ``text`` exactly, and the ids that can start such a spelling
-        (dynamic programming over the vocabulary's pieces)."""
-        n = len(text)
-        far = n + 1  # more than any real count: "cannot spell"
-        best = [far] * n + [0]
-        for i in range(n - 1, -1, -1):
-            for size in range(1, min(self.max_piece, n - i) + 1):
-                if text[i:i + size] in self.by_piece and best[i + size] + 1 < best[i]:
-                    best[i] = best[i + size] + 1
-        if not n or best[0] >= far:
-            return (0 if not n else n), []
-        first = [i for size in range(1, min(self.max_piece, n) + 1)
-                 if best[size] + 1 == best[0] for i in self.by_piece.get(text[:size], ())]
-        return best[0], first
-
-
-class ToolCallMasks:
-    """Grammar + vocabulary: interned states, transitions and a mask per state (cached)."""
+class ToolCallMasks(GrammarMasks):
+    """Masks for one tool set, plus the open marker: marker, start and budget masks (cached)."""
 
     def __init__(self, grammar: ToolCallGrammar, table: TokenTable, open_marker: str = "<tool_call>"):
-        self.grammar = grammar
-        self.table = table
+        super().__init__(grammar, table)
         self.open = open_marker.encode()
-        self._lock = threading.RLock()  # tight_mask builds base masks under it
-        self._ids: dict[State, int] = {}
-        self._states: list[State] = []
-        self._rows: list[list[int]] = []
-        self._masks: dict[int, mx.array] = {}
         self._marker_masks: dict[int, mx.array] = {}
         self._budget_masks: dict[tuple[int, int], mx.array] = {}
-        self._need: dict[int, int] = {}
-        self._closing: dict[int, mx.array] = {}
-        self._tight: dict[tuple[int, int], mx.array] = {}
-        self.initial = self.intern(grammar.initial())
-        self.accept = self.intern(())
-        eos = np.zeros(table.width, dtype=bool)
-        eos[table.eos] = True
-        self.end_mask = mx.array(eos)
-        self.mask_ms = 0.0  # time spent building masks (cache misses), for benchmarks
         self.commit_at = force_from(open_marker)
         pieces = table.pieces
         # tokens that can finish the marker (they hold its last byte) or start it
@@ -134,75 +52,7 @@ class ToolCallMasks:
         self._brace_candidates = np.array(
             [i for i, b in enumerate(pieces) if b is not None and b.lstrip(_WS).startswith(b"{")], dtype=np.int64)
         self._start_masks: dict[int | None, mx.array] = {}
-        self._forced: dict[tuple[int, bool], tuple[bytes, int]] = {}
         self.end_token: int | None = None  # the end-of-turn token this model closed a call with
-
-    # -- states ----------------------------------------------------------------------------------
-    def intern(self, state: State) -> int:
-        sid = self._ids.get(state)
-        if sid is None:
-            with self._lock:  # agent threads build constraints while the engine thread decodes
-                sid = self._ids.get(state)
-                if sid is None:
-                    sid = self._ids[state] = len(self._states)
-                    self._states.append(state)
-                    self._rows.append([_UNKNOWN] * 256)
-        return sid
-
-    def next_id(self, sid: int, b: int) -> int:
-        row = self._rows[sid]
-        nxt = row[b]
-        if nxt == _UNKNOWN:  # filling a row twice from two threads gives the same value
-            state = self.grammar.step(self._states[sid], b)
-            nxt = row[b] = _DEAD if state is None else self.intern(state)
-        return nxt
-
-    def walk(self, sid: int, data: bytes, start: int = 0) -> int:
-        for i in range(start, len(data)):
-            if sid == self.accept:
-                return _DEAD  # nothing follows the close marker
-            sid = self.next_id(sid, data[i])
-            if sid == _DEAD:
-                return _DEAD
-        return sid
-
-    def state(self, sid: int) -> State:
-        return self._states[sid]
-
-    # -- masks -----------------------------------------------------------------------------------
-    def mask(self, sid: int) -> mx.array:
-        """Tokens that keep the call valid from state ``sid`` (computed once per state)."""
-        cached = self._masks.get(sid)
-        if cached is not None:
-            return cached
-        with self._lock:
-            t0 = time.perf_counter()
-            allowed = self._compute(sid)
-            out = self._masks[sid] = mx.array(allowed)
-            self.mask_ms += (time.perf_counter() - t0) * 1000
-        return out
-
-    def _compute(self, sid: int) -> np.ndarray:
-        table = self.table
-        first_ok = np.zeros(257, dtype=bool)
-        if sid != self.accept:
-            for b in range(256):
-                first_ok[b] = self.next_id(sid, b) != _DEAD
-        allowed = np.zeros(table.width, dtype=bool)
-        candidates = first_ok[table.first]
-        state = self._states[sid]
-        in_string = bool(state) and state[-1][0] == STR
-        if in_string:
-            # Plain bytes loop on a string body: such tokens leave the state as it was.
-            allowed |= table.fully_plain
-            candidates &= ~table.fully_plain
-        pieces = table.pieces
-        for i in np.flatnonzero(candidates):
-            data = pieces[i]
-            start = int(table.plain_prefix[i]) if in_string else 0
-            if self.walk(sid, data, start) != _DEAD:
-                allowed[i] = True
-        return allowed
 
     def committed(self, matched: int) -> int:
         """The state of a call whose marker has ``matched`` bytes written (0: none yet)."""
@@ -210,7 +60,7 @@ class ToolCallMasks:
 
     def after_marker_text(self, head: bytes, data: bytes) -> int | None:
         """Where free text ``head`` (a partial marker) plus a token's ``data`` leads: a call
-        state when it completes or commits the marker, ``_DEAD`` when it completes it into
+        state when it completes or commits the marker, ``DEAD`` when it completes it into
         invalid JSON, None when it stays free text."""
         text = head + data
         at = text.find(self.open)
@@ -230,7 +80,7 @@ class ToolCallMasks:
             allowed = self.table.valid.copy()
             head = self.open[:matched]
             for i in self._marker_candidates:
-                if self.after_marker_text(head, self.table.pieces[i]) == _DEAD:
+                if self.after_marker_text(head, self.table.pieces[i]) == DEAD:
                     allowed[i] = False
             cached = self._marker_masks[matched] = mx.array(allowed)
             self.mask_ms += (time.perf_counter() - t0) * 1000
@@ -252,7 +102,7 @@ class ToolCallMasks:
             allowed = self.table.valid.copy() if base is None else np.array(base)
             for i in self._brace_candidates:
                 sid = self.bare_start(self.table.pieces[i])
-                if sid == _DEAD or (left is not None and self.need(sid) > left - 2):
+                if sid == DEAD or (left is not None and self.need(sid) > left - 2):
                     allowed[i] = False
             cached = self._start_masks[left] = mx.array(allowed)
         return cached
@@ -270,80 +120,9 @@ class ToolCallMasks:
             candidates = np.union1d(self._opening_candidates, self.table.prefix_ids(self.open[matched:]))
             for i in candidates.astype(np.int64):
                 sid = self.after_marker_text(head, self.table.pieces[i])
-                if sid is not None and (sid == _DEAD or self.need(sid) > left - 2):
+                if sid is not None and (sid == DEAD or self.need(sid) > left - 2):
                     allowed[i] = False
             cached = self._budget_masks[key] = mx.array(allowed)
-        return cached
-
-    # -- the token budget -------------------------------------------------------------------
-    def need(self, sid: int) -> int:
-        """Fewest tokens that wind the call in state ``sid`` up (spelling the grammar's
-        ``completion`` in the fewest vocabulary tokens); cached per state."""
-        n = self._need.get(sid)
-        if n is None:
-            done = sid == self.accept
-            n = self._need[sid] = 0 if done else self.table.spell(self.grammar.completion(self._states[sid]))[0]
-        return n
-
-    def forced(self, sid: int, after: int) -> tuple[bytes, int]:
-        """The bytes the grammar dictates from state ``sid`` and the state they lead to.
-
-        Followed while exactly one byte other than whitespace may come next; optional
-        whitespace is left out, except one space after ``:`` or ``,`` (``after`` is the byte
-        before ``sid``), which is how models write JSON (``"key": "v", "k2"``). Stops where the
-        model has a choice (a string body, a value, which key next). For speculative drafts
-        (``ToolCallConstraint.draft``): a guess at what comes next, verified like any draft.
-        """
-        key = (sid, after in b":,")
-        hit = self._forced.get(key)
-        if hit is not None:
-            return hit
-        start, out = sid, bytearray()
-        while sid not in (self.accept, _DEAD) and len(out) < 64:
-            options = [b for b in range(256) if self.next_id(sid, b) != _DEAD]
-            solid = [b for b in options if b not in _WS]
-            if len(solid) != 1:
-                break
-            if len(solid) < len(options) and (out[-1:] or bytes((after,))) in (b":", b",") and 0x20 in options:
-                sid = self.next_id(sid, 0x20)
-                out.append(0x20)
-            sid = self.next_id(sid, solid[0])
-            out.append(solid[0])
-        self._forced[(start, after in b":,")] = hit = (bytes(out), sid)
-        return hit
-
-    def closing_mask(self, sid: int) -> mx.array:
-        """Only tokens that start a shortest wind-up: used when the budget has no slack left."""
-        cached = self._closing.get(sid)
-        if cached is None:
-            allowed = np.zeros(self.table.width, dtype=bool)
-            allowed[self.table.spell(self.grammar.completion(self._states[sid]))[1]] = True
-            cached = self._closing[sid] = mx.array(allowed)
-        return cached
-
-    def tight_mask(self, sid: int, slack: int) -> mx.array:
-        """The state's mask without tokens that would raise ``need`` by ``slack`` or more
-        (choosing a tool with more required arguments, opening another key...), so the call
-        can still be closed before the budget ends."""
-        key = (sid, slack)
-        cached = self._tight.get(key)
-        if cached is not None:
-            return cached
-        with self._lock:
-            t0 = time.perf_counter()
-            allowed = np.array(self.mask(sid))
-            limit = self.need(sid) + slack - 1
-            state = self._states[sid]
-            in_string = bool(state) and state[-1][0] == STR
-            # plain tokens leave a string body (and so ``need``) as it is
-            candidates = np.flatnonzero(allowed & ~self.table.fully_plain) if in_string else np.flatnonzero(allowed)
-            for i in candidates:
-                start = int(self.table.plain_prefix[i]) if in_string else 0
-                nxt = self.walk(sid, self.table.pieces[i], start)
-                if nxt == _DEAD or self.need(nxt) > limit:
-                    allowed[i] = False
-            cached = self._tight[key] = mx.array(allowed)
-            self.mask_ms += (time.perf_counter() - t0) * 1000
         return cached
 
     def _need_bound(self) -> int:
@@ -470,8 +249,8 @@ class ToolCallConstraint:
             self.overhead_s += time.perf_counter() - t0
 
     def _advance_call(self, data: bytes | None) -> None:
-        sid = _DEAD if data is None else self.masks.walk(self.sid, data)
-        if sid == _DEAD:
+        sid = DEAD if data is None else self.masks.walk(self.sid, data)
+        if sid == DEAD:
             self.phase, self.tail, self.matched = "broken", b"", 0
             return
         self.sid = sid
@@ -484,7 +263,7 @@ class ToolCallConstraint:
             sid = self.masks.bare_start(data) if self.tokens == 1 and self.bare_calls else None
             if sid is None:
                 sid = self.masks.after_marker_text(self.tail, data)
-            if sid == _DEAD:
+            if sid == DEAD:
                 self.phase = "broken"
             elif sid is not None:
                 self.phase, self.sid = "call", sid
@@ -504,18 +283,6 @@ def _partial_marker(tail: bytes, marker: bytes) -> int:
         if marker.startswith(tail[-n:]):
             return n
     return 0
-
-
-def table_width(engine_like) -> int:
-    """Width of the model's logits (may exceed the tokenizer's vocabulary: padded embeddings)."""
-    width = getattr(engine_like, "logits_width", None)
-    if isinstance(width, int) and width > 0:
-        return width
-    return engine_like.tokenizer.vocab_size
-
-
-def eos_ids(tokenizer) -> Iterable[int]:
-    return sorted(getattr(tokenizer, "eos_ids", ()))
 
 
 _MASK_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

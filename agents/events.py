@@ -4,11 +4,13 @@ Every event carries ``step`` (1-based; 0 before the first step). Order within a 
 ``StepStart``, then ``TextDelta`` / ``ToolCallForming`` / ``ToolCallParsed`` /
 ``ToolCallMalformed`` as the reply streams, ``StepDone``, then per call ``ApprovalNeeded``
 (only for tools set to "ask"), ``ToolStarted`` and ``ToolFinished``. ``Compacted`` comes before
-the ``StepStart`` whose context needed it; ``AgentDone`` is always last.
+the ``StepStart`` whose context needed it; ``AgentDone`` is always last. Consumers that render
+or record events subclass ``AgentEventHandler`` (one ``on_<event>`` method per event handled).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -185,3 +187,35 @@ AgentEvent = (
     StepStart | TextDelta | ToolCallForming | ToolCallParsed | ToolCallMalformed | StepDone
     | ApprovalNeeded | ToolStarted | ToolFinished | Compacted | Corrective | AgentDone
 )
+
+
+_HANDLER_NAMES: dict[type, str] = {}
+_RESOLVED: dict[tuple[type, type], str | None] = {}  # (handler class, event type) -> method name
+
+
+def handler_name(event_type: type) -> str:
+    """The ``AgentEventHandler`` method for an event type: ``ToolCallParsed`` -> ``on_tool_call_parsed``."""
+    name = _HANDLER_NAMES.get(event_type)
+    if name is None:
+        name = _HANDLER_NAMES[event_type] = "on_" + re.sub(r"(?<!^)(?=[A-Z])", "_", event_type.__name__).lower()
+    return name
+
+
+class AgentEventHandler:
+    """Base class for what renders or records agent events (board runner, TUI views, progress).
+
+    ``handle(ev)`` calls the subclass's ``on_<event>`` method for ``ev``'s type or its nearest
+    base (see ``handler_name``; events defined elsewhere dispatch the same way: ``PlanUpdated``
+    -> ``on_plan_updated``) and returns its result; an event without a method is ignored (None).
+    A subclass lists only what it handles; a new event needs one method where it matters.
+    Async handlers return their coroutine for the caller to await.
+    """
+
+    def handle(self, ev: Any) -> Any:
+        key = (type(self), type(ev))
+        try:
+            name = _RESOLVED[key]
+        except KeyError:
+            names = (handler_name(t) for t in type(ev).__mro__[:-1])
+            name = _RESOLVED[key] = next((n for n in names if callable(getattr(type(self), n, None))), None)
+        return None if name is None else getattr(self, name)(ev)

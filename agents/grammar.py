@@ -9,7 +9,7 @@ required key before ``}``) and each value of its schema's type: string (or one o
 integer (within ``minimum``/``maximum``), boolean, or an array of those. The close marker is
 part of the language, so a finished match means "the call is complete". A state is an
 immutable tuple of frames (hashable: it keys mask caches); ``step(state, byte)`` returns the
-next state or ``None``. Bytes, not characters: byte-level vocabularies split UTF-8 characters
+next state or ``None``. ``ToolCallGrammar`` is an engine.generation.vocab_masks ``ByteGrammar``. Bytes, not characters: byte-level vocabularies split UTF-8 characters
 across tokens, so any byte >= 0x80 is allowed inside strings (the detokenizer turns stray bytes
 into U+FFFD, still a valid JSON string character).
 """
@@ -90,8 +90,20 @@ class ToolCallGrammar:
                     (CHOICE, self._name_options, b"", (THEN_NAME,)))
 
     @staticmethod
+    def final() -> State:
+        """The accepting state: the close marker is written, nothing may follow."""
+        return ()
+
+    @staticmethod
     def accepted(state: State) -> bool:
         return state == ()
+
+    plain_bytes = bytes(b for b in range(256) if is_plain_string_byte(b))
+
+    @staticmethod
+    def plain_loop(state: State) -> bool:
+        """Whether ``state`` is inside a string body, where each of ``plain_bytes`` loops."""
+        return bool(state) and state[-1][0] == STR
 
     def step(self, state: State | None, b: int) -> State | None:
         """The state after byte ``b``, or None when ``b`` cannot come next."""

@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agents.events import StepDone, ToolFinished
+from agents.events import AgentEventHandler, StepDone, ToolFinished
 from agents.planned import PlanUpdated
 
 
-class Progress:
+class Progress(AgentEventHandler):
     def __init__(self, state: dict[str, Any] | None = None):
         state = state or {}
         self.steps = int(state.get("steps", 0))
@@ -47,16 +47,19 @@ class Progress:
     def _line(self, ev: Any, current_file: str | None) -> str | None:
         if current_file:
             self.file = current_file
-        if isinstance(ev, ToolFinished) and ev.diff is not None and ev.result.ok:
+        return self.handle(ev)
+
+    def on_tool_finished(self, ev: ToolFinished) -> None:
+        if ev.diff is not None and ev.result.ok:
             self.file = ev.result.data.get("path", self.file)
-            return None
-        if isinstance(ev, StepDone):
-            self.steps += 1
-            self.tokens += ev.completion_tokens
-            return (f"[step {self.steps}] {self.file or '-'}: {ev.completion_tokens} tokens ({self.tokens} in all), "
-                    f"{ev.cached_tokens}/{ev.prompt_tokens} prompt tokens cached, {ev.finish_reason}, "
-                    f"{self.elapsed_s:.0f} s")
-        if isinstance(ev, PlanUpdated):
-            head = {"planned": "plan", "ticked": f"done: {ev.path}", "given_up": f"given up: {ev.path}"}[ev.what]
-            return f"[step {self.steps}] {head}\n" + "\n".join("    " + line for line in ev.plan.render().splitlines())
-        return None
+
+    def on_step_done(self, ev: StepDone) -> str:
+        self.steps += 1
+        self.tokens += ev.completion_tokens
+        return (f"[step {self.steps}] {self.file or '-'}: {ev.completion_tokens} tokens ({self.tokens} in all), "
+                f"{ev.cached_tokens}/{ev.prompt_tokens} prompt tokens cached, {ev.finish_reason}, "
+                f"{self.elapsed_s:.0f} s")
+
+    def on_plan_updated(self, ev: PlanUpdated) -> str:
+        head = {"planned": "plan", "ticked": f"done: {ev.path}", "given_up": f"given up: {ev.path}"}[ev.what]
+        return f"[step {self.steps}] {head}\n" + "\n".join("    " + line for line in ev.plan.render().splitlines())

@@ -3,11 +3,13 @@
 import json
 import random
 
+from engine.generation.vocab_masks import TokenTable
+
 import numpy as np
 import pytest
 
 import tools
-from agents.constrained import TokenTable, ToolCallConstraint, ToolCallMasks, force_from
+from agents.constrained import ToolCallConstraint, ToolCallMasks, force_from
 from agents.grammar import ToolCallGrammar
 from agents.parser import ToolCallParser
 from agents.protocol import parse_call, tool_map

@@ -336,3 +336,24 @@ async def test_repair_round_and_unchecked_card_in_the_card_screen():
         await screen.refresh_board()
         widget = next(w for w in screen.query(BoardCard) if w.card_id == u.id)
         assert "attempt 1 unchecked · no changes" in str(widget.render()) and widget.has_class("-unchecked")
+
+
+async def test_corrective_turn_shows_once_in_the_card_screen():
+    """A final answer that did the work nowhere is sent back once: one notice, not one per
+    consumer of the event (the agent view renders it; the card screen adds nothing)."""
+    from app.tui.widgets.tool_card import AgentNotice
+
+    app, _ = make_app({"k": [answer("Nothing to write; the answer is k.", delay_s=0.03), answer("Still nothing.")]})
+    async with app.run_test(size=SIZE) as pilot:
+        k = app.board.board.add(Card(id=0, title="task k", prompt="[card-k] create k.txt containing k",
+                                     state="queued", auto_accept=True))
+        screen = await open_board(pilot)
+        screen.select(k.id)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, CardScreen), what="the card screen")
+        card_screen = app.screen
+        await wait_for(pilot, lambda: state(app, k.id) == "review", what="review")
+        notes = lambda: [n for n in card_screen.query(AgentNotice) if n.kind == "corrective"]  # noqa: E731
+        await wait_for(pilot, lambda: bool(notes()), what="the corrective notice")
+        await pilot.pause(0.2)
+        assert len(notes()) == 1

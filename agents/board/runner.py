@@ -31,6 +31,7 @@ from agents.checks import run_check
 from agents.events import (
     AgentDone,
     AgentEvent,
+    AgentEventHandler,
     ApprovalNeeded,
     Corrective,
     StepDone,
@@ -271,9 +272,7 @@ class AttemptRun:
         limits = AgentLimits(steps=card.limits.get("steps"), tokens=card.limits.get("tokens"),
                              wall_s=card.limits.get("wall_s"))
         rounds = card.repair_rounds if card.repair_rounds is not None else self.engine.profile.agent.repair_rounds
-        tokens = {"prompt": 0, "cached": 0, "completion": 0}
-        ttft, tool_errors, calls = 0.0, 0, 0
-        ttft_known = True
+        record = _AttemptEvents(self)
         outcome: RepairOutcome | None = None
         self.round = 0
         agent_cfg = self.engine.profile.agent
@@ -286,49 +285,79 @@ class AttemptRun:
             if isinstance(ev, RepairOutcome):
                 outcome = ev
                 continue
-            if isinstance(ev, StepStart):
-                self.step, self.tool, self.step_tokens, calls = ev.step, None, 0, 0
-            elif isinstance(ev, TextDelta | ToolCallForming):
-                self.step_tokens += 1
-                if isinstance(ev, ToolCallForming) and ev.name:
-                    self.tool = ev.name
-            elif isinstance(ev, ToolCallParsed | ToolCallMalformed):
-                calls += 1
-            elif isinstance(ev, StepDone):
-                tokens["prompt"] += ev.prompt_tokens
-                tokens["cached"] += ev.cached_tokens
-                tokens["completion"] += ev.completion_tokens
-                if not ev.ttft_ms:  # 0.0 is the engine's "not measured" default
-                    ttft_known = False
-                else:
-                    ttft += ev.ttft_ms / 1000
-                att.steps.append({"request": len(att.steps) + 1, "round": self.round,
-                                  "prompt_tokens": ev.prompt_tokens,
-                                  "cached_tokens": ev.cached_tokens, "completion_tokens": ev.completion_tokens,
-                                  "cache_source": ev.cache_source,
-                                  "ttft_s": round(ev.ttft_ms / 1000, 4) if ev.ttft_ms else None,
-                                  "tool_calls": calls, "decode_tps": ev.decode_tps or None})
-                att.tokens, att.requests = dict(tokens), len(att.steps)
-                att.ttft_s_sum = round(ttft, 4) if ttft_known else None
-                att.tool_errors = tool_errors
-                self.board.save_attempt(att)
-            elif isinstance(ev, ToolStarted):
-                self.tool = ev.call.name
-            elif isinstance(ev, ToolFinished):
-                if not ev.result.ok:
-                    tool_errors += 1
-                att.tool_errors = tool_errors
-            elif isinstance(ev, ApprovalNeeded):
-                self.pending_approval = ev
-                self.board.log(card.id, "approval_needed", number=att.number, tool=ev.call.name)
-            elif isinstance(ev, Corrective):
-                self.board.log(card.id, "corrective", number=att.number, step=ev.step, message=ev.message[:500])
-            elif isinstance(ev, AgentDone):
-                self.round += 1  # the next run (if any) is a repair round
-            if isinstance(ev, ToolStarted | ToolFinished):
-                self.pending_approval = None
+            record.handle(ev)
             if self.on_event is not None:
                 self.on_event(self, ev)
         assert outcome is not None
-        att.tool_errors = tool_errors
+        att.tool_errors = record.tool_errors
         return outcome
+
+
+class _AttemptEvents(AgentEventHandler):
+    """Records an attempt's agent events on its ``AttemptRun``: the live status (step, tool,
+    tokens, pending approval), a record per step (saved after every step), tool errors, the
+    board log's approval and corrective lines, and which repair round is running."""
+
+    def __init__(self, run: AttemptRun):
+        self.run = run
+        self.tokens = {"prompt": 0, "cached": 0, "completion": 0}
+        self.ttft, self.ttft_known = 0.0, True
+        self.tool_errors = 0
+        self.calls = 0  # tool calls in the current step
+
+    def on_step_start(self, ev: StepStart) -> None:
+        self.run.step, self.run.tool, self.run.step_tokens, self.calls = ev.step, None, 0, 0
+
+    def on_text_delta(self, ev: TextDelta) -> None:
+        self.run.step_tokens += 1
+
+    def on_tool_call_forming(self, ev: ToolCallForming) -> None:
+        self.run.step_tokens += 1
+        if ev.name:
+            self.run.tool = ev.name
+
+    def on_tool_call_parsed(self, ev: ToolCallParsed | ToolCallMalformed) -> None:
+        self.calls += 1
+
+    on_tool_call_malformed = on_tool_call_parsed
+
+    def on_step_done(self, ev: StepDone) -> None:
+        att, tokens = self.run.attempt, self.tokens
+        tokens["prompt"] += ev.prompt_tokens
+        tokens["cached"] += ev.cached_tokens
+        tokens["completion"] += ev.completion_tokens
+        if not ev.ttft_ms:  # 0.0 is the engine's "not measured" default
+            self.ttft_known = False
+        else:
+            self.ttft += ev.ttft_ms / 1000
+        att.steps.append({"request": len(att.steps) + 1, "round": self.run.round,
+                          "prompt_tokens": ev.prompt_tokens,
+                          "cached_tokens": ev.cached_tokens, "completion_tokens": ev.completion_tokens,
+                          "cache_source": ev.cache_source,
+                          "ttft_s": round(ev.ttft_ms / 1000, 4) if ev.ttft_ms else None,
+                          "tool_calls": self.calls, "decode_tps": ev.decode_tps or None})
+        att.tokens, att.requests = dict(tokens), len(att.steps)
+        att.ttft_s_sum = round(self.ttft, 4) if self.ttft_known else None
+        att.tool_errors = self.tool_errors
+        self.run.board.save_attempt(att)
+
+    def on_tool_started(self, ev: ToolStarted) -> None:
+        self.run.tool = ev.call.name
+        self.run.pending_approval = None
+
+    def on_tool_finished(self, ev: ToolFinished) -> None:
+        if not ev.result.ok:
+            self.tool_errors += 1
+        self.run.attempt.tool_errors = self.tool_errors
+        self.run.pending_approval = None
+
+    def on_approval_needed(self, ev: ApprovalNeeded) -> None:
+        self.run.pending_approval = ev
+        self.run.board.log(self.run.card.id, "approval_needed", number=self.run.attempt.number, tool=ev.call.name)
+
+    def on_corrective(self, ev: Corrective) -> None:
+        self.run.board.log(self.run.card.id, "corrective", number=self.run.attempt.number, step=ev.step,
+                           message=ev.message[:500])
+
+    def on_agent_done(self, ev: AgentDone) -> None:
+        self.run.round += 1  # the next run (if any) is a repair round

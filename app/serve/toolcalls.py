@@ -19,7 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.constrained import TokenTable, ToolCallConstraint, ToolCallMasks, table_width
+from engine.generation.vocab_masks import TokenTable, table_width
+
+from agents.constrained import ToolCallConstraint, ToolCallMasks
 from agents.grammar import ToolCallGrammar
 from agents.parser import Malformed, Parsed, Text, ToolCallParser
 from agents.protocol import CLOSE, OPEN, format_call, template_renders_tools, tools_prompt_block

@@ -19,6 +19,7 @@ from textual.widget import Widget
 
 from agents.events import (
     AgentDone,
+    AgentEventHandler,
     Compacted,
     Corrective,
     StepDone,
@@ -47,7 +48,7 @@ STOP_NOTES = {
 }
 
 
-class AgentRunView:
+class AgentRunView(AgentEventHandler):
     """Puts one run's events into ``conversation`` (a ``Conversation`` widget)."""
 
     def __init__(self, conversation) -> None:
@@ -62,41 +63,55 @@ class AgentRunView:
         return self.cards.get(call_id)
 
     async def event(self, ev) -> None:
-        if isinstance(ev, StepStart):
-            if ev.step <= self._last_step:  # the next run of a planned task: call ids start again
-                self.cards = {}
-            self._last_step = ev.step
-        elif isinstance(ev, TextDelta):
-            await self._text(ev.text)
-        elif isinstance(ev, ToolCallForming):
-            card = await self._card(f"call_{ev.step}_{ev.index}", ev.name)
-            card.forming(ev.name, ev.text)
-        elif isinstance(ev, ToolCallParsed):
-            card = await self._card(ev.call.id, ev.call.name)
-            card.set_call(ev.call.name, ev.call.arguments)
-        elif isinstance(ev, ToolCallMalformed):
-            await self._malformed(ev)
-        elif isinstance(ev, StepDone):
-            await self.end_reply(STEP_STATES.get(ev.finish_reason, "done"))
-        elif isinstance(ev, ToolStarted):
-            card = await self._card(ev.call.id, ev.call.name)
-            card.set_state("running")
-        elif isinstance(ev, ToolFinished):
-            card = self.cards.get(ev.call_id)
-            if card is not None:
-                card.finish(ok=ev.result.ok, output=ev.result.content, approval=ev.approval,
-                            duration_ms=ev.duration_ms, exit_code=ev.exit_code, diff=ev.diff,
-                            cancelled=bool(ev.result.data.get("cancelled")),
-                            sandboxed=ev.result.data.get("sandboxed"))
-        elif isinstance(ev, Compacted):
-            await self.notice(compacted_text(len(ev.messages), ev.tokens_before, ev.tokens_after),
-                              "compacted")
-        elif isinstance(ev, Corrective):
-            await self.notice(f"Sent back: {ev.message}", "corrective")
-        elif isinstance(ev, PlanUpdated):
-            await self._plan(ev)
-        elif isinstance(ev, AgentDone):
-            await self.done(ev)
+        pending = self.handle(ev)
+        if pending is not None:
+            await pending
+
+    async def on_step_start(self, ev: StepStart) -> None:
+        if ev.step <= self._last_step:  # the next run of a planned task: call ids start again
+            self.cards = {}
+        self._last_step = ev.step
+
+    async def on_text_delta(self, ev: TextDelta) -> None:
+        await self._text(ev.text)
+
+    async def on_tool_call_forming(self, ev: ToolCallForming) -> None:
+        card = await self._card(f"call_{ev.step}_{ev.index}", ev.name)
+        card.forming(ev.name, ev.text)
+
+    async def on_tool_call_parsed(self, ev: ToolCallParsed) -> None:
+        card = await self._card(ev.call.id, ev.call.name)
+        card.set_call(ev.call.name, ev.call.arguments)
+
+    async def on_tool_call_malformed(self, ev: ToolCallMalformed) -> None:
+        await self._malformed(ev)
+
+    async def on_step_done(self, ev: StepDone) -> None:
+        await self.end_reply(STEP_STATES.get(ev.finish_reason, "done"))
+
+    async def on_tool_started(self, ev: ToolStarted) -> None:
+        card = await self._card(ev.call.id, ev.call.name)
+        card.set_state("running")
+
+    async def on_tool_finished(self, ev: ToolFinished) -> None:
+        card = self.cards.get(ev.call_id)
+        if card is not None:
+            card.finish(ok=ev.result.ok, output=ev.result.content, approval=ev.approval,
+                        duration_ms=ev.duration_ms, exit_code=ev.exit_code, diff=ev.diff,
+                        cancelled=bool(ev.result.data.get("cancelled")),
+                        sandboxed=ev.result.data.get("sandboxed"))
+
+    async def on_compacted(self, ev: Compacted) -> None:
+        await self.notice(compacted_text(len(ev.messages), ev.tokens_before, ev.tokens_after), "compacted")
+
+    async def on_corrective(self, ev: Corrective) -> None:
+        await self.notice(f"Sent back: {ev.message}", "corrective")
+
+    async def on_plan_updated(self, ev: PlanUpdated) -> None:
+        await self._plan(ev)
+
+    async def on_agent_done(self, ev: AgentDone) -> None:
+        await self.done(ev)
 
     async def _plan(self, ev: PlanUpdated) -> None:
         if self.plan_view is None:

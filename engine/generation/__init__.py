@@ -1,2 +1,2 @@
-"""Generation: sampling, KV caches, prefill and the compiled decode step, token constraints and
-text streams (stop strings, reasoning split)."""
+"""Generation: sampling, KV caches, prefill and the compiled decode step, token constraints,
+vocabulary masks for byte-level grammars and text streams (stop strings, reasoning split)."""

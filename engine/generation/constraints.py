@@ -11,7 +11,8 @@ A constraint may also offer ``draft(k)``: up to ``k`` tokens it expects next whe
 leaves the model (almost) no choice -- JSON punctuation, the rest of the only key that fits,
 a close marker. Speculative decoding verifies them like any other draft (a wrong guess costs
 a verified row, never a token), so the forced parts of a tool call take one forward together
-instead of one forward each. See ``forced_draft``.
+instead of one forward each. See ``forced_draft``. Masks for a byte-level grammar (one per
+grammar state, cached) are built by engine.generation.vocab_masks.
 """
 
 from __future__ import annotations

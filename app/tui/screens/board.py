@@ -26,7 +26,7 @@ from textual.widgets import Button, Footer, Input, Label, Static, TabbedContent,
 
 from agents.board import actions
 from agents.board.model import Card, CheckSpec
-from agents.events import AgentDone, ApprovalNeeded, Corrective, StepStart, ToolFinished
+from agents.events import AgentDone, AgentEventHandler, ApprovalNeeded, StepStart, ToolFinished
 from app.tui.agent_view import AgentRunView
 from app.tui.format import clean
 from app.tui.screens.approval import ApprovalScreen, ask_approval
@@ -309,6 +309,39 @@ class NewCardScreen(ModalScreen[dict | None]):
             self.dismiss(None)
 
 
+class _CardRunEvents(AgentEventHandler):
+    """The card screen's own part of a live run's events (its ``AgentRunView`` renders them):
+    the repair-round notice, approvals. Runs before the view sees the event."""
+
+    def __init__(self, screen: CardScreen) -> None:
+        self.screen = screen
+        self.attempt = 0
+        self.runs_done = 0  # agent runs finished in this attempt
+
+    def handle_run(self, attempt: int, ev):
+        if attempt != self.attempt:
+            self.attempt, self.runs_done = attempt, 0
+        return self.handle(ev)
+
+    async def on_step_start(self, ev: StepStart) -> None:
+        if ev.step == 1 and self.runs_done and self.screen.view is not None:
+            # a new run inside the same attempt: the checks failed and went back to the agent
+            await self.screen.view.notice(f"Repair round {self.runs_done}: the checks failed; their output "
+                                          "went back to the agent.", "repair")
+
+    async def on_agent_done(self, ev: AgentDone) -> None:
+        self.runs_done += 1
+
+    async def on_approval_needed(self, ev: ApprovalNeeded) -> None:
+        card = self.screen.view.card(ev.call.id) if self.screen.view is not None else None
+        if card is not None:
+            card.set_state("approval")
+        self.screen._ask(ev)
+
+    async def on_tool_finished(self, ev: ToolFinished) -> None:
+        self.screen._close_approval()
+
+
 class CardScreen(Screen):
     """One card: attempts, the live (or last) agent run, and the review tab."""
 
@@ -328,7 +361,7 @@ class CardScreen(Screen):
         self.view: AgentRunView | None = None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._live_session: str | None = None
-        self._runs_done: tuple[int, int] = (0, 0)  # (attempt number, agent runs finished in it)
+        self._events = _CardRunEvents(self)
         self._approval: ApprovalScreen | None = None
 
     @property
@@ -382,26 +415,10 @@ class CardScreen(Screen):
                 conv = self.query_one("#card-conversation", Conversation)
                 await conv.show([])
                 self.view = AgentRunView(conv)
-            number, done = self._runs_done
-            if number != run.attempt.number:
-                number, done = run.attempt.number, 0
-            if isinstance(ev, StepStart) and ev.step == 1 and done:
-                # a new run inside the same attempt: the checks failed and went back to the agent
-                await self.view.notice(f"Repair round {done}: the checks failed; their output went back "
-                                       "to the agent.", "repair")
+            pending = self._events.handle_run(run.attempt.number, ev)
+            if pending is not None:
+                await pending
             await self.view.event(ev)
-            if isinstance(ev, AgentDone):
-                done += 1
-            self._runs_done = (number, done)
-            if isinstance(ev, Corrective):
-                await self.view.notice(f"Sent back: {ev.message}", "corrective")
-            elif isinstance(ev, ApprovalNeeded):
-                card = self.view.card(ev.call.id)
-                if card is not None:
-                    card.set_state("approval")
-                self._ask(ev)
-            elif isinstance(ev, ToolFinished):
-                self._close_approval()
 
     def _ask(self, ev: ApprovalNeeded) -> None:
         if self._approval is not None or ev.request.answered:
