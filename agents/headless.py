@@ -33,6 +33,7 @@ from agents.checks import agent_sandbox, run_check
 from agents.events import (
     AgentDone,
     AgentEvent,
+    AgentEventHandler,
     Corrective,
     StepDone,
     ToolCallMalformed,
@@ -40,7 +41,7 @@ from agents.events import (
     ToolFinished,
 )
 from agents.evidence import Evidence
-from agents.planned import PlanOutcome, PlanUpdated, load_plan, names_new_files, work_through_plan
+from agents.planned import PlanOutcome, load_plan, names_new_files, work_through_plan
 from agents.progress import Progress
 from agents.repair import (
     RepairOutcome,
@@ -346,21 +347,35 @@ def describe_event(ev: AgentEvent, progress: Progress | None = None) -> str | No
     """One progress line for the terminal (None: nothing worth a line). ``progress``: the run's
     ``Progress`` (it has already observed ``ev``): steps counted over the whole run, the file,
     elapsed time, the plan."""
-    if progress is not None and isinstance(ev, StepDone | PlanUpdated):
-        return progress.line_for(ev)
-    if isinstance(ev, ToolCallParsed):
+    return _EventLine(progress).handle(ev)
+
+
+class _EventLine(AgentEventHandler):
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress = progress
+
+    def on_plan_updated(self, ev) -> str | None:
+        return self.progress.line_for(ev) if self.progress is not None else None
+
+    def on_tool_call_parsed(self, ev: ToolCallParsed) -> str:
         args = json.dumps(ev.call.arguments, ensure_ascii=False)
         return f"[step {ev.step}] call {ev.call.name} {args[:200]}"
-    if isinstance(ev, ToolCallMalformed):
+
+    def on_tool_call_malformed(self, ev: ToolCallMalformed) -> str:
         return f"[step {ev.step}] malformed tool call: {ev.error}"
-    if isinstance(ev, ToolFinished):
+
+    def on_tool_finished(self, ev: ToolFinished) -> str:
         first = ev.result.content.splitlines()[0] if ev.result.content else ""
         return f"[step {ev.step}] {ev.name} -> {'ok' if ev.result.ok else 'error'} ({ev.duration_ms} ms): {first[:160]}"
-    if isinstance(ev, StepDone):
+
+    def on_step_done(self, ev: StepDone) -> str | None:
+        if self.progress is not None:
+            return self.progress.line_for(ev)
         return (f"[step {ev.step}] {ev.completion_tokens} tokens, {ev.cached_tokens}/{ev.prompt_tokens} prompt tokens "
                 f"cached, {ev.finish_reason}" + (f": {ev.text[:200]}" if ev.text else ""))
-    if isinstance(ev, Corrective):
+
+    def on_corrective(self, ev: Corrective) -> str:
         return f"[step {ev.step}] sent back: {ev.message[:160]}"
-    if isinstance(ev, AgentDone):
+
+    def on_agent_done(self, ev: AgentDone) -> str:
         return f"agent stopped: {ev.reason} after {ev.step} steps ({ev.wall_s:.1f} s)"
-    return None

@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from agents import events
 from agents.board.runner import _AttemptEvents
 from agents.events import AgentEventHandler, Corrective, StepStart, TextDelta, handler_name
+from agents.headless import _EventLine
 from agents.planned import PlanUpdated
 from agents.progress import Progress
 from agents.repair import RepairOutcome
+from app.tui.agent_mode import _RunStatus
 from app.tui.agent_view import AgentRunView
 from app.tui.screens.board import _CardRunEvents
 
-CONSUMERS = (_AttemptEvents, Progress, AgentRunView, _CardRunEvents)
+CONSUMERS = (_AttemptEvents, Progress, AgentRunView, _CardRunEvents, _EventLine, _RunStatus)
 
 
 def test_method_names():

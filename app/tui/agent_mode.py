@@ -28,6 +28,7 @@ from textual.widget import Widget
 
 from agents.events import (
     AgentDone,
+    AgentEventHandler,
     ApprovalNeeded,
     StepDone,
     StepStart,
@@ -199,31 +200,12 @@ class AgentActions(Widget):
             agent = self.running_agent = await asyncio.to_thread(self._agent_for, session_id, text)
             if self._agent_stop:
                 agent.cancel()
-            count = 0
             planned = await asyncio.to_thread(names_new_files, text, agent.workspace)
+            run_status = _RunStatus(self, view, pane, status)
             async for ev in (self._planned_run(agent, text) if planned else agent.run_async(text)):
                 await view.event(ev)
-                if isinstance(ev, ApprovalNeeded):
-                    self._ask(ev, view, pane)
-                elif isinstance(ev, TextDelta | ToolCallForming):
-                    count += 1
-                    if count % STATUS_EVERY == 1:
-                        doing = (f"writing a {ev.name or 'tool'} call" if isinstance(ev, ToolCallForming)
-                                 else "generating")
-                        status(f"agent · step {ev.step} · {doing}… {count} tokens")
-                elif isinstance(ev, StepStart):
-                    count = 0
-                    self.host.status.refresh_shared()
-                    status(f"agent · step {ev.step} · reading {ev.prompt_tokens:,} tokens…")
-                elif isinstance(ev, StepDone):
-                    status(agent_step_summary(ev))
-                    self.host.update_context()
-                elif isinstance(ev, ToolStarted):
-                    status(f"agent · step {ev.step} · running {ev.call.name}…")
-                elif isinstance(ev, ToolFinished):
-                    self._close_approval()
-                elif isinstance(ev, AgentDone):
-                    done = ev
+                run_status.handle(ev)
+            done = run_status.done
         except MlxtermError as e:
             await view.notice(f"The agent could not run: {e}", "error")
             self.notify(str(e), severity="error")
@@ -285,3 +267,41 @@ class AgentActions(Widget):
             self.running_agent.cancel()
         self._agent_stop = True
         self.host.turn_status(self.agent_pane, "agent · cancelling…")
+
+
+class _RunStatus(AgentEventHandler):
+    """What a run's events do besides the agent view: the status line, approvals, the context."""
+
+    def __init__(self, actions: AgentActions, view: AgentRunView, pane, status) -> None:
+        self.actions, self.view, self.pane, self.status = actions, view, pane, status
+        self.count = 0  # tokens of this step so far
+        self.done: AgentDone | None = None
+
+    def on_approval_needed(self, ev: ApprovalNeeded) -> None:
+        self.actions._ask(ev, self.view, self.pane)
+
+    def on_text_delta(self, ev: TextDelta | ToolCallForming) -> None:
+        self.count += 1
+        if self.count % STATUS_EVERY == 1:
+            doing = f"writing a {ev.name or 'tool'} call" if isinstance(ev, ToolCallForming) else "generating"
+            self.status(f"agent · step {ev.step} · {doing}… {self.count} tokens")
+
+    on_tool_call_forming = on_text_delta
+
+    def on_step_start(self, ev: StepStart) -> None:
+        self.count = 0
+        self.actions.host.status.refresh_shared()
+        self.status(f"agent · step {ev.step} · reading {ev.prompt_tokens:,} tokens…")
+
+    def on_step_done(self, ev: StepDone) -> None:
+        self.status(agent_step_summary(ev))
+        self.actions.host.update_context()
+
+    def on_tool_started(self, ev: ToolStarted) -> None:
+        self.status(f"agent · step {ev.step} · running {ev.call.name}…")
+
+    def on_tool_finished(self, ev: ToolFinished) -> None:
+        self.actions._close_approval()
+
+    def on_agent_done(self, ev: AgentDone) -> None:
+        self.done = ev
