@@ -239,3 +239,26 @@ def test_a_remote_session_compacts_by_characters_when_the_context_runs_short(tmp
     assert len(prompts) == 3 and not any("x" * 9000 in p for p in prompts)
     assert "characters of tool output removed to fit the context" in prompts[1]
     assert len(prompts[1]) < 7000
+
+
+def test_bench_agent_plain_arm_on_a_remote_profile(tmp_path, serve_script):
+    """``mlxterm bench agent --profile REMOTE --arms plain``: the one-shot request goes to the
+    profile's server as chat messages (its own template), is written and scored the same way."""
+    import argparse
+    import json
+
+    from app.commands import bench
+
+    fixtures = Path(__file__).parent / "fixtures" / "exercises"
+    good = "double_it.py\n```python\ndef double(n):\n    return 2 * n\n```\n"
+    server = serve_script([good])
+    parser = argparse.ArgumentParser()
+    bench.register(parser.add_subparsers())
+    args = parser.parse_args(["bench", "agent", "--exercises", str(fixtures), "--only", "double-it",
+                              "--arms", "plain", "--out", str(tmp_path / "bench.json"),
+                              "--profile", remote_profile(tmp_path / "far.yaml", server.base_url)])
+    assert args.func(args) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["passed_plain"] == 1 and data["results"][0]["plain"]["wrote"] == ["double_it.py"]
+    sent = server.engine.tokenizer.decode(server.engine.requests[0].prompt_ids)
+    assert "Use the instructions above to change double_it.py" in sent and server.engine.requests[0].params.temperature == 0.0

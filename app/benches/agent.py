@@ -232,8 +232,20 @@ def progress_line(rec: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def run(args) -> dict:
+def _load_engine(profile: str):
+    """The local engine, or a remote profile's server (``model.remote``: both arms run on it)."""
+    from engine.profiles import ProfileError, load_profile
     from engine.runtime import Engine
+    from engine.serving.remote_engine import RemoteEngine
+
+    try:
+        remote = load_profile(profile).model.remote is not None
+    except ProfileError:
+        remote = False  # Engine.load says what is wrong with it
+    return RemoteEngine.load(profile) if remote else Engine.load(profile)
+
+
+def run(args) -> dict:
     from engine.sessions import SessionStore
 
     from agents.choose import best_agent_profile
@@ -250,7 +262,7 @@ def run(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="mlxterm-bench-agent-"))
     t_start = time.monotonic()
     print(f"bench agent: run directories under {tmp}", file=sys.stderr)
-    engine = Engine.load(profile)
+    engine = _load_engine(profile)
     load_s = time.monotonic() - t_start
     records: list[dict[str, Any]] = []
     interrupted = False

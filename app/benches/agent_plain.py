@@ -6,7 +6,8 @@ sampled greedily; the block is written over the stub in a fresh workspace and th
 own tests run on it in the agent sandbox. Run beside the agent on the same exercises, engine
 and weights, it separates what the model can do from what the agent harness loses or adds.
 The ``plain_tests`` arm is the same request with the exercise's unit tests shown beside the stub
-(read-only context, as a user hands an agent the files it must satisfy).
+(read-only context, as a user hands an agent the files it must satisfy). On a remote profile the
+request goes to its server (llama.cpp on the same GGUF: the model's rate without our kernels).
 """
 
 from __future__ import annotations
@@ -79,7 +80,11 @@ def run_plain(ex, engine, workspace: Path, score, *, show_tests: bool = False) -
     text, usage = "", None
     try:
         params = engine.sampling(max_tokens=MAX_TOKENS, temperature=0.0, repetition_penalty=1.0, seed=0)
-        handle = engine.submit(GenerationRequest(engine.chat_prompt(plain_messages(ex, show_tests=show_tests)), params))
+        messages = plain_messages(ex, show_tests=show_tests)
+        if hasattr(engine, "chat_prompt"):
+            handle = engine.submit(GenerationRequest(engine.chat_prompt(messages), params))
+        else:  # a remote profile's server (e.g. llama.cpp on the same GGUF): its own chat template
+            handle = engine.submit_messages(messages, params)
         try:
             done = handle.result()
         except KeyboardInterrupt:  # Ctrl-C: stop decoding now, the bench reports what finished
