@@ -248,3 +248,40 @@ def test_the_avx2_few_row_path_gives_the_panel_paths_bits():
     code = "from tests.test_kernels_rows import few_rows_check; few_rows_check()"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def rows4_check() -> None:
+    """One activation row against 4-bit weights with an even block count runs row by row
+    (row1_rows4; K-quant records decoded in registers per super-block): the bits of the
+    transposing one-row path (set_rows4(False): row1_direct4), on 1 and 2 threads, for every
+    4-bit case of the few-row checks (an odd block count takes row1_direct4 either way)."""
+    ext = kernels._load()
+    was = ext.set_rows4(True)
+    try:
+        for name, (wq, s, b), bits, gs, sym in _few_row_cases():
+            if bits != 4:
+                continue
+            k = int(wq.shape[1]) * 32 // bits
+            xs = np.random.default_rng(len(name)).standard_normal((2, k)).astype(np.float32)
+            xs[1, :64] = 0.0  # all-zero activation blocks
+            xs[1, 64:] *= 30.0
+            for i in range(2):
+                x = mx.array(xs[i : i + 1])
+                _on_equals_off(ext.set_rows4, lambda x=x, wq=wq, s=s, b=b, gs=gs, sym=sym: kernels.quantized_matmul(
+                    x, wq, s, b, gs, 4, symmetric=sym))
+                ext.set_rows4(True)
+    finally:
+        ext.set_rows4(was)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_one_row_4_bit_row_by_row_gives_the_transposing_paths_bits(isa):
+    """rows4_check on this CPU's widest kernels (VNNI: two vpdpbusd per row and block pair) and
+    forced to AVX2 (maddubs + madd) in a subprocess, so every x86 machine runs both."""
+    if isa == "native":
+        rows4_check()
+        return
+    env = dict(os.environ, MLXTERM_KERNELS="avx2")
+    code = "from tests.test_kernels_rows import rows4_check; rows4_check()"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -71,9 +71,12 @@ def run(args) -> dict:
     kernels.set_amx_min_rows(2)
     rows = [int(m) for m in args.rows.split(",")]
     ext = kernels._load()
-    # (amx, vnni_gemm, small_rows) switch settings per arm; only the paths this CPU has.
-    settings = {"amx": (True, False, False), "vnni512": (False, True, False), "int8": (False, True, False),
-                "few": (False, True, True), "float": (False, False, False)}
+    # (amx, vnni_gemm, small_rows, rows4) switch settings per arm; only the paths this CPU has.
+    # "float" has every added path off: the float panels for 16+ rows, and for one 4-bit row the
+    # transposing one-row path (row1_direct4) instead of the row-by-row one.
+    settings = {"amx": (True, False, False, True), "vnni512": (False, True, False, True),
+                "int8": (False, True, False, True), "few": (False, True, True, True),
+                "float": (False, False, False, False)}
     wide = ext.isa() == "avx2+avx512vnni"
     have = (("amx", ext.amx()), ("vnni512", wide), ("int8", not wide), ("few", ext.isa() == "avx2"))
     names = [a for a, ok in have if ok]
@@ -87,7 +90,7 @@ def run(args) -> dict:
         + (" | " + " | ".join(f"{a} x1" for a in names) if one else "") + " |",
         "|---" * (3 + 3 * len(names) - 1 + (len(names) if one else 0)) + "|",
     ]
-    small_was = kernels.set_small_rows(True)
+    small_was, rows4_was = kernels.set_small_rows(True), kernels.set_rows4(True)
     try:
         for model in args.models.split(","):
             for N, K in SHAPES[model]:
@@ -98,9 +101,10 @@ def run(args) -> dict:
                 cells = [(M, arm) for M in rows for arm in names]
                 times: dict[tuple[int, str], list[float]] = {c: [] for c in cells}
                 for M, arm in cells + cells[::-1]:
-                    amx, vnni, few = settings[arm]
+                    amx, vnni, few, rows4 = settings[arm]
                     was = kernels.set_amx(amx), kernels.set_vnni_gemm(vnni)
                     kernels.set_small_rows(few)
+                    kernels.set_rows4(rows4)
                     try:
                         mx.eval(kernels.quantized_matmul(xs[M], wq, s, b, gs, args.bits, symmetric=sym))  # warm-up
                         for _ in range(args.reps):
@@ -126,6 +130,7 @@ def run(args) -> dict:
                     )
     finally:
         kernels.set_small_rows(small_was)
+        kernels.set_rows4(rows4_was)
     return {
         "bench": "qmm",
         "kernels": kernels.status(),

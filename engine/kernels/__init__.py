@@ -142,6 +142,15 @@ def set_small_rows(on: bool) -> bool:
     return bool(ext.set_small_rows(on)) if ext is not None else False
 
 
+def set_rows4(on: bool) -> bool:
+    """Run one-row 4-bit int8 matmuls (even block count) row by row (each weight row's block pair
+    against x split into even and odd values; K-quant records decoded in registers) or on the
+    transposing one-row path (A/B measurements; the same bits); returns the previous setting;
+    on by default."""
+    ext = _load()
+    return bool(ext.set_rows4(on)) if ext is not None else False
+
+
 def set_attn_rows(on: bool) -> bool:
     """Run causal prompt attention (no sliding window) position by position with the decode
     step's kernels, key splits and merge -- a cold prefill then writes the K/V a token-by-token

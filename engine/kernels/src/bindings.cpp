@@ -168,6 +168,10 @@ NB_MODULE(_ext, m) {
         "True when int8 matmuls of 2..8 rows on AVX2 may run on the few-row path (decode in registers).");
   m.def("set_small_rows", [](bool on) { return mlxterm::set_small_rows(on); }, "on"_a,
         "Switch the AVX2 few-row path on or off (A/B); returns the previous setting.");
+  m.def("rows4", [] { return mlxterm::rows4_on(); },
+        "True when one-row 4-bit int8 matmuls (even block count) run row by row (row1_rows4).");
+  m.def("set_rows4", [](bool on) { return mlxterm::set_rows4(on); }, "on"_a,
+        "Switch the row-by-row one-row 4-bit path on or off (A/B: off is row1_direct4); returns the previous setting.");
   m.def("x16", [] { return mlxterm::x16_on(); },
         "True when quantized matmuls' int8 paths prepare 16-bit activations (two int8 parts).");
   m.def("set_x16", [](bool on) { return mlxterm::set_x16(on); }, "on"_a,

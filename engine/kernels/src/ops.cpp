@@ -453,6 +453,11 @@ std::atomic<bool>& small_rows_switch() {
   return on;
 }
 
+std::atomic<bool>& rows4_switch() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
 std::atomic<bool>& vnni_gemm_switch() {
   static std::atomic<bool> on{true};
   return on;
@@ -660,6 +665,8 @@ bool shared_job_on() { return shared_job_switch().load(std::memory_order_relaxed
 bool set_shared_job(bool on) { return shared_job_switch().exchange(on); }
 bool small_rows_on() { return small_rows_switch().load(std::memory_order_relaxed); }
 bool set_small_rows(bool on) { return small_rows_switch().exchange(on); }
+bool rows4_on() { return rows4_switch().load(std::memory_order_relaxed); }
+bool set_rows4(bool on) { return rows4_switch().exchange(on); }
 bool x16_on() { return x16_switch().load(std::memory_order_relaxed); }
 bool set_x16(bool on) { return x16_switch().exchange(on); }
 const char* qmm_path(int rows) {

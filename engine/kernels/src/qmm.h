@@ -164,6 +164,11 @@ bool set_shared_job(bool on);
 // one-row paths' bits); set_small_rows(false) sends them to the panel path (A/B).
 bool small_rows_on();
 bool set_small_rows(bool on);
+// A one-row 4-bit matmul with an even block count runs row by row (row1_rows4: each weight row's
+// block pair against x split into even and odd values) on every ISA; set_rows4(false) sends it
+// to the transposing one-row path (row1_direct4, A/B). Same bits.
+bool rows4_on();
+bool set_rows4(bool on);
 constexpr int kSmallRowsMax = 8;  // more rows go to the panel path (its decode shared by enough)
 // The path a non-exact matmul of `rows` rows takes now: "amx", "vnni512", "int8 many rows",
 // "float panels" or "int8 rows" (the row path, below the many-row threshold).
