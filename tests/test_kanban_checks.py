@@ -132,8 +132,37 @@ def test_app_that_crashes_on_load_is_blocked_with_its_console_error(driver, tmp_
     assert set(got.values()) == {"blocked"} and report["passed"] == 0
     evidence = {c["name"]: c["evidence"] for c in report["categories"]}
     assert "no [data-testid=column]" in evidence["create_card"] and "Uncaught TypeError" in evidence["console_errors"]
-    # every category loads the page again: the same error counted each time, quoted once
+    # every category loads the page again: the same error counted each time, quoted once, with
+    # the page's line that threw
     assert ", 1 distinct: " in evidence["console_errors"] and evidence["console_errors"].count("Uncaught TypeError") == 1
+    assert "[index.html:1: <!doctype html>" in evidence["console_errors"]
+
+
+@needs_browser
+def test_a_console_error_quotes_the_line_of_the_script_it_points_at(driver, tmp_path):
+    """Chrome reports a script error as URL LINE:COL: the evidence quotes that line of the
+    workspace's file, so a repair round sees the code that threw, not only its line number."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "index.html").write_text('<!doctype html><title>k</title><div id="to-do"></div><script src="app.js"></script>')
+    (app / "app.js").write_text("const columns = {toDo: []};\n"
+                                "document.getElementById('toDo').appendChild(document.createElement('p'));\n")
+    report = check.score(app, tmp_path / "quality.json", driver=driver)
+    evidence = {c["name"]: c["evidence"] for c in report["categories"]}["console_errors"]
+    assert "app.js 1:" in evidence  # ChromeDriver's lines are 0-based
+    assert "[app.js:2: document.getElementById('toDo').appendChild(document.createElement('p'));]" in evidence
+
+
+def test_source_line_stays_inside_the_workspace(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "app.js").write_text("a\nb()\n")
+    (tmp_path / "secret.js").write_text("token = 1\n")
+    line = check.webcheck.source_line
+    assert line("http://127.0.0.1:8123/app.js 1:0 Uncaught ReferenceError: b is not defined", tmp_path / "ws") == \
+        " [app.js:2: b()]"
+    assert line("http://127.0.0.1:8123/../secret.js 0:1 x", tmp_path / "ws") == ""
+    assert line("http://127.0.0.1:8123/app.js 9:1 x", tmp_path / "ws") == ""  # past the end
+    assert line("Uncaught SyntaxError: no location", tmp_path / "ws") == ""
 
 
 @needs_browser

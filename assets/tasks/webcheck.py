@@ -25,6 +25,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -342,7 +343,7 @@ def _score_in_browser(suite: Suite, workspace: Path, shots: Path, driver) -> lis
                 results.append(_run_one(suite, page, name, shots))
                 no_app = results[-1].pop("no_app", None)
             page.collect_console()
-            results.insert(order.index(CONSOLE), _console_entry(suite, page, no_app is None))
+            results.insert(order.index(CONSOLE), _console_entry(suite, page, no_app is None, workspace))
     except Exception as e:  # noqa: BLE001 - the browser itself broke: what is left is blocked
         done = {r["name"] for r in results}
         first = str(e).splitlines()[0] if str(e) else ""
@@ -388,11 +389,41 @@ def _run_one(suite: Suite, page: Page, name: str, shots: Path) -> dict:
     return entry
 
 
-def _console_entry(suite: Suite, page: Page, loaded: bool) -> dict:
+_SCRIPT_AT = re.compile(r"https?://127\.0\.0\.1:\d+/(\S*) (\d+):\d+")
+
+
+def source_line(message: str, workspace: Path) -> str:
+    """The workspace's source line a console message points at, as `` [app.js:28: the line]``;
+    empty when there is none to quote. ChromeDriver's log writes ``URL LINE:COL`` with a 0-based
+    line (DevTools' own numbers), the page itself as ``/``. Why: a small model told only
+    "TypeError at app.js:28" rewrote another part of the file."""
+    m = _SCRIPT_AT.search(message)
+    if not m:
+        return ""
+    name = m.group(1).split("?")[0].split("#")[0]
+    if name == "" or name.endswith("/"):
+        name += "index.html"
+    if not name.endswith((".js", ".mjs", ".html", ".htm")):
+        return ""
+    workspace = workspace.resolve()
+    path, line = (workspace / name).resolve(), int(m.group(2)) + 1
+    if not path.is_relative_to(workspace) or not path.is_file():
+        return ""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    if line > len(lines):
+        return ""
+    return f" [{name}:{line}: {lines[line - 1].strip()[:160]}]"
+
+
+def _console_entry(suite: Suite, page: Page, loaded: bool, workspace: Path) -> dict:
     if page.console:
-        # each page load repeats a script's error: count every one, quote each message once
+        # each page load repeats a script's error: count every one, quote each message once,
+        # with the line of the workspace's file it points at
         distinct = list(dict.fromkeys(e.get("message", "")[:200] for e in page.console))
-        msgs = "; ".join(distinct[:5])
+        msgs = "; ".join(m + source_line(m, workspace) for m in distinct[:5])
         return suite.entry(CONSOLE, "fail", f"{len(page.console)} console error(s), {len(distinct)} distinct: {msgs}")
     if not loaded:
         return suite.entry(CONSOLE, "blocked", suite.never_loaded)
