@@ -4,17 +4,13 @@ Greedy agreement: the kernel model generates 64 greedy tokens for each of 3 prom
 forward pass over the same sequence must pick the same token at every position, except where
 fp32's own top-2 logit gap is a near-tie (those positions and gaps are reported).
 
-Perplexity of a fixed text vs fp32's (the issue's bar: within 0.5%). Int8 activations move each
-token's log-probability a little at random, so a short text measures mostly that noise: on the
-338-token ``TEXT`` SmolLM2-135M's int8 paths (decode and the int8 prefill GEMM alike) land at
-+0.3% on average with a standard deviation of 0.35% over rounding-noise realisations (inputs
-scaled by 1 + 1e-7 noise, 20 seeds each: decode +0.31 +- 0.36, prefill +0.34 +- 0.34), so one
-run misses 0.5% about one time in four whichever path it takes. The prefill paths are therefore
-measured on a 1,401-token text (tests/fixtures/perplexity_text.txt; SmolLM2 int8 prefill +0.05%
-there), within 0.5%; Qwen 0.5B, four times the cost per token, on ``TEXT`` (+0.45%). Decode --
-one token at a time, as generation runs -- stays on ``TEXT`` (1,400 decode steps would take
-half a minute), SmolLM2 within 1% for the noise above. With 16-bit activations
-(``kernels.set_x16``) the prefill is within 0.1% (measured 0.003%).
+Perplexity of a fixed text vs fp32's (bar: within 0.5%). Int8 activations move each token's
+log-probability a little at random, so a short text measures mostly that noise (SmolLM2 on the
+338-token ``TEXT``: +0.3% +- 0.35% over noise realisations, docs/kernels.md "Perplexity and int8
+activations"). So the prefill paths are measured on a 1,401-token text
+(tests/fixtures/perplexity_text.txt) within 0.5%, Qwen 0.5B (four times the cost) on ``TEXT``;
+decode, one token at a time, on ``TEXT``, SmolLM2 within 1%. With 16-bit activations
+(``kernels.set_x16``) the prefill is within 0.1%.
 """
 import math
 from pathlib import Path

@@ -1,22 +1,17 @@
 """Tokenizers from GGUF metadata and model directories, checked against pinned reference ids.
 
-Reference ids below were produced ONCE by independent tokenizers and pinned as literals (they
-are not recomputed at test time; nothing here imports transformers or sentencepiece):
+The reference ids were produced once by independent tokenizers and pinned as literals (nothing
+here imports transformers or sentencepiece):
 
-- SmolLM2-135M-Instruct.Q4_1.gguf: transformers 5.24's GGUF tokenizer converter
-  (``transformers.integrations.gguf.gguf_tokenizer_mapping.convert_gguf_tokenizer`` fed the
-  ``tokenizer.*`` metadata as read by the ``gguf`` package's ``GGUFReader``), with its
-  pre-tokenizer replaced by the one in SmolLM2's own tokenizer.json,
-  ``Sequence([Digits(individual_digits=True), ByteLevel(add_prefix_space=False)])``:
-  transformers has no entry for ``tokenizer.ggml.pre == "smollm"`` and would not split digits,
-  which disagrees with llama.cpp and the HF tokenizer on whitespace before a number.
-- gemma-3-270m-q4_k_m.gguf: the same transformers converter, cross-checked with Google's
-  ``sentencepiece`` (a ``SentencePieceProcessor`` loaded from a ModelProto rebuilt from the GGUF
-  tokens, scores and token types: BPE, byte_fallback, identity normalizer, no dummy prefix,
-  user-defined whitespace pieces respelled with U+2581). The two agreed on every string except
-  the one holding ``<start_of_turn>``/``<end_of_turn>``, which sentencepiece does not parse as
-  control tokens in text; there the transformers ids (105/106, as llama.cpp gives) are pinned.
-  Our tokenizer also matched sentencepiece on 512 further mixed texts when this was written.
+- SmolLM2-135M-Instruct.Q4_1.gguf: transformers 5.24's GGUF tokenizer converter fed the
+  ``tokenizer.*`` metadata, with its pre-tokenizer replaced by SmolLM2's own
+  (``Sequence([Digits(individual_digits=True), ByteLevel(add_prefix_space=False)])``:
+  transformers has no entry for ``tokenizer.ggml.pre == "smollm"``).
+- gemma-3-270m-q4_k_m.gguf: the same converter, cross-checked with Google's ``sentencepiece``
+  on a ModelProto rebuilt from the GGUF. They agreed on every string but the one holding
+  ``<start_of_turn>``/``<end_of_turn>`` (sentencepiece does not parse control tokens in text):
+  there the transformers ids (105/106, as llama.cpp gives) are pinned. Our tokenizer also
+  matched sentencepiece on 512 further mixed texts when this was written.
 """
 
 from __future__ import annotations

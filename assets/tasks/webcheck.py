@@ -1,21 +1,17 @@
 """The generic half of the web-app tasks' browser checks (kanban-app/check.py, expense-app/check.py).
 
-A task's ``check.py`` describes its categories as a ``Suite`` (the quality.json ``kind``, the
-category names and titles, one function per category, the ``Page`` subclass with the app's own
-moves); this module does the rest: it serves the workspace on a loopback port (inside this
-process), drives Debian's headless ``chromium`` through ``chromedriver`` with Selenium, starts
-every category from a fresh app (localStorage cleared, page reloaded), records ``pass``,
-``fail`` (the failing assertion) or ``blocked`` (a prerequisite is missing) with a screenshot,
-watches the console over the whole session for the ``console_errors`` category, writes
-``quality.json`` atomically and serves the per-category command line::
+A task's ``check.py`` describes its categories as a ``Suite`` (quality.json ``kind``, names and
+titles, one function per category, the ``Page`` subclass with the app's moves); this module
+serves the workspace on a loopback port, drives Debian's headless ``chromium`` through
+``chromedriver`` with Selenium, starts every category from a fresh app (localStorage cleared,
+page reloaded), records ``pass``, ``fail`` or ``blocked`` with a screenshot, watches the console
+for ``console_errors``, writes ``quality.json`` atomically and serves the command line
+(``check.py --score [--workspace DIR] [--out FILE]``; ``check.py CATEGORY [--out FILE]``).
 
-    check.py --score [--workspace DIR] [--out FILE]   # run the browser once, write quality.json
-    check.py CATEGORY [--out FILE]                    # exit 0 iff CATEGORY passed in quality.json
-
-Made to run inside the checks sandbox on a bare python3 with selenium: no mlxterm imports, it
-writes only to ``--out`` (quality.json and ``screenshots/`` beside it) and to a private
-temporary browser profile, and talks only to 127.0.0.1. A check script imports it by putting
-its own parent folder (the tasks folder, ``$MLXTERM_TASK_DIR``) on ``sys.path``.
+Runs inside the checks sandbox on a bare python3 with selenium (``apt-get install chromium
+chromium-driver``; without them every category is blocked): no mlxterm imports, writes only to
+``--out``'s folder and a private temporary browser profile, talks only to 127.0.0.1. A check
+script imports it by putting its parent folder (``$MLXTERM_TASK_DIR``) on ``sys.path``.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ class RemoteEngine:
 def load_engine(profile: Profile | str | None):
     """An ``Engine`` for a local profile, a ``RemoteEngine`` for a remote one (None: the default)."""
     from engine.profiles import DEFAULT_PROFILE
-    from engine.runtime import Engine
+    from engine.serving.engine import Engine
 
     if not isinstance(profile, Profile):
         profile = load_profile(profile or DEFAULT_PROFILE)

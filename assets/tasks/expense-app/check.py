@@ -1,21 +1,17 @@
 """Browser acceptance checks for the expense-app task: 13 categories -> ``quality.json``.
 
 A second web-app task beside the Kanban board, so gains on long agent tasks are not fitted to
-one spec: a form with validation, money arithmetic shown with two decimals, a dialog, a filter
-the total follows, sorting and per-category sums. Every category starts from a fresh app
-(localStorage cleared, page reloaded), builds what it needs through the UI and reports ``pass``,
-``fail`` (the failing assertion) or ``blocked`` (a prerequisite is missing: no ``index.html``,
-no browser, the add-expense form does not work...), with a screenshot path.
-
-Usage (the task's checks)::
+one spec: a validated form, money shown with two decimals, a dialog, a filter the total
+follows, sorting and per-category sums. Every category starts from a fresh app (localStorage
+cleared, page reloaded), builds what it needs through the UI and reports ``pass``, ``fail``
+(the failing assertion) or ``blocked`` (a prerequisite is missing), with a screenshot.
 
     check.py --score [--workspace DIR] [--out FILE]   # run the browser once, write quality.json
     check.py CATEGORY [--out FILE]                    # exit 0 iff CATEGORY passed in quality.json
 
-``--out`` defaults to ``$MLXTERM_RUN_DIR/quality.json`` (set by ``mlxterm run``), else
-``./quality.json``. Needs ``selenium`` and ``apt-get install chromium chromium-driver``;
-without them every category is blocked. The browser, server, scoring loop and command line are
-shared with the other web-app tasks (``../webcheck.py``); this file holds the app's categories.
+``--out`` defaults to ``$MLXTERM_RUN_DIR/quality.json``, else ``./quality.json``. The browser,
+server, scoring loop and command line are shared with the other web-app tasks
+(``../webcheck.py``, which says what they need); this file holds the app's categories.
 """
 
 from __future__ import annotations

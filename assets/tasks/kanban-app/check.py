@@ -1,26 +1,17 @@
 """Browser acceptance checks for the Kanban-app task: 18 categories -> ``quality.json``.
 
-Serves the workspace on a loopback port (inside this process) and drives Debian's headless
-``chromium`` through ``chromedriver`` with Selenium. Every category starts from a fresh board
-(localStorage cleared, page reloaded), builds what it needs through the UI and reports
-``pass``, ``fail`` (the failing assertion) or ``blocked`` (a prerequisite is missing: no
-``index.html``, no browser, the new-card form does not work...), with a screenshot path.
-
-Made to run inside the checks sandbox: it writes only to ``--out`` (quality.json and
-``screenshots/`` beside it) and to a private temporary browser profile, and talks only to
-127.0.0.1. Drag and drop is driven with synthetic HTML5 drag events (``DragEvent`` carrying one
-shared ``DataTransfer``): chromedriver's pointer actions do not start native HTML5 drags.
-
-Usage (the task's checks)::
+Every category starts from a fresh board (localStorage cleared, page reloaded), builds what it
+needs through the UI and reports ``pass``, ``fail`` (the failing assertion) or ``blocked`` (a
+prerequisite is missing: no ``index.html``, no browser, the new-card form does not work...),
+with a screenshot. Drag and drop uses synthetic HTML5 drag events (one shared
+``DataTransfer``): chromedriver's pointer actions do not start native HTML5 drags.
 
     check.py --score [--workspace DIR] [--out FILE]   # run the browser once, write quality.json
     check.py CATEGORY [--out FILE]                    # exit 0 iff CATEGORY passed in quality.json
 
-``--out`` defaults to ``$MLXTERM_RUN_DIR/quality.json`` (set by ``mlxterm run``), else
-``./quality.json``. Needs ``selenium`` (``pip install 'mlxterm[browser]'``) and
-``apt-get install chromium chromium-driver``; without them every category is blocked.
-The browser, server, scoring loop and command line are shared with the other web-app tasks
-(``../webcheck.py``); this file holds the board's categories and moves.
+``--out`` defaults to ``$MLXTERM_RUN_DIR/quality.json``, else ``./quality.json``. The browser,
+loopback server, sandbox rules, scoring loop and command line are shared with the other web-app
+tasks (``../webcheck.py``, which says what they need); this file holds the board's categories.
 """
 
 from __future__ import annotations
