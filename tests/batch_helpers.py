@@ -156,6 +156,26 @@ def collect_stream(handle) -> tuple[str, Done, list]:
     return "".join(text), done, events
 
 
+def gated_submit(eng, requests: list[GenerationRequest], into: list | None = None) -> list:
+    """Submit ``requests`` while the engine thread is parked in a call, so the scheduler sees
+    them as one burst (all waiting at the same tick); ``into`` gets the handles before the
+    engine thread runs again."""
+    gate, parked = threading.Event(), threading.Event()
+
+    def park(_runner):
+        parked.set()
+        gate.wait(30)
+
+    fut = eng.call(park)
+    parked.wait(30)
+    handles = [eng.submit(r) for r in requests]
+    if into is not None:
+        into.extend(handles)
+    gate.set()
+    fut.result(30)
+    return handles
+
+
 def batch_engines(tmp_path_factory, tiny_llama_dir):
     """A module's (solo, batch) engine pair: each its own checkpoint store, so neither reuses the
     other's KV."""

@@ -6,8 +6,6 @@ compared with its solo run (tests/batch_helpers.py), so a lost or duplicated tok
 
 from __future__ import annotations
 
-import threading
-
 from engine.runtime import GenerationRequest, Priority
 
 import pytest
@@ -17,6 +15,7 @@ from tests.batch_helpers import (
     NoEos,
     OnToken,
     batch_engines,
+    gated_submit,
     make_engine,
     prompt_ids,
     request_of,
@@ -153,26 +152,6 @@ def test_a_chat_turn_joining_background_rows_gets_its_first_token_from_its_own_f
     assert done.completion_token_ids == ref.completion_token_ids
 
 
-def _gated_submit(eng, requests: list[GenerationRequest], into: list | None = None) -> list:
-    """Submit ``requests`` while the engine thread is parked in a call, so the scheduler sees
-    them as one burst (all waiting at the same tick); ``into`` gets the handles before the
-    engine thread runs again."""
-    gate, parked = threading.Event(), threading.Event()
-
-    def park(_runner):
-        parked.set()
-        gate.wait(30)
-
-    fut = eng.call(park)
-    parked.wait(30)
-    handles = [eng.submit(r) for r in requests]
-    if into is not None:
-        into.extend(handles)
-    gate.set()
-    fut.result(30)
-    return handles
-
-
 def test_a_burst_starts_decoding_together_and_keeps_its_solo_tokens(
     tmp_path, tiny_llama_dir, engines
 ):
@@ -193,7 +172,7 @@ def test_a_burst_starts_decoding_together_and_keeps_its_solo_tokens(
         specs[2]["params"] = eng.sampling(temperature=0.8, seed=2, max_tokens=tokens)
         refs = [solo_done(solo, spec) for spec in specs]
         before = eng.scheduler_stats()
-        dones = [h.result(60) for h in _gated_submit(eng, [request_of(eng, s) for s in specs])]
+        dones = [h.result(60) for h in gated_submit(eng, [request_of(eng, s) for s in specs])]
         after = eng.scheduler_stats()
     for done, ref in zip(dones, refs, strict=True):
         assert done.completion_token_ids == ref.completion_token_ids
@@ -224,7 +203,7 @@ def test_a_chat_turn_is_not_held_behind_a_burst_of_background_prefill(
     with make_engine(tmp_path, tiny_llama_dir, "nohold") as eng:
         reqs = [request_of(eng, chat, priority=Priority.INTERACTIVE)]
         reqs += [request_of(eng, s, priority=Priority.BACKGROUND) for s in bg]
-        dones = [h.result(60) for h in _gated_submit(eng, reqs)]
+        dones = [h.result(60) for h in gated_submit(eng, reqs)]
     for done, ref in zip(dones, refs, strict=True):
         assert done.completion_token_ids == ref.completion_token_ids
     # its first steps ran while background rows were still prefilling (the batch ramped up)
@@ -311,7 +290,7 @@ def test_identical_prompts_prefill_once_and_keep_each_seeds_solo_tokens(
         specs = _drafts(eng, prompt)
         refs = [solo_done(solo, s) for s in specs]
         before = eng.scheduler_stats()
-        dones = [h.result(60) for h in _gated_submit(eng, [request_of(eng, s) for s in specs])]
+        dones = [h.result(60) for h in gated_submit(eng, [request_of(eng, s) for s in specs])]
         after = eng.scheduler_stats()
         assert eng.active_requests == 0
     for i, (done, ref) in enumerate(zip(dones, refs, strict=True)):
@@ -357,7 +336,7 @@ def test_cancelling_the_prefilling_request_still_answers_its_twins(
 
         monkeypatch.setattr(scheduler, "prefill", spy)
         before = eng.scheduler_stats()
-        _gated_submit(eng, [request_of(eng, s) for s in specs], into=handles)
+        gated_submit(eng, [request_of(eng, s) for s in specs], into=handles)
         dones = [h.result(60) for h in handles]
         after = eng.scheduler_stats()
         assert eng.active_requests == 0
@@ -389,7 +368,7 @@ def test_a_failed_prefill_answers_its_twins(tmp_path, tiny_llama_dir, monkeypatc
         prompt = prompt_ids(eng, "this prefill fails")
         specs = _drafts(eng, prompt)[:3]
         monkeypatch.setattr(scheduler, "prefill", failing)
-        dones = [h.result(60) for h in _gated_submit(eng, [request_of(eng, s) for s in specs])]
+        dones = [h.result(60) for h in gated_submit(eng, [request_of(eng, s) for s in specs])]
         assert [d.error for d in dones] == ["prefill failed"] * 3
         assert eng.active_requests == 0
         monkeypatch.setattr(scheduler, "prefill", real)

@@ -13,7 +13,7 @@ from engine.runtime import Engine, GenerationRequest
 
 import pytest
 
-from tests.test_batch import _cancel_after, _prompt, _request, _streaming
+from tests.batch_helpers import cancel_after, prompt_ids, request_of, streaming
 
 TASKS = Path(__file__).resolve().parent.parent / "assets" / "tasks"
 
@@ -48,24 +48,24 @@ def test_smollm2_mixed_batch_matches_solo_runs(smol_pair):
     solo, eng = smol_pair
     s = eng.sampling
     specs = [
-        dict(prompt=_prompt(eng, "What is the capital of France?"), params=s(temperature=0.0, max_tokens=16)),
-        dict(prompt=_prompt(eng, "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 25),
+        dict(prompt=prompt_ids(eng, "What is the capital of France?"), params=s(temperature=0.0, max_tokens=16)),
+        dict(prompt=prompt_ids(eng, "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 25),
              params=s(temperature=0.0, max_tokens=16)),
-        dict(prompt=_prompt(eng, "Write a haiku about rain."), params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=16)),
-        dict(prompt=_prompt(eng, "List three colours."), params=s(temperature=0.0, max_tokens=12), constrained=True),
+        dict(prompt=prompt_ids(eng, "Write a haiku about rain."), params=s(temperature=0.8, top_p=0.9, seed=4, max_tokens=16)),
+        dict(prompt=prompt_ids(eng, "List three colours."), params=s(temperature=0.0, max_tokens=12), constrained=True),
     ]
-    first = eng.submit(GenerationRequest(_prompt(eng, "Name a fruit."), s(temperature=0.0, max_tokens=10),
+    first = eng.submit(GenerationRequest(prompt_ids(eng, "Name a fruit."), s(temperature=0.0, max_tokens=10),
                                          session_id="e2e")).result(600)
-    follow = dict(prompt=first.prompt_token_ids + first.completion_token_ids + _prompt(eng, "And a vegetable?")[1:],
+    follow = dict(prompt=first.prompt_token_ids + first.completion_token_ids + prompt_ids(eng, "And a vegetable?")[1:],
                   params=s(temperature=0.0, max_tokens=12))
-    doomed_spec = dict(prompt=_prompt(eng, "Tell me a long story."), params=s(temperature=0.0, max_tokens=40))
-    refs = [solo.submit(_request(solo, spec)).result(600) for spec in [*specs, follow, doomed_spec]]
+    doomed_spec = dict(prompt=prompt_ids(eng, "Tell me a long story."), params=s(temperature=0.0, max_tokens=40))
+    refs = [solo.submit(request_of(solo, spec)).result(600) for spec in [*specs, follow, doomed_spec]]
 
-    handles = [eng.submit(_request(eng, spec)) for spec in specs]
-    doomed = eng.submit(_request(eng, doomed_spec))
-    _streaming(handles[0])
-    joiner = eng.submit(_request(eng, follow, session_id="e2e"))
-    _cancel_after(doomed, 3)
+    handles = [eng.submit(request_of(eng, spec)) for spec in specs]
+    doomed = eng.submit(request_of(eng, doomed_spec))
+    streaming(handles[0])
+    joiner = eng.submit(request_of(eng, follow, session_id="e2e"))
+    cancel_after(doomed, 3)
     for h, ref in zip([*handles, joiner], refs, strict=False):
         done = h.result(600)
         assert done.completion_token_ids == ref.completion_token_ids
@@ -109,18 +109,18 @@ def test_two_agent_runs_share_the_batch(smol_pair, tmp_path):
 def test_smollm2_drafts_of_one_prompt_prefill_once_and_match_solo_runs(smol_pair):
     """Candidate drafts on real weights: one session context plus a new tail, four seeds
     submitted together; the tail is prefilled once and every draft is its seed's solo run."""
-    from tests.test_batch import _gated_submit
+    from tests.batch_helpers import gated_submit
 
     solo, eng = smol_pair
     s = eng.sampling
-    base = _prompt(eng, "Write a Python function that reverses a string.")
+    base = prompt_ids(eng, "Write a Python function that reverses a string.")
     turn = eng.submit(GenerationRequest(base, s(temperature=0.0, max_tokens=8), session_id="drafts")).result(600)
-    prompt = turn.prompt_token_ids + turn.completion_token_ids + _prompt(eng, "Now draft it again. " * 8)[1:]
+    prompt = turn.prompt_token_ids + turn.completion_token_ids + prompt_ids(eng, "Now draft it again. " * 8)[1:]
     specs = [dict(prompt=prompt, params=s(temperature=0.8, top_p=1.0, seed=i, max_tokens=16)) for i in range(4)]
-    refs = [solo.submit(_request(solo, spec)).result(600) for spec in specs]
+    refs = [solo.submit(request_of(solo, spec)).result(600) for spec in specs]
     before = eng.scheduler_stats()["prefill_tokens"]
-    reqs = [_request(eng, spec, session_id="drafts") for spec in specs]
-    dones = [h.result(600) for h in _gated_submit(eng, reqs)]
+    reqs = [request_of(eng, spec, session_id="drafts") for spec in specs]
+    dones = [h.result(600) for h in gated_submit(eng, reqs)]
     tail = len(prompt) - 1 - dones[0].usage.cached_tokens
     assert dones[0].cache_source == "ram" and tail > 0  # the session's context was restored
     assert eng.scheduler_stats()["prefill_tokens"] - before == tail  # the tail, once
