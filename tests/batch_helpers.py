@@ -174,14 +174,3 @@ def gated_submit(eng, requests: list[GenerationRequest], into: list | None = Non
     gate.set()
     fut.result(30)
     return handles
-
-
-def batch_engines(tmp_path_factory, tiny_llama_dir):
-    """A module's (solo, batch) engine pair: each its own checkpoint store, so neither reuses the
-    other's KV."""
-    tmp = tmp_path_factory.mktemp("batch")
-    solo = make_engine(tmp, tiny_llama_dir, "solo")
-    batch = make_engine(tmp, tiny_llama_dir, "batch")
-    yield solo, batch
-    solo.close()
-    batch.close()

@@ -83,3 +83,17 @@ def gemma_path():
     from engine.model.catalog import model_path
 
     return model_path("gemma3-270m")
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory, tiny_llama_dir):
+    """The batching tests' (solo, batch) engine pair on the tiny llama, one per test module: each
+    its own checkpoint store, so neither reuses the other's KV."""
+    from tests.batch_helpers import make_engine
+
+    tmp = tmp_path_factory.mktemp("batch")
+    solo = make_engine(tmp, tiny_llama_dir, "solo")
+    batch = make_engine(tmp, tiny_llama_dir, "batch")
+    yield solo, batch
+    solo.close()
+    batch.close()

@@ -23,7 +23,6 @@ import pytest
 from tests.batch_helpers import (
     GateAfter,
     NoEos,
-    batch_engines,
     cancel_after,
     collect_stream,
     make_engine,
@@ -34,10 +33,6 @@ from tests.batch_helpers import (
     streaming,
 )
 
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory, tiny_llama_dir):
-    yield from batch_engines(tmp_path_factory, tiny_llama_dir)
 
 def test_mixed_batch_rows_match_their_solo_runs(engines):
     solo, eng = engines

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from engine.runtime import GenerationRequest, Priority
 
-import pytest
-
 from tests.batch_helpers import (
     GateAfter,
     NoEos,
     OnToken,
-    batch_engines,
     gated_submit,
     make_engine,
     prompt_ids,
@@ -23,10 +20,6 @@ from tests.batch_helpers import (
     streaming,
 )
 
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory, tiny_llama_dir):
-    yield from batch_engines(tmp_path_factory, tiny_llama_dir)
 
 def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, engines):
     """When the others leave, the last batched row continues in the serial lane at a token

@@ -252,7 +252,7 @@ def test_the_avx2_few_row_path_gives_the_panel_paths_bits():
 
 def rows4_check() -> None:
     """One activation row against 4-bit weights with an even block count runs row by row
-    (row1_rows4; K-quant records decoded in registers per super-block): the bits of the
+    (row1_rows4): the bits of the
     transposing one-row path (set_rows4(False): row1_direct4), on 1 and 2 threads, for every
     4-bit case of the few-row checks (an odd block count takes row1_direct4 either way)."""
     ext = kernels._load()

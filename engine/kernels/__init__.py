@@ -144,7 +144,7 @@ def set_small_rows(on: bool) -> bool:
 
 def set_rows4(on: bool) -> bool:
     """Run one-row 4-bit int8 matmuls (even block count) row by row (each weight row's block pair
-    against x split into even and odd values; K-quant records decoded in registers) or on the
+    against x split into even and odd values) or on the
     transposing one-row path (A/B measurements; the same bits); returns the previous setting;
     on by default."""
     ext = _load()
