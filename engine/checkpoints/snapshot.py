@@ -125,8 +125,10 @@ def restore(snap: Snapshot, use: int, fresh: list) -> list:
     out = []
     for layer, c in zip(snap.layers, fresh, strict=True):
         if layer.cls == "StaticKVCache":
-            c.keys = _padded(layer.keys[0], use, c.step)
-            c.values = _padded(layer.values[0], use, c.step)
+            dtype = getattr(c, "dtype", None)  # a float setting; Q8 rows are stored as they are
+            dtype = dtype if isinstance(dtype, mx.Dtype) else None
+            c.keys = _padded(layer.keys[0], use, c.step, dtype)
+            c.values = _padded(layer.values[0], use, c.step, dtype)
             c.offset = use
         elif layer.cls == "WindowKVCache":
             c.restore_ordered(mx.array(layer.keys[0]), mx.array(layer.values[0]), layer.offset)
@@ -139,11 +141,14 @@ def restore(snap: Snapshot, use: int, fresh: list) -> list:
     return out
 
 
-def _padded(x: mx.array, use: int, step: int) -> mx.array:
-    """A new buffer holding ``x[..., :use, :]`` with room for at least one more token."""
+def _padded(x: mx.array, use: int, step: int, dtype: mx.Dtype | None = None) -> mx.array:
+    """A new buffer holding ``x[..., :use, :]`` with room for at least one more token, in the
+    cache's storage ``dtype`` (a float32 checkpoint restored into float16 caches is stored as
+    the live cache would have stored it: rounded once)."""
     cap = (use // step + 1) * step
     B, H, _, D = x.shape
-    return mx.concatenate([x[..., :use, :], mx.zeros((B, H, cap - use, D), x.dtype)], axis=2)
+    head = x[..., :use, :] if dtype is None or x.dtype == dtype else x[..., :use, :].astype(dtype)
+    return mx.concatenate([head, mx.zeros((B, H, cap - use, D), head.dtype)], axis=2)
 
 
 def _arrays(c) -> list[mx.array]:

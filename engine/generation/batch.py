@@ -20,7 +20,6 @@ from engine.generation.kv_cache import StaticKVCache, WindowKVCache, _stored
 from engine.kernels.hook import fused_active
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
 
 def batchable(cache: list) -> bool:
@@ -307,7 +306,7 @@ def prefill_together(model, caches: list[list], chunks: list[list[int]]) -> list
         raise ValueError("prefill_together needs caches of one length")
     layers = []
     for layer in zip(*caches, strict=True):
-        kv = KVCache()
+        kv = StaticKVCache(layer[0].dtype)  # the rows' KV storage, as their solo prefill writes it
         if offset:
             kv.keys = mx.concatenate([c.keys[..., :offset, :] for c in layer])
             kv.values = mx.concatenate([c.values[..., :offset, :] for c in layer])
@@ -319,7 +318,7 @@ def prefill_together(model, caches: list[list], chunks: list[list[int]]) -> list
     for i in range(len(chunks)):
         row = []
         for kv in layers:
-            c = StaticKVCache()
+            c = StaticKVCache(kv.dtype)
             c.keys, c.values = kv.keys[i : i + 1, :, : kv.offset], kv.values[i : i + 1, :, : kv.offset]
             c.offset = kv.offset
             row.append(c)
