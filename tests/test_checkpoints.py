@@ -12,6 +12,7 @@ import time
 from engine.checkpoints import CheckpointStore, make_fingerprint
 from engine.checkpoints import format as fmt
 from engine.checkpoints import snapshot as snap_mod
+from engine.checkpoints import store as store_mod
 from engine.checkpoints.ssd import SsdTier
 from engine.checkpoints.trie import TokenTrie
 from engine.generation.kv_cache import StaticKVCache, make_cache
@@ -180,6 +181,64 @@ def test_session_fast_path_and_superseding(llama):
     assert store.acquire(toks[:16]).cached_tokens == 15  # served by trimming the 20-token one
     # The session's checkpoint is not a prefix any more (edited history): fall back to the trie.
     assert store.acquire(toks[:15] + tokens(5, seed=8), session_id="s1").cached_tokens == 15
+
+
+def test_a_continuation_takes_the_ram_checkpoints_buffers(llama, monkeypatch):
+    """``acquire(hand_over=True)`` (the engine's prompt cache) gives a request that continues a
+    RAM checkpoint its buffers, not a copy; the checkpoint leaves the RAM tier (RAM only: it
+    is forgotten). A shorter reuse copies and leaves the checkpoint where it is."""
+    d, model = llama
+    toks = tokens(48, seed=11)
+    store = make_store(d, model, None)
+    live = prefilled(model, toks[:30])
+    ref = continuation(model, prefilled(model, toks[:30]), toks[30:], toks)
+    cid = store.release(toks[:30], live)
+    del live
+    base = [layer.base for layer in store._entries[cid].snapshot.layers]
+    r = store.acquire(toks, hand_over=True)
+    assert (r.source, r.cached_tokens) == ("ram", 30)
+    assert all(c.keys is k and c.values is v for c, (k, v) in zip(r.cache, base, strict=True))
+    del base
+    assert store.stats()["ram"]["entries"] == 0 and store.acquire(toks).source == "none"
+    _assert_same(continuation(model, r.cache, toks[30:], toks), ref)
+    # Reusing 20 of a checkpoint's 30 tokens is no continuation past a 4-token slack: a copy.
+    monkeypatch.setattr(store_mod, "HANDOVER_SLACK", 4)
+    store.release(toks[:30], prefilled(model, toks[:30]))
+    r = store.acquire(toks[:20] + tokens(8, seed=12), hand_over=True)
+    assert (r.source, r.cached_tokens) == ("ram", 20)
+    assert store.stats()["ram"]["entries"] == 1 and store.acquire(toks).cached_tokens == 30
+
+
+def test_handed_over_buffers_never_change_a_pending_ssd_write(llama, tmp_path, monkeypatch):
+    """The SSD writer still holds the checkpoint's buffers when a trimmed continuation takes
+    them and overwrites positions the checkpoint covers: MLX copies a shared buffer before
+    writing, so the file holds the checkpoint as released, and the entry stays indexed on
+    the SSD tier."""
+    d, model = llama
+    started, gate = threading.Event(), threading.Event()
+    real_write = SsdTier.write
+
+    def gated_write(self, *args):
+        started.set()
+        assert gate.wait(60)
+        return real_write(self, *args)
+
+    monkeypatch.setattr(SsdTier, "write", gated_write)
+    toks = tokens(48, seed=13)
+    store = make_store(d, model, tmp_path / "ssd")
+    store.release(toks[:30], prefilled(model, toks[:30]))
+    assert started.wait(60)
+    other = toks[:24] + tokens(16, seed=14)
+    r = store.acquire(other, hand_over=True)
+    assert (r.source, r.cached_tokens) == ("ram", 24)
+    continuation(model, r.cache, other[24:], other)  # writes positions 24.. in place or not
+    gate.set()
+    assert store.flush(timeout=60).durable
+    again = store.acquire(toks)
+    assert (again.source, again.cached_tokens) == ("ssd", 30)
+    _assert_same(continuation(model, again.cache, toks[30:], toks),
+                 continuation(model, prefilled(model, toks[:30]), toks[30:], toks))
+    store.close()
 
 
 def _fake_store(tmp_path, ssd: bool, **kw) -> CheckpointStore:

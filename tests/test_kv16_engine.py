@@ -63,6 +63,28 @@ def test_fp16_profile_makes_float16_caches_and_says_so_in_the_fingerprint(tmp_pa
 
 
 @needs_kernels
+def test_a_continued_float16_checkpoint_hands_its_buffers_over(tmp_path, tiny_llama_dir):
+    """The engine's prompt cache continues a float16 RAM checkpoint in its own buffers."""
+    pc = PromptCache(_routed(tiny_llama_dir), _profile(tmp_path, tiny_llama_dir))
+    try:
+        toks = tokens(48, seed=5)
+        cache = pc.new_cache()
+        prefill(pc.model, cache, toks[:30])
+        cid = pc.store.release(toks[:30], cache)
+        del cache
+        base = [layer.base for layer in pc.store._entries[cid].snapshot.layers]
+        got = pc.acquire(toks)
+        assert (got.source, got.cached_tokens) == ("ram", 30)
+        assert all(c.keys is k and k.dtype == mx.float16 for c, (k, _) in zip(got.cache, base, strict=True))
+        del base
+        warm = pc.new_cache()
+        prefill(pc.model, warm, toks[:30])
+        assert continuation(pc.model, got.cache, toks[30:], toks)[0] == continuation(pc.model, warm, toks[30:], toks)[0]
+    finally:
+        pc.close()
+
+
+@needs_kernels
 def test_requests_prefilled_together_keep_their_float16_kv(tmp_path, tiny_llama_dir):
     """The scheduler's joint prefill of newcomers (``prefill_together``) stores K/V as the rows'
     own caches do: float16, the history as it was and the chunk within rounding of the row's

@@ -50,6 +50,8 @@ class LayerState:
     keys: tuple[mx.array, ...]  # (k,) for float caches; (packed, scales, biases) when quantized
     values: tuple[mx.array, ...]
     quant: tuple[int, int] | None = None  # QuantizedKVCache (group_size, bits)
+    # StaticKVCache: the live (keys, values) buffers the views are of, for ``restore(take=True)``
+    base: tuple[mx.array, mx.array] | None = None
 
     @property
     def kv_len(self) -> int:
@@ -99,7 +101,8 @@ def capture(cache: list) -> Snapshot:
             layers.append(LayerState(name, off, c.window, (state[0],), (state[1],)))
             held += state[0].nbytes + state[1].nbytes
         elif name == "StaticKVCache":
-            layers.append(LayerState(name, off, None, (c.keys[..., :off, :],), (c.values[..., :off, :],)))
+            layers.append(LayerState(name, off, None, (c.keys[..., :off, :],), (c.values[..., :off, :],),
+                                     base=(c.keys, c.values)))
             held += c.keys.nbytes + c.values.nbytes
         else:
             # Always slice: the mlx_lm state property can hand back the live handles, and the
@@ -115,10 +118,14 @@ def capture(cache: list) -> Snapshot:
     return Snapshot(layers, held)
 
 
-def restore(snap: Snapshot, use: int, fresh: list) -> list:
+def restore(snap: Snapshot, use: int, fresh: list, take: bool = False) -> list:
     """Fill ``fresh`` (empty caches of the same layout) with the first ``use`` tokens of ``snap``.
 
     Buffers are new arrays the caller owns; Static caches get capacity rounded up to ``step``.
+    ``take``: Static layers whose live buffers ``snap`` kept (``can_take``) get those buffers
+    themselves, no copy; the caller then drops ``snap``, so the cache's first write after
+    ``use`` goes in place (MLX donates a buffer nothing else holds, and copies one still held,
+    e.g. by a pending SSD write).
     """
     if use > snap.offset or (use < snap.offset and not snap.trimmable):
         raise ValueError(f"cannot restore {use} of {snap.offset} tokens from this checkpoint")
@@ -127,8 +134,11 @@ def restore(snap: Snapshot, use: int, fresh: list) -> list:
         if layer.cls == "StaticKVCache":
             dtype = getattr(c, "dtype", None)  # a float setting; Q8 rows are stored as they are
             dtype = dtype if isinstance(dtype, mx.Dtype) else None
-            c.keys = _padded(layer.keys[0], use, c.step, dtype)
-            c.values = _padded(layer.values[0], use, c.step, dtype)
+            if take and layer.base is not None and (dtype is None or dtype == layer.base[0].dtype):
+                c.keys, c.values = layer.base
+            else:
+                c.keys = _padded(layer.keys[0], use, c.step, dtype)
+                c.values = _padded(layer.values[0], use, c.step, dtype)
             c.offset = use
         elif layer.cls == "WindowKVCache":
             c.restore_ordered(mx.array(layer.keys[0]), mx.array(layer.values[0]), layer.offset)
@@ -139,6 +149,11 @@ def restore(snap: Snapshot, use: int, fresh: list) -> list:
         out.append(c)
     mx.eval([_arrays(c) for c in out])
     return out
+
+
+def can_take(snap: Snapshot) -> bool:
+    """Whether ``restore(take=True)`` hands ``snap``'s buffers over for every layer."""
+    return all(layer.cls == "StaticKVCache" and layer.base is not None for layer in snap.layers)
 
 
 def _padded(x: mx.array, use: int, step: int, dtype: mx.Dtype | None = None) -> mx.array:

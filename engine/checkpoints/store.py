@@ -32,6 +32,10 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
+# A request that reuses all but at most this many tokens of a RAM checkpoint continues it and
+# takes its buffers (``CheckpointStore._hand_over``).
+HANDOVER_SLACK = 256
+
 
 @dataclass
 class Restored:
@@ -131,8 +135,11 @@ class CheckpointStore:
         self._writer = Writer(self._write_job, queue_bytes if queue_bytes is not None else ram_bytes)
 
     # -- lookup and restore (engine thread) ---------------------------------------------------
-    def acquire(self, prompt: Sequence[int], session_id: str | None = None) -> Restored:
-        """Fresh caches holding the longest usable checkpointed prefix of ``prompt``."""
+    def acquire(self, prompt: Sequence[int], session_id: str | None = None, *, hand_over: bool = False) -> Restored:
+        """Fresh caches holding the longest usable checkpointed prefix of ``prompt``.
+
+        ``hand_over``: the caller (the engine's prompt cache) goes on to extend the cache, so a
+        RAM checkpoint it continues may give up its buffers instead of a copy (``_hand_over``)."""
         if self._new_cache is None:
             raise RuntimeError("this CheckpointStore was opened without a model")
         t0 = time.perf_counter()
@@ -143,6 +150,7 @@ class CheckpointStore:
                 entry, use = choice
                 snap = entry.snapshot
                 self._touch(entry)
+                take = hand_over and snap is not None and self._hand_over(entry, snap, use)
         if choice is None:
             return self._miss(t0)
         source = "ram"
@@ -151,12 +159,29 @@ class CheckpointStore:
             snap = self._load(entry)
             if snap is None:
                 return self._miss(t0)
-        cache = snap_mod.restore(snap, use, self._new_cache())
+        cache = snap_mod.restore(snap, use, self._new_cache(), take=take)
+        del snap  # a handed-over snapshot's views would keep its buffers shared (no in-place writes)
         with self._lock:
             self._counts["ram_hits" if source == "ram" else "ssd_hits"] += 1
         if entry.path is not None:
             SsdTier.touch(entry.path)
         return Restored(cache, use, source, (time.perf_counter() - t0) * 1000)
+
+    def _hand_over(self, entry: _Entry, snap: Snapshot, use: int) -> bool:
+        """Lock held. Whether a request reusing ``use`` tokens of ``entry``'s RAM snapshot takes
+        its buffers instead of a copy (a 4k-token SmolLM2 checkpoint is ~95 MB of fresh memory
+        to fault in and fill: 25-300 ms on the 2-core VM). Only a continuation does -- at most
+        ``HANDOVER_SLACK`` of the checkpoint's tokens past ``use`` (a reply the client did not
+        send back) -- whose own checkpoint at release covers the same prefix again; a shorter
+        reuse (another conversation's shared system prompt) copies its few tokens and leaves
+        the checkpoint to its owner. The entry leaves the RAM tier; its SSD copy (written or
+        pending) stays in the index, and without one the entry is forgotten."""
+        if snap.offset - use > HANDOVER_SLACK or not snap_mod.can_take(snap):
+            return False
+        self._drop_ram(entry)
+        if entry.path is None and entry.write != "pending":
+            self._remove(entry)
+        return True
 
     def _miss(self, t0: float) -> Restored:
         with self._lock:

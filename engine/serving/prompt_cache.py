@@ -49,7 +49,7 @@ class PromptCache:
         return make_cache(self.model, kv_bits=bits, kv_group_size=kv.group_size, kv_dtype=dtype)
 
     def acquire(self, prompt: list[int], session_id: str | None = None) -> Restored:
-        found = self.store.acquire(prompt, session_id)
+        found = self.store.acquire(prompt, session_id, hand_over=True)  # the request extends it
         if self.companion is not None:
             self.companion.acquire(prompt, session_id, found.cached_tokens)
         return found
