@@ -213,7 +213,7 @@ def test_handed_over_buffers_never_change_a_pending_ssd_write(llama, tmp_path, m
     """The SSD writer still holds the checkpoint's buffers when a trimmed continuation takes
     them and overwrites positions the checkpoint covers: MLX copies a shared buffer before
     writing, so the file holds the checkpoint as released, and the entry stays indexed on
-    the SSD tier."""
+    the SSD tier. Until the file is written the entry is in no tier: lookups pass it by."""
     d, model = llama
     started, gate = threading.Event(), threading.Event()
     real_write = SsdTier.write
@@ -226,12 +226,14 @@ def test_handed_over_buffers_never_change_a_pending_ssd_write(llama, tmp_path, m
     monkeypatch.setattr(SsdTier, "write", gated_write)
     toks = tokens(48, seed=13)
     store = make_store(d, model, tmp_path / "ssd")
+    store.release(toks[:10], prefilled(model, toks[:10]))
+    assert started.wait(60)  # the writer holds the first file; the second waits in the queue
     store.release(toks[:30], prefilled(model, toks[:30]))
-    assert started.wait(60)
     other = toks[:24] + tokens(16, seed=14)
     r = store.acquire(other, hand_over=True)
     assert (r.source, r.cached_tokens) == ("ram", 24)
     continuation(model, r.cache, other[24:], other)  # writes positions 24.. in place or not
+    assert store.acquire(toks).cached_tokens == 10  # passed by, not a miss
     gate.set()
     assert store.flush(timeout=60).durable
     again = store.acquire(toks)

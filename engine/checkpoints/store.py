@@ -191,7 +191,8 @@ class CheckpointStore:
     def _choose(self, toks: np.ndarray, session_id: str | None) -> tuple[_Entry, int] | None:
         n = len(toks)
         own = self._entries.get(self._sessions.get(session_id, "")) if session_id else None
-        if own is not None and common_prefix(own.tokens, toks) == len(own.tokens):
+        if own is not None and (own.snapshot is not None or own.path is not None) \
+                and common_prefix(own.tokens, toks) == len(own.tokens):
             use = _usable(own, len(own.tokens), n)
             if use > 0:
                 return own, use  # O(1) besides the token comparison
@@ -208,6 +209,8 @@ class CheckpointStore:
 
     @staticmethod
     def _better(best, entry: _Entry, common: int, n: int):
+        if entry.snapshot is None and entry.path is None:
+            return best  # in no tier now (handed over or evicted, its SSD write pending)
         use = _usable(entry, common, n)
         if use <= 0:
             return best
