@@ -153,6 +153,19 @@ def test_a_console_error_quotes_the_line_of_the_script_it_points_at(driver, tmp_
     assert "[app.js:2: document.getElementById('toDo').appendChild(document.createElement('p'));]" in evidence
 
 
+@needs_browser
+def test_a_field_that_is_no_text_field_is_named_in_the_evidence(driver, tmp_path):
+    """A model that writes ``<div id="new-card-title">`` gets told so, not Selenium's
+    "InvalidElementStateException: invalid element state" (round 21's 1.5B run, 16 categories)."""
+    app = shutil.copytree(REFERENCE_APP, tmp_path / "app")
+    html = (app / "index.html").read_text(encoding="utf-8")
+    (app / "index.html").write_text(html.replace('<input id="new-card-title">', '<div id="new-card-title"></div>'),
+                                    encoding="utf-8")
+    report = check.score(app, tmp_path / "quality.json", driver=driver)
+    evidence = {c["name"]: c["evidence"] for c in report["categories"]}["create_card"]
+    assert "#new-card-title is a <div>, not a text field" in evidence and "InvalidElementState" not in evidence
+
+
 def test_source_line_stays_inside_the_workspace(tmp_path):
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "app.js").write_text("a\nb()\n")

@@ -47,6 +47,18 @@ class NoApp(Blocked):
     """A freshly loaded page does not show the app: every later category would be blocked the same way."""
 
 
+_NOT_TYPED = {"button", "checkbox", "color", "file", "hidden", "image", "radio", "range", "reset", "submit"}
+
+
+def _named(el) -> str:
+    """How evidence names an element: ``#id``, else its data-testid, else its markup's start."""
+    if el.get_attribute("id"):
+        return f"#{el.get_attribute('id')}"
+    if el.get_attribute("data-testid"):
+        return f'[data-testid="{el.get_attribute("data-testid")}"]'
+    return (el.get_attribute("outerHTML") or "")[:80]
+
+
 class Fail(AssertionError):
     """The category's behaviour is wrong; the message is the failing assertion."""
 
@@ -209,6 +221,16 @@ class Page:
 
     # acting
     def type_into(self, el, text: str) -> None:
+        """Type ``text`` into a text field, replacing its value; an element that is no text
+        field fails the check naming it (the browser only says "invalid element state")."""
+        tag = el.tag_name.lower()
+        kind = (el.get_attribute("type") or "text").lower() if tag == "input" else ""
+        editable = el.get_attribute("contenteditable") in ("", "true", "plaintext-only")
+        if not (tag == "textarea" or (tag == "input" and kind not in _NOT_TYPED) or editable):
+            raise Fail(f"{_named(el)} is a <{tag}{f' type={kind}' if kind else ''}>, not a text field "
+                       "(an <input> or <textarea>): it cannot be typed into")
+        if not el.is_enabled() or el.get_attribute("readonly") is not None:
+            raise Fail(f"{_named(el)} is disabled or read-only: it cannot be typed into")
         el.clear()
         el.send_keys(text)
 
