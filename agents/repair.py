@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -65,18 +66,35 @@ def trim_output(text: str, workspace: Path | None = None, limit: int = REPAIR_OU
 
 
 def repair_message(checks: list[dict[str, Any]], test_command: str | None, workspace: Path | None,
-                   round_no: int, rounds: int, written: list[str] | None = None) -> str:
+                   round_no: int, rounds: int, written: list[str] | None = None,
+                   protected: Callable[[str], object] | None = None) -> str:
     """The user turn that hands failing checks back to the agent. ``written``: the files the
     last run wrote when it ended at the write (``agent.test_after_write``): the turn asks for
-    those again, whole, instead of a test run the checks have just done."""
+    those again, whole, instead of a test run the checks have just done. The workspace files
+    the output points at are named, except ``protected`` ones (the task's tests)."""
     failed = [c for c in checks if not c["passed"]]
     parts = [f"The checks failed ({len(failed)} of {len(checks)}; repair round {round_no} of {rounds})."]
-    limit = max(800, REPAIR_OUTPUT_CHARS // max(1, len(failed)))
+    # Checks failing the same way are quoted once (a page missing one field fails 16 of the
+    # Kanban task's 18 categories with one sentence), so the turn is about the fault.
+    groups: dict[str, list[dict[str, Any]]] = {}
     for c in failed:
+        groups.setdefault(_failure_key(c), []).append(c)
+    limit = max(800, REPAIR_OUTPUT_CHARS // max(1, len(groups)))
+    outputs = []
+    for same in groups.values():
+        c = same[0]
         what = test_command if test_command and len(failed) == 1 else c["name"]
         code = "timed out" if c.get("exit_code") is None else f"exit code {c['exit_code']}"
         output = trim_output(failures_only(c.get("output", "")), workspace, limit)
+        outputs.append(output)
+        if len(same) > 1:
+            names = ", ".join(f"`{x['name']}`" for x in same[1:])
+            code += f"; {names} failed the same way"
         parts.append(f"Output of `{what}` ({code}):\n```\n{output}\n```")
+    pointed = implicated_files(outputs, workspace) if workspace is not None else []
+    pointed = [p for p in pointed if not (protected and protected(p))]
+    if pointed:
+        parts.append(f"The failures point at {', '.join(pointed)}.")
     if written:
         names = ", ".join(dict.fromkeys(written))
         parts.append(f"Read the failures and fix the code: write the whole of {names} again, the path on a line "
@@ -84,6 +102,42 @@ def repair_message(checks: list[dict[str, Any]], test_command: str | None, works
     else:
         parts.append("Read the failures, fix the code and write the file again; run the tests before you answer.")
     return "\n\n".join(parts)
+
+
+def _failure_key(check: dict[str, Any]) -> str:
+    """A check's output without its own name and screenshot lines: equal for checks that
+    failed the same way."""
+    lines = (check.get("output") or "").replace(f"{check['name']}: ", "").splitlines()
+    return "\n".join(line for line in lines if not line.startswith("screenshot:")).strip()
+
+
+_FILE_LINE = re.compile(r"([\w./-]+\.\w+):\d+")
+_ELEMENT_ID = re.compile(r"#([A-Za-z][\w-]*)")
+_MARKUP_SUFFIXES = (".html", ".htm", ".js", ".mjs", ".jsx", ".ts", ".tsx", ".vue", ".svelte")
+
+
+def implicated_files(outputs: list[str], workspace: Path) -> list[str]:
+    """Workspace files the failure output points at: ``file:line`` references, and the files
+    that declare an element the output names as ``#id`` (``id="new-card-title"``). A model
+    told "#new-card-title is a <div>" rewrote app.js twice; the element was in index.html."""
+    text = "\n".join(outputs)
+    found: dict[str, None] = {}
+    root = Path(workspace)
+    for name in _FILE_LINE.findall(text):
+        rel = name.rsplit("/", 1)[-1] if not (root / name).is_file() else name
+        if (root / rel).is_file():
+            found[rel] = None
+    ids = set(_ELEMENT_ID.findall(text))
+    if ids:
+        for path in sorted(root.rglob("*")):
+            if len(found) >= 8 or path.suffix not in _MARKUP_SUFFIXES or not path.is_file():
+                continue
+            if set(path.relative_to(root).parts) & _SKIP_DIRS or path.stat().st_size > 1_000_000:
+                continue
+            body = path.read_text(encoding="utf-8", errors="replace")
+            if any(f'id="{i}"' in body or f"id='{i}'" in body for i in ids):
+                found[str(path.relative_to(root))] = None
+    return list(found)
 
 
 def workspace_fingerprint(root: Path) -> dict[str, str]:
@@ -202,7 +256,8 @@ def run_with_repair(agent: AgentSession, prompt: str, limits: AgentLimits,
             break
         round_no += 1
         written = done.extra.get("changed_files") if done.reason == "wrote" and agent.end_on_write else None
-        message = repair_message(checks, test_command, agent.workspace, round_no, rounds, written)
+        message = repair_message(checks, test_command, agent.workspace, round_no, rounds, written,
+                                 agent.files.protected_path)
         if transcript is not None:
             transcript.write("repair", done.step, round=round_no, message=message)
         drafts = candidates > 1 and run_checks_in is not None and not agent.remote  # drafts: local batching

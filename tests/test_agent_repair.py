@@ -132,6 +132,26 @@ def test_status_words_and_repair_message():
     assert json.dumps(msg)
 
 
+def test_repair_message_quotes_a_shared_failure_once_and_names_the_files_it_points_at(tmp_path):
+    """Checks failing the same way are quoted once; the turn names the workspace files the
+    output points at (``file:line``, and the file declaring an ``#id`` it names), never a
+    protected one."""
+    (tmp_path / "index.html").write_text('<form><div id="new-card-title"></div></form>')
+    (tmp_path / "app.js").write_text("render();\n")
+    (tmp_path / "app_test.js").write_text("check();\n")
+    (tmp_path / "style.css").write_text("#new-card-title { color: red }\n")
+    field = "#new-card-title is a <div>, not a text field"
+    checks = [{"name": n, "passed": False, "exit_code": 1, "output": f"fail: {n}: {field}\nscreenshot: /run/{n}.png"}
+              for n in ("create card", "edit card", "search")]
+    checks += [{"name": "no console errors", "passed": False, "exit_code": 1,
+                "output": "fail: no console errors: ReferenceError [app.js:29: x()] at app_test.js:3"},
+               {"name": "themes", "passed": True, "exit_code": 0, "output": ""}]
+    msg = repair_message(checks, None, tmp_path, 1, 3, protected=lambda p: p.endswith("_test.js"))
+    assert msg.count("Output of") == 2 and msg.count(field) == 1
+    assert "`edit card`, `search` failed the same way" in msg
+    assert "The failures point at app.js, index.html." in msg  # not the test, not the stylesheet
+
+
 def test_repair_rounds_sample_at_the_repair_temperature(tmp_path):
     result, engine = run(tmp_path, [edit("x + 5"), "Done.", edit("x * 2"), "Fixed."], repair_temperature=0.9)
     assert result["status"] == "passed"
