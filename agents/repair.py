@@ -80,13 +80,13 @@ def repair_message(checks: list[dict[str, Any]], test_command: str | None, works
     for c in failed:
         groups.setdefault(_failure_key(c), []).append(c)
     limit = max(800, REPAIR_OUTPUT_CHARS // max(1, len(groups)))
-    outputs = []
+    outputs: list[tuple[str, int]] = []  # (output, how many checks failed with it)
     for same in groups.values():
         c = same[0]
         what = test_command if test_command and len(failed) == 1 else c["name"]
         code = "timed out" if c.get("exit_code") is None else f"exit code {c['exit_code']}"
         output = trim_output(failures_only(c.get("output", "")), workspace, limit)
-        outputs.append(output)
+        outputs.append((output, len(same)))
         if len(same) > 1:
             names = ", ".join(f"`{x['name']}`" for x in same[1:])
             code += f"; {names} failed the same way"
@@ -116,44 +116,58 @@ _ELEMENT_ID = re.compile(r"#([A-Za-z][\w-]*)")
 _MARKUP_SUFFIXES = (".html", ".htm", ".js", ".mjs", ".jsx", ".ts", ".tsx", ".vue", ".svelte")
 
 
-def implicated_files(outputs: list[str], workspace: Path) -> list[str]:
-    """Workspace files the failure output points at: ``file:line`` references, and the files
-    that declare an element the output names as ``#id`` (``id="new-card-title"``). A model
-    told "#new-card-title is a <div>" rewrote app.js twice; the element was in index.html."""
-    text = "\n".join(outputs)
-    found: dict[str, None] = {}
+def implicated_files(outputs: list[tuple[str, int]], workspace: Path) -> list[str]:
+    """Workspace files the failure outputs (each with the number of checks that failed with
+    it) point at, most failing checks first: ``file:line`` references, and the files that
+    declare an element an output names as ``#id`` (``id="new-card-title"``). A model told
+    "#new-card-title is a <div>" rewrote app.js twice; the element was in index.html."""
     root = Path(workspace)
-    for name in _FILE_LINE.findall(text):
-        rel = name.rsplit("/", 1)[-1] if not (root / name).is_file() else name
-        if (root / rel).is_file():
-            found[rel] = None
-    ids = set(_ELEMENT_ID.findall(text))
-    if ids:
-        for path in sorted(root.rglob("*")):
-            if len(found) >= 8 or path.suffix not in _MARKUP_SUFFIXES or not path.is_file():
+    markup: list[Path] | None = None  # read once, when an output names an element
+    bodies: dict[Path, str] = {}
+    weight: dict[str, int] = {}
+    for text, n in outputs:
+        hit: set[str] = set()
+        for name in _FILE_LINE.findall(text):
+            rel = name if (root / name).is_file() else name.rsplit("/", 1)[-1]
+            if (root / rel).is_file():
+                hit.add(rel)
+        for i in set(_ELEMENT_ID.findall(text)):
+            if markup is None:
+                markup = [p for p in _workspace_files(root)
+                          if p.suffix in _MARKUP_SUFFIXES and p.stat().st_size <= 1_000_000]
+            for path in markup:
+                body = bodies.setdefault(path, path.read_text(encoding="utf-8", errors="replace"))
+                if f'id="{i}"' in body or f"id='{i}'" in body:
+                    hit.add(str(path.relative_to(root)))
+        for rel in hit:
+            weight[rel] = weight.get(rel, 0) + n
+    return sorted(weight, key=lambda rel: (-weight[rel], rel))[:8]
+
+
+def _workspace_files(root: Path) -> Iterator[Path]:
+    """The workspace's files in path order: at most ``FINGERPRINT_MAX_FILES``, no symlinks,
+    caches and VCS folders skipped."""
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if path.is_symlink():
                 continue
-            if set(path.relative_to(root).parts) & _SKIP_DIRS or path.stat().st_size > 1_000_000:
-                continue
-            body = path.read_text(encoding="utf-8", errors="replace")
-            if any(f'id="{i}"' in body or f"id='{i}'" in body for i in ids):
-                found[str(path.relative_to(root))] = None
-    return list(found)
+            seen += 1
+            if seen > FINGERPRINT_MAX_FILES:
+                return
+            yield path
 
 
 def workspace_fingerprint(root: Path) -> dict[str, str]:
     """relative path -> content hash of the workspace's files (bounded; skips caches and VCS)."""
     out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            if len(out) >= FINGERPRINT_MAX_FILES or path.is_symlink():
-                continue
-            try:
-                digest = hashlib.sha1(path.read_bytes()).hexdigest()
-            except OSError:
-                continue
-            out[str(path.relative_to(root))] = digest
+    for path in _workspace_files(root):
+        try:
+            out[str(path.relative_to(root))] = hashlib.sha1(path.read_bytes()).hexdigest()
+        except OSError:
+            continue
     return out
 
 

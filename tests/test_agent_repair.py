@@ -134,8 +134,8 @@ def test_status_words_and_repair_message():
 
 def test_repair_message_quotes_a_shared_failure_once_and_names_the_files_it_points_at(tmp_path):
     """Checks failing the same way are quoted once; the turn names the workspace files the
-    output points at (``file:line``, and the file declaring an ``#id`` it names), never a
-    protected one."""
+    output points at (``file:line``, and the file declaring an ``#id`` it names), those of most
+    failing checks first, never a protected one."""
     (tmp_path / "index.html").write_text('<form><div id="new-card-title"></div></form>')
     (tmp_path / "app.js").write_text("render();\n")
     (tmp_path / "app_test.js").write_text("check();\n")
@@ -149,7 +149,8 @@ def test_repair_message_quotes_a_shared_failure_once_and_names_the_files_it_poin
     msg = repair_message(checks, None, tmp_path, 1, 3, protected=lambda p: p.endswith("_test.js"))
     assert msg.count("Output of") == 2 and msg.count(field) == 1
     assert "`edit card`, `search` failed the same way" in msg
-    assert "The failures point at app.js, index.html." in msg  # not the test, not the stylesheet
+    # most failing checks first; not the test, not the stylesheet
+    assert "The failures point at index.html, app.js." in msg
 
 
 def test_repair_rounds_sample_at_the_repair_temperature(tmp_path):
