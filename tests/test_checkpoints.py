@@ -201,8 +201,9 @@ def test_a_continuation_takes_the_ram_checkpoints_buffers(llama, monkeypatch):
     del base
     assert store.stats()["ram"]["entries"] == 0 and store.acquire(toks).source == "none"
     _assert_same(continuation(model, r.cache, toks[30:], toks), ref)
-    # Reusing 20 of a checkpoint's 30 tokens is no continuation past a 4-token slack: a copy.
-    monkeypatch.setattr(store_mod, "HANDOVER_SLACK", 4)
+    # Reusing 20 of a checkpoint's 30 tokens is no continuation (another conversation sharing
+    # a prefix): a copy, even where the slack in tokens would allow it.
+    monkeypatch.setattr(store_mod, "HANDOVER_SLACK", 64)
     store.release(toks[:30], prefilled(model, toks[:30]))
     r = store.acquire(toks[:20] + tokens(8, seed=12), hand_over=True)
     assert (r.source, r.cached_tokens) == ("ram", 20)
@@ -229,10 +230,11 @@ def test_handed_over_buffers_never_change_a_pending_ssd_write(llama, tmp_path, m
     store.release(toks[:10], prefilled(model, toks[:10]))
     assert started.wait(60)  # the writer holds the first file; the second waits in the queue
     store.release(toks[:30], prefilled(model, toks[:30]))
-    other = toks[:24] + tokens(16, seed=14)
+    other = toks[:28] + tokens(16, seed=14)
     r = store.acquire(other, hand_over=True)
-    assert (r.source, r.cached_tokens) == ("ram", 24)
-    continuation(model, r.cache, other[24:], other)  # writes positions 24.. in place or not
+    assert (r.source, r.cached_tokens) == ("ram", 28)
+    assert store.stats()["ram"]["entries"] == 1  # the 30-token checkpoint was handed over
+    continuation(model, r.cache, other[28:], other)  # writes positions 28.. in place or not
     assert store.acquire(toks).cached_tokens == 10  # passed by, not a miss
     gate.set()
     assert store.flush(timeout=60).durable

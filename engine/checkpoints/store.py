@@ -32,8 +32,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# A request that reuses all but at most this many tokens of a RAM checkpoint continues it and
-# takes its buffers (``CheckpointStore._hand_over``).
+# A request that reuses all but at most this many tokens (and at most an eighth) of a RAM
+# checkpoint continues it and takes its buffers (``CheckpointStore._hand_over``).
 HANDOVER_SLACK = 256
 
 
@@ -171,12 +171,13 @@ class CheckpointStore:
         """Lock held. Whether a request reusing ``use`` tokens of ``entry``'s RAM snapshot takes
         its buffers instead of a copy (a 4k-token SmolLM2 checkpoint is ~95 MB of fresh memory
         to fault in and fill: 25-300 ms on the 2-core VM). Only a continuation does -- at most
-        ``HANDOVER_SLACK`` of the checkpoint's tokens past ``use`` (a reply the client did not
-        send back) -- whose own checkpoint at release covers the same prefix again; a shorter
-        reuse (another conversation's shared system prompt) copies its few tokens and leaves
-        the checkpoint to its owner. The entry leaves the RAM tier; its SSD copy (written or
-        pending) stays in the index, and without one the entry is forgotten."""
-        if snap.offset - use > HANDOVER_SLACK or not snap_mod.can_take(snap):
+        ``HANDOVER_SLACK`` and an eighth of the checkpoint's tokens past ``use`` (a reply the
+        client did not send back) -- whose own checkpoint at release covers the same prefix
+        again; a shorter reuse (another conversation's shared system prompt) copies its tokens
+        and leaves the checkpoint to its owner, who otherwise loses at most that slack. The
+        entry leaves the RAM tier; its SSD copy (written or pending) stays in the index, and
+        without one the entry is forgotten."""
+        if snap.offset - use > min(HANDOVER_SLACK, snap.offset // 8) or not snap_mod.can_take(snap):
             return False
         self._drop_ram(entry)
         if entry.path is None and entry.write != "pending":
