@@ -72,6 +72,34 @@ def test_matches_mlx_and_reference_for_every_mask_kind(shape, kv_dtype):
         assert float(mx.abs(scalar - ref).max()) < 3e-6, name
 
 
+@pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16, "q8"])
+def test_views_of_a_longer_cache_buffer_give_the_dense_bits(kv_dtype):
+    """K/V passed as the first S slots of a longer buffer (a static cache's view) are read in
+    place; a transposed layout is copied first: both give the bits of dense copies, for the
+    kernel and the scalar reference alike, batched and causal."""
+    from engine.generation.kv_cache import q8_pack
+
+    B, H, Hk, L, S, cap = 2, 6, 3, 5, 150, 256
+    q, kbuf, vbuf = _qkv(B, H, Hk, L, cap, seed=11, kv_dtype=mx.float16 if kv_dtype == "q8" else kv_dtype)
+    if kv_dtype == "q8":
+        kbuf, vbuf = q8_pack(kbuf.astype(mx.float32), 32), q8_pack(vbuf.astype(mx.float32), 32)
+        rot = {"rotate_q": True}
+    else:
+        rot = {}
+    k, v = kbuf[:, :, :S], vbuf[:, :, :S]
+    kd, vd = mx.array(np.array(k)), mx.array(np.array(v))
+    # (B, S, Hk, row) stored, read as (B, Hk, S, row): rows Hk apart, copied by the primitive
+    kt = mx.array(np.ascontiguousarray(np.array(k).transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3)
+    vt = mx.array(np.ascontiguousarray(np.array(v).transpose(0, 2, 1, 3))).transpose(0, 2, 1, 3)
+    for kw in ({}, {"causal_offset": S - L}):
+        for reference in (False, True):
+            dense = kernels.flash_attention(q, kd, vd, SCALE, reference=reference, **kw, **rot)
+            view = kernels.flash_attention(q, k, v, SCALE, reference=reference, **kw, **rot)
+            moved = kernels.flash_attention(q, kt, vt, SCALE, reference=reference, **kw, **rot)
+            assert np.array_equal(np.array(view), np.array(dense)), (kw, reference)
+            assert np.array_equal(np.array(moved), np.array(dense)), (kw, reference)
+
+
 def test_other_head_sizes_and_value_width():
     q, k, v = _qkv(1, 4, 2, 3, 200, D=128, Dv=32)
     got = kernels.flash_attention(q, k, v, SCALE, causal_offset=197)

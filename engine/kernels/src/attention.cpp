@@ -402,7 +402,18 @@ void begin_split(const Problem& p, const Split& t, Scratch& sc, bool tiled) {
 template <typename T>
 void decode_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, const T* kblk, const T* vblk,
                   const Prefetch& pf) {
+  decode_scores(p, sc, R, n, kblk, pf);
+  decode_pv(p, t, sc, R, kb, n, vblk);
+}
+
+// decode_block's two halves, for callers that run many rows' scores over a block before their
+// value sums (attention_rows.cpp: the K block then stays in L1 across positions, then V).
+template <typename T>
+void decode_scores(const Problem& p, Scratch& sc, int R, int n, const T* kblk, const Prefetch& pf) {
   scores(sc.q.data(), R, kblk, n, p.D, sc.s.data(), pf);
+}
+template <typename T>
+void decode_pv(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, const T* vblk) {
   if (!softmax_block(p, t, sc, R, kb, n, use_avx512())) return;
   pv(sc, R, vblk, n, p.Dv);
 }
@@ -418,17 +429,18 @@ void decode_block_q8(const Problem& p, const Split& t, Scratch& sc, int R, int k
 }
 
 HeadKV head_kv(const Problem& p, int b, int kvh) {
-  const size_t kv_head = size_t(b) * p.Hk + kvh;
+  const size_t k_row = size_t(b) * p.k_batch + size_t(kvh) * p.k_head;  // the head's first row
+  const size_t v_row = size_t(b) * p.v_batch + size_t(kvh) * p.v_head;
   HeadKV h;
   if (p.q8) {
-    h.k8 = static_cast<const uint8_t*>(p.k) + kv_head * p.S * p.kst;
-    h.v8 = static_cast<const uint8_t*>(p.v) + kv_head * p.S * p.vst;
+    h.k8 = static_cast<const uint8_t*>(p.k) + k_row * p.kst;
+    h.v8 = static_cast<const uint8_t*>(p.v) + v_row * p.vst;
   } else if (p.half) {
-    h.k16 = static_cast<const uint16_t*>(p.k) + kv_head * p.S * p.D;
-    h.v16 = static_cast<const uint16_t*>(p.v) + kv_head * p.S * p.Dv;
+    h.k16 = static_cast<const uint16_t*>(p.k) + k_row * p.D;
+    h.v16 = static_cast<const uint16_t*>(p.v) + v_row * p.Dv;
   } else {
-    h.kf32 = static_cast<const float*>(p.k) + kv_head * p.S * p.D;
-    h.vf32 = static_cast<const float*>(p.v) + kv_head * p.S * p.Dv;
+    h.kf32 = static_cast<const float*>(p.k) + k_row * p.D;
+    h.vf32 = static_cast<const float*>(p.v) + v_row * p.Dv;
   }
   return h;
 }
@@ -609,6 +621,10 @@ void run_flash(const Problem& p) {
 }
 
 // The causal prompt rows' decode tiles (attention_rows.cpp) run decode_block on float K/V.
+template void decode_scores<float>(const Problem&, Scratch&, int, int, const float*, const Prefetch&);
+template void decode_scores<uint16_t>(const Problem&, Scratch&, int, int, const uint16_t*, const Prefetch&);
+template void decode_pv<float>(const Problem&, const Split&, Scratch&, int, int, int, const float*);
+template void decode_pv<uint16_t>(const Problem&, const Split&, Scratch&, int, int, int, const uint16_t*);
 template void decode_block<float>(const Problem&, const Split&, Scratch&, int, int, int, const float*, const float*,
                                   const Prefetch&);
 

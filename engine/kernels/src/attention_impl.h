@@ -31,6 +31,9 @@ struct Problem {
   int G;      // q8 group size along the head dim
   size_t kst, vst;  // q8: bytes per K / V row
   int B, H, L, D, Hk, S, Dv, Bm, Lm;
+  // Rows between batch entries and between KV heads of K and V (dense: Hk * S and S). A view of
+  // a longer cache buffer (the first S of its slots) is read in place, not copied first.
+  size_t k_batch, k_head, v_batch, v_head;
   float scale;
   int mode, offset, window;
   bool rotate;  // q times the orthonormal Walsh-Hadamard matrix first (q8 K rows are rotated)
@@ -80,6 +83,10 @@ struct HeadKV {
 void rotate_row(float* x, int D);
 void quantize_q(const float* q, int D, int G, int8_t* qi, float* qs);
 void begin_split(const Problem& p, const Split& t, Scratch& sc, bool tiled);
+template <typename T>  // float and uint16_t (float16), instantiated in attention.cpp
+void decode_scores(const Problem& p, Scratch& sc, int R, int n, const T* kblk, const Prefetch& pf);
+template <typename T>
+void decode_pv(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, const T* vblk);
 template <typename T>  // instantiated for float in attention.cpp
 void decode_block(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, const T* kblk, const T* vblk,
                   const Prefetch& pf);

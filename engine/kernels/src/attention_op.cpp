@@ -2,6 +2,7 @@
 // evaluation handing the problem to attention.cpp's kernel (or the scalar reference).
 #include "attention.h"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,6 +14,51 @@
 
 namespace mlxterm {
 
+namespace {
+
+// K or V as the kernel reads it: rows of the last dim dense, batch entries and heads any whole
+// number of rows apart (a view of the first S slots of a longer cache buffer is read in place:
+// copying it cost more than the attention, 0.9 ms per layer at 4k float16 keys). Anything else
+// (and every input of the scalar reference, which indexes densely) is copied to a dense array
+// when the task runs.
+struct KVRows {
+  mx::array src, dense;  // dense: the copy's buffer, or src itself
+  size_t batch, head;    // rows between batch entries / heads of what the kernel reads
+  bool copy;
+};
+
+KVRows kv_rows(const mx::array& a, bool force_dense) {
+  const size_t row = size_t(a.shape(3)), S = size_t(a.shape(2)), Hk = size_t(a.shape(1));
+  const auto& st = a.strides();
+  const bool rows_dense = (st[3] == 1 || a.shape(3) == 1) && (size_t(st[2]) == row || S == 1) &&
+                          size_t(st[1]) % row == 0 && size_t(st[0]) % row == 0;
+  if (rows_dense && !force_dense) return {a, a, size_t(st[0]) / row, size_t(st[1]) / row, false};
+  if (a.flags().row_contiguous) return {a, a, Hk * S, S, false};
+  mx::array dense(a.shape(), a.dtype(), nullptr, {});
+  dense.set_data(mx::allocator::malloc(dense.nbytes()));
+  return {a, dense, Hk * S, S, true};
+}
+
+// The dense copy of a strided K or V (run inside the task: the input is computed by then).
+void copy_rows(const KVRows& r) {
+  const mx::array& a = r.src;
+  const size_t item = a.itemsize(), row = size_t(a.shape(3)) * item;
+  const auto& st = a.strides();
+  const auto* src = static_cast<const uint8_t*>(a.data<void>());
+  auto* dst = static_cast<uint8_t*>(const_cast<void*>(r.dense.data<void>()));
+  for (int b = 0; b < a.shape(0); ++b)
+    for (int h = 0; h < a.shape(1); ++h)
+      for (int s = 0; s < a.shape(2); ++s) {
+        const uint8_t* from = src + (size_t(b) * st[0] + size_t(h) * st[1] + size_t(s) * st[2]) * item;
+        if (st[3] == 1) std::memcpy(dst, from, row);
+        else
+          for (int d = 0; d < a.shape(3); ++d) std::memcpy(dst + d * item, from + size_t(d) * st[3] * item, item);
+        dst += row;
+      }
+}
+
+}  // namespace
+
 void FlashAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& enc = mx::cpu::get_command_encoder(stream());
@@ -23,8 +69,10 @@ void FlashAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   p.q = q.data<float>();
   p.half = k.dtype() == mx::float16;
   p.q8 = k.dtype() == mx::uint8;
-  p.k = k.data<void>();
-  p.v = v.data<void>();
+  const KVRows kr = kv_rows(k, reference_), vr = kv_rows(v, reference_);
+  p.k = kr.dense.data<void>();
+  p.v = vr.dense.data<void>();
+  p.k_batch = kr.batch, p.k_head = kr.head, p.v_batch = vr.batch, p.v_head = vr.head;
   p.mask = inputs.size() > 3 ? inputs[3].data<float>() : nullptr;
   p.out = out.data<float>();
   p.B = q.shape(0), p.H = q.shape(1), p.L = q.shape(2), p.D = q.shape(3);
@@ -39,7 +87,11 @@ void FlashAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   p.Lm = inputs.size() > 3 ? inputs[3].shape(2) : 1;
   p.scale = scale_, p.mode = mode_, p.offset = offset_, p.window = window_, p.rotate = rotate_;
   const bool reference = reference_;
-  enc.dispatch([p, reference]() { reference ? attn::run_reference(p) : attn::run_flash(p); });
+  enc.dispatch([p, reference, kr, vr]() {
+    if (kr.copy) copy_rows(kr);
+    if (vr.copy) copy_rows(vr);
+    reference ? attn::run_reference(p) : attn::run_flash(p);
+  });
 }
 
 void FlashAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
@@ -87,7 +139,8 @@ mx::array flash_attention(
   if (mode < 0 || mode > 2) bad("mode must be 0 (none), 1 (causal) or 2 (array mask).");
   auto st = mx::to_stream(s);
   if (st.device != mx::Device::cpu) bad("runs on the CPU stream only.");
-  std::vector<mx::array> inputs = {contiguous_in(q, st), contiguous_in(k, st), contiguous_in(v, st)};
+  // K and V go in as they are (views of a cache buffer included): see kv_rows.
+  std::vector<mx::array> inputs = {contiguous_in(q, st), k, v};
   if (mode == 2) {
     if (!mask || mask->ndim() != 4 || mask->shape(1) != 1 || mask->shape(3) != S ||
         (mask->shape(2) != 1 && mask->shape(2) != L) || (mask->shape(0) != 1 && mask->shape(0) != B))

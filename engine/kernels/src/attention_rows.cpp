@@ -68,7 +68,6 @@ void run_flash_rows(const Problem& p) {
   Pool& pool = Pool::get();
   pool.run(int(tasks.size()), [&](int ti) {
     thread_local std::vector<Scratch> scs;
-    thread_local std::vector<float> kf, vf;
     const Group& g = groups[tasks[ti].group];
     const int sp = tasks[ti].sp;
     if (int(scs.size()) < g.ni) scs.resize(g.ni);
@@ -85,22 +84,33 @@ void run_flash_rows(const Problem& p) {
     const HeadKV h = head_kv(p, g.b, g.kvh);
     const Prefetch none{};
     for (int kb = s0; kb < khi; kb += kBlock) {
-      const int n = std::min(kBlock, khi - kb);
-      const float* kblk = h.kf32 ? h.kf32 + size_t(kb) * p.D : nullptr;
-      const float* vblk = h.vf32 ? h.vf32 + size_t(kb) * p.Dv : nullptr;
+      auto split_of = [&](int j) {
+        const int e = end_of(g.i0 + j);
+        return Split{g.b, g.kvh, g.i0 + j, 1, std::min(e, s0), std::min(e, s1)};
+      };
+      auto keys_of = [&](int j) { return std::min(kBlock, std::min(end_of(g.i0 + j), s1) - kb); };
+      if (p.q8) {
+        for (int j = 0; j < g.ni; ++j)
+          decode_block_q8(p, split_of(j), scs[j], rep, kb, keys_of(j), h.k8 + size_t(kb) * p.kst,
+                          h.v8 + size_t(kb) * p.vst, none);
+        continue;
+      }
+      // Every position's scores over the block, then every position's value sums: the K block
+      // stays in L1 across positions, then the V block (run position by position, each re-read
+      // both from L2).
+      // Each position's arithmetic is the decode's, in the decode's order; float16 rows are
+      // widened in registers as the decode widens them (half the bytes to keep in L1).
       if (p.half) {
-        kf.resize(size_t(kBlock) * p.D);
-        vf.resize(size_t(kBlock) * p.Dv);
-        widen(h.k16 + size_t(kb) * p.D, kf.data(), n * p.D);
-        widen(h.v16 + size_t(kb) * p.Dv, vf.data(), n * p.Dv);
-        kblk = kf.data(), vblk = vf.data();
+        const uint16_t* kblk = h.k16 + size_t(kb) * p.D;
+        const uint16_t* vblk = h.v16 + size_t(kb) * p.Dv;
+        for (int j = 0; j < g.ni; ++j) decode_scores(p, scs[j], rep, keys_of(j), kblk, none);
+        for (int j = 0; j < g.ni; ++j) decode_pv(p, split_of(j), scs[j], rep, kb, keys_of(j), vblk);
+        continue;
       }
-      for (int j = 0; j < g.ni; ++j) {
-        const int e = end_of(g.i0 + j), nj = std::min(kBlock, std::min(e, s1) - kb);
-        const Split t{g.b, g.kvh, g.i0 + j, 1, std::min(e, s0), std::min(e, s1)};
-        if (p.q8) decode_block_q8(p, t, scs[j], rep, kb, nj, h.k8 + size_t(kb) * p.kst, h.v8 + size_t(kb) * p.vst, none);
-        else decode_block(p, t, scs[j], rep, kb, nj, kblk, vblk, none);
-      }
+      const float* kblk = h.kf32 + size_t(kb) * p.D;
+      const float* vblk = h.vf32 + size_t(kb) * p.Dv;
+      for (int j = 0; j < g.ni; ++j) decode_scores(p, scs[j], rep, keys_of(j), kblk, none);
+      for (int j = 0; j < g.ni; ++j) decode_pv(p, split_of(j), scs[j], rep, kb, keys_of(j), vblk);
     }
     for (int j = 0; j < g.ni; ++j) {
       const Split t{g.b, g.kvh, g.i0 + j, 1, 0, 0};
