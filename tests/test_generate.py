@@ -127,3 +127,27 @@ def test_constraint_masks_tokens_after_trigger(tiny_llama_dir):
     assert got[:3] == free[:3]  # unconstrained until the trigger
     assert all(t in (7, 8, 9) for t in got[3:])
     assert c.seen == got
+
+
+@pytest.mark.parametrize("close_after_first", [False, True])
+def test_first_token_streams_before_any_decode_step(tiny_llama_dir, monkeypatch, close_after_first):
+    """The first token comes straight from the prompt's logits, before a decode step is queued
+    (a step's async_eval blocks for most of the step on the CPU); the step that feeds it still
+    runs, also when the caller stops at that token, so the cache covers the whole reply."""
+    from engine.generation import generate as gen
+
+    model, _ = load_model(tiny_llama_dir)
+    calls = []
+    real = gen.DecodeStep.__call__
+    monkeypatch.setattr(gen.DecodeStep, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    cache = make_cache(model)
+    steps = generate_step(model, PROMPT, cache, SamplingParams(temperature=0.0, max_tokens=5))
+    first = next(steps).token
+    assert calls == [] and cache[0].offset == len(PROMPT)
+    if close_after_first:
+        steps.close()
+        rest = []
+    else:
+        rest = [o.token for o in steps]
+    assert [first, *rest] == _stock_greedy(model, PROMPT, 5)[: 1 + len(rest)]
+    assert cache[0].offset == len(PROMPT) + 1 + len(rest)

@@ -234,6 +234,18 @@ def generate_step(
         return
 
     n = 0
+    early = constraint is None  # the first token streams before the step that feeds it
+    if early:
+        # The prompt's logits are evaluated, so the first token is ready: stream it before
+        # queueing the step. On the CPU, async_eval returns only once most of a step's ops ran
+        # (MLX bounds the tasks in flight), so queueing first would delay it by a step.
+        try:
+            yield StepOutput(int(y.item()), logprobs)
+        except GeneratorExit:
+            step(cache, y, key, recent, None)  # fed all the same (see below)
+            mx.eval([c.state for c in cache])
+            raise
+        n = 1
     while True:
         token = None
         if constraint is not None:
@@ -244,8 +256,11 @@ def generate_step(
         # whole reply and the next turn starts from its checkpoint without re-feeding it.
         next_y, next_logprobs, key, recent = step(cache, y, key, recent, mask_now())
         mx.async_eval(next_y, next_logprobs)
-        yield StepOutput(int(y.item()) if token is None else token, logprobs)
-        n += 1
+        if early:
+            early = False  # y was streamed above
+        else:
+            yield StepOutput(int(y.item()) if token is None else token, logprobs)
+            n += 1
         if n >= params.max_tokens:
             return
         y, logprobs = next_y, next_logprobs
