@@ -70,18 +70,20 @@ class GateAfter:
 
 
 class OnToken:
-    """``inner``'s constraint that calls ``fn`` on the engine thread at its first token: the
-    test acts at a known point of the run, not after a race with the engine."""
+    """``inner``'s constraint that calls ``fn`` on the engine thread at its ``at``-th token
+    (default the first): the test acts at a known point of the run, not after a race with the
+    engine."""
 
-    def __init__(self, inner, fn):
-        self.inner, self.fn = inner, fn
+    def __init__(self, inner, fn, at: int = 1):
+        self.inner, self.fn, self.left = inner, fn, at
 
     def allowed(self):
         return self.inner.allowed()
 
     def advance(self, token: int) -> None:
         self.inner.advance(token)
-        if self.fn is not None:
+        self.left -= 1
+        if self.fn is not None and self.left <= 0:
             self.fn, fn = None, self.fn
             fn()
 

@@ -162,7 +162,7 @@ def test_pipelined_steps_keep_solo_tokens_and_checkpoints(engines):
     n = len(cancelled.completion_token_ids)
     assert cancelled.finish_reason == "cancelled"
     assert 6 <= n < 400 and cancelled.completion_token_ids == long_ref.completion_token_ids[:n]
-    assert eng.scheduler_stats()["batched_overlapped"] - before >= 10  # the pipeline ran
+    assert eng.scheduler_stats()["batched_overlapped"] - before >= 8  # the pipeline ran
 
     for i, done in enumerate(dones):
         context = done.prompt_token_ids + done.completion_token_ids
@@ -466,9 +466,9 @@ def test_newcomers_prefill_together_and_match_their_solo_runs(
     calls = []
     real = scheduler.prefill_together
 
-    def spy(model, caches, chunks):
+    def spy(model, caches, chunks, logits=False):
         calls.append([len(c) for c in chunks])
-        return real(model, caches, chunks)
+        return real(model, caches, chunks, logits)
 
     monkeypatch.setattr(scheduler, "prefill_together", spy)
     first = eng.submit(

@@ -36,7 +36,8 @@ def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, e
         # The blocker holds the engine thread at its first token (serial lane) while the tail
         # and short rows are submitted, so both arrive while it decodes; it cannot end by
         # itself (no EOS, a budget it does not reach first): the short row cancels it at its
-        # own first token, when the tail is batched; then the short row leaves and the tail
+        # own second token (its first comes from its prefill, its second from a batched step
+        # of all three), when the tail is batched; then the short row leaves and the tail
         # decodes alone. Every step is a token boundary, none a race with the engine thread.
         blocker = dict(prompt=prompt_ids(spec_eng, "blocker"), params=s(max_tokens=400), no_eos=True)
         short = dict(prompt=prompt_ids(spec_eng, "short one"), params=s(max_tokens=4), no_eos=True)
@@ -71,7 +72,7 @@ def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, e
                         GenerationRequest(
                             list(short["prompt"]),
                             short["params"],
-                            constraint=OnToken(NoEos(spec_eng), first.cancel),
+                            constraint=OnToken(NoEos(spec_eng), first.cancel, at=2),
                             split_reasoning=False,
                         )
                     ),
@@ -102,20 +103,20 @@ def test_lone_batched_row_returns_to_the_serial_lane(tmp_path, tiny_llama_dir, e
 def test_a_chat_turn_joining_background_rows_gets_its_first_token_from_its_own_forward(
     tmp_path, tiny_llama_dir, engines, monkeypatch
 ):
-    """An interactive request outranking every running row feeds its last prompt token alone
-    (as the serial lane does) instead of waiting for the batch's next step; its tokens are
-    still its solo run's."""
+    """An interactive request joining background rows draws its first token from the logits
+    of its own prefill chunk (no separate pass for its last prompt token, no wait for the
+    batch's next step); its tokens are still its solo run's."""
     from engine.serving import scheduler
 
     solo, _ = engines
     chat = dict(prompt=prompt_ids(solo, "quick question"), params=solo.sampling(max_tokens=12))
     ref = solo_done(solo, chat)
-    one_token_feeds = []
+    logit_chunks = []  # prefill calls whose logits are read: (first token, last token, length)
     real = scheduler.prefill
 
     def counting(model, cache, tokens, *a, **kw):
-        if len(tokens) == 1 and kw.get("logits", True):
-            one_token_feeds.append(tokens[0])
+        if kw.get("logits", True):
+            logit_chunks.append((tokens[0], tokens[-1], len(tokens)))
         return real(model, cache, tokens, *a, **kw)
 
     monkeypatch.setattr(scheduler, "prefill", counting)
@@ -134,14 +135,16 @@ def test_a_chat_turn_joining_background_rows_gets_its_first_token_from_its_own_f
         ]
         for h in bg:
             streaming(h)
-        one_token_feeds.clear()
+        logit_chunks.clear()
         done = eng.submit(request_of(eng, chat, priority=Priority.INTERACTIVE)).result(60)
         for h in bg:
             h.cancel()
         for h in bg:
             h.result(60)
     assert done.lane == "batched" and done.batch_max == 3
-    assert one_token_feeds == [chat["prompt"][-1]]
+    # one chunk with logits, ending the chat prompt (its reused prefix aside)
+    (first, last, length), = logit_chunks
+    assert last == chat["prompt"][-1] and first == chat["prompt"][-length] and length > 1
     assert done.completion_token_ids == ref.completion_token_ids
 
 
@@ -172,9 +175,10 @@ def test_a_burst_starts_decoding_together_and_keeps_its_solo_tokens(
         assert done.lane == "batched" and done.batch_min == done.batch_max == n
     d = {k: after[k] - before[k] for k in after}
     assert d["held_ticks"] >= 1 and d["serial_steps"] == 0
-    # one step per reply token, then the step that feeds every row's last token
-    assert d["batched_steps"] == tokens + 1 and d["batched_rows"] == n * (tokens + 1)
-    assert d["prefill_tokens"] == sum(len(s["prompt"]) - 1 for s in specs)
+    # the first token from each row's prefill, one step per later token, then the step that
+    # feeds every row's last token
+    assert d["batched_steps"] == tokens and d["batched_rows"] == n * tokens
+    assert d["prefill_tokens"] == sum(len(s["prompt"]) for s in specs)
 
 
 def test_a_chat_turn_is_not_held_behind_a_burst_of_background_prefill(
@@ -292,10 +296,10 @@ def test_identical_prompts_prefill_once_and_keep_each_seeds_solo_tokens(
         assert done.lane == "batched" and done.batch_max == len(specs), i
     assert [x.token for x in dones[2].logprobs] == [x.token for x in refs[2].logprobs]
     assert len({tuple(d.completion_token_ids) for d in dones[:3]}) == 3  # the seeds differ
-    assert after["prefill_tokens"] - before["prefill_tokens"] == len(prompt) - 1  # once
+    assert after["prefill_tokens"] - before["prefill_tokens"] == len(prompt)  # once
     twins = len(specs) - 1
     assert [d.cache_source for d in dones] == ["none"] + ["twin"] * twins
-    assert [d.usage.cached_tokens for d in dones] == [0] + [len(prompt) - 1] * twins
+    assert [d.usage.cached_tokens for d in dones] == [0] + [len(prompt)] * twins
 
 
 def test_cancelling_the_prefilling_request_still_answers_its_twins(
@@ -340,7 +344,7 @@ def test_cancelling_the_prefilling_request_still_answers_its_twins(
         assert dones[i].completion_token_ids == refs[i].completion_token_ids, i
         assert dones[i].text == refs[i].text, i
     # nothing prefilled twice: the heir went on from the cancelled row's chunks
-    assert after["prefill_tokens"] - before["prefill_tokens"] == len(prompt) - 1
+    assert after["prefill_tokens"] - before["prefill_tokens"] == len(prompt)
     assert (dones[1].cache_source, dones[1].usage.cached_tokens) == ("none", 0)
     assert [d.cache_source for d in dones[3:]] == ["twin", "twin"]
 
@@ -396,7 +400,7 @@ def test_a_draft_arriving_after_its_twins_prefill_copies_the_decoding_rows_kv(
         late = eng.submit(reqs[1])
         gates[0].release.set()
         assert late.result(60).cache_source == "twin"
-        assert eng.scheduler_stats()["prefill_tokens"] - before == len(prompt) - 1
+        assert eng.scheduler_stats()["prefill_tokens"] - before == len(prompt)
         third = eng.submit(reqs[2])
         gates[1].reached.wait(60)  # ``third`` decoding with ``first`` (200 tokens) in a batch
         fourth = eng.submit(reqs[3])
@@ -408,7 +412,7 @@ def test_a_draft_arriving_after_its_twins_prefill_copies_the_decoding_rows_kv(
         assert done.text == ref.text, i
     # the third restores the chat template's prefix from an earlier row's checkpoint
     assert [d.cache_source for d in dones] == ["none", "twin", "ram", "twin"]
-    assert dones[1].usage.cached_tokens == len(prompt) - 1 and dones[1].lane == "batched"
-    assert dones[3].usage.cached_tokens == len(other) - 1 and dones[3].batch_max == 3
-    tail = len(other) - 1 - dones[2].usage.cached_tokens
-    assert after - before == len(prompt) - 1 + tail  # each prompt prefilled once
+    assert dones[1].usage.cached_tokens == len(prompt) and dones[1].lane == "batched"
+    assert dones[3].usage.cached_tokens == len(other) and dones[3].batch_max == 3
+    tail = len(other) - dones[2].usage.cached_tokens
+    assert after - before == len(prompt) + tail  # each prompt prefilled once

@@ -100,7 +100,7 @@ def test_requests_prefilled_together_keep_their_float16_kv(tmp_path, tiny_llama_
         rows = [pc.new_cache() for _ in chunks]
         for cache in rows:
             prefill(pc.model, cache, head, logits=False)
-        joint = prefill_together(pc.model, rows, chunks)
+        joint, _ = prefill_together(pc.model, rows, chunks)
         for chunk, got in zip(chunks, joint, strict=True):
             solo = pc.new_cache()
             prefill(pc.model, solo, head, logits=False)

@@ -15,7 +15,7 @@ Design notes, measurements and history: docs/engine-notes.md (batch.py).
 from __future__ import annotations
 
 from engine import kernels
-from engine.generation.generate import per_model
+from engine.generation.generate import last_logits, per_model
 from engine.generation.kv_cache import StaticKVCache, WindowKVCache, _stored
 from engine.kernels.hook import fused_active
 
@@ -291,16 +291,19 @@ def batched_logits(model, tokens: list[int | mx.array] | mx.array, kv: BatchKV) 
     return logits
 
 
-def prefill_together(model, caches: list[list], chunks: list[list[int]]) -> list[list]:
+def prefill_together(
+    model, caches: list[list], chunks: list[list[int]], logits: bool = False
+) -> tuple[list[list], mx.array | None]:
     """Feed equal-length ``chunks`` (one per request) after each request's ``caches`` in one
     forward; returns each request's caches holding its history plus its chunk.
 
     Every request's caches must hold the same number of tokens: the rows are then stacked
     without padding and the forward is the solo prefill's, batch dimension aside (scalar
-    RoPE offset, "causal" mask), so each row rounds exactly as it would alone. Only the caches
-    are evaluated: no logits are needed (the decode lanes feed the last prompt token), so the
-    output projection over every position is never computed. Full-attention float caches
-    only (see ``batchable``; sliding windows prefill one request at a time)."""
+    RoPE offset, "causal" mask), so each row rounds exactly as it would alone. ``logits``:
+    also each row's last-position logits (B, vocab), as ``prefill`` computes them alone
+    (``last_logits``); else only the caches are evaluated and the output head never runs.
+    Returns (caches per request, logits or None). Full-attention float caches only (see
+    ``batchable``; sliding windows prefill one request at a time)."""
     offset = caches[0][0].offset
     if any(c[0].offset != offset for c in caches):
         raise ValueError("prefill_together needs caches of one length")
@@ -312,8 +315,8 @@ def prefill_together(model, caches: list[list], chunks: list[list[int]]) -> list
             kv.values = mx.concatenate([c.values[..., :offset, :] for c in layer])
             kv.offset = offset
         layers.append(kv)
-    model(mx.array(chunks, dtype=mx.int32), cache=layers)
-    mx.eval([(kv.keys, kv.values) for kv in layers])
+    out_logits = last_logits(model, mx.array(chunks, dtype=mx.int32), layers)
+    mx.eval([(kv.keys, kv.values) for kv in layers], *([out_logits] if logits else []))
     out = []
     for i in range(len(chunks)):
         row = []
@@ -323,4 +326,4 @@ def prefill_together(model, caches: list[list], chunks: list[list[int]]) -> list
             c.offset = kv.offset
             row.append(c)
         out.append(row)
-    return out
+    return out, (out_logits if logits else None)

@@ -63,10 +63,22 @@ def prefill(
 _SPLIT_HEAD = ("llama", "qwen2", "qwen3", "gemma3_text")
 
 # The head runs on this many trailing rows, not one: matmul implementations pick their
-# algorithm by row count (the CPU kernels switch to float panels at 16 rows, BLAS from gemv
-# to gemm), and each row of a panel/gemm result does not depend on the others, so the last
-# row comes out bit-identical to a head over every position at 16/L of the cost.
+# algorithm by row count (BLAS from gemv to gemm, the CPU kernels' float panels when their
+# int8 paths are switched off), and each row of a gemm result does not depend on the others,
+# so the last row comes out bit-identical to a head over every position at 16/L of the cost.
+# Where the CPU kernels' int8 paths run the head, a row's bits do not depend on the row
+# count at all (docs/kernels.md), so one row is enough (_head_rows).
 HEAD_ROWS = 16
+
+
+def _head_rows(head, hidden: int) -> int:
+    from engine import kernels
+    from engine.kernels import hook
+
+    module = getattr(head, "__self__", head)  # a tied head is its embedding's as_linear
+    if not hook.runs_on_kernels(module, hidden):
+        return HEAD_ROWS
+    return 1 if kernels.prefill_path(HEAD_ROWS) not in (None, "float panels") else HEAD_ROWS
 
 
 def last_logits(model, inputs: mx.array, cache: list) -> mx.array:
@@ -85,8 +97,8 @@ def last_logits(model, inputs: mx.array, cache: list) -> mx.array:
             h = model.model(inputs, cache)
     else:
         h = model.model(inputs, cache)
-    h = h[:, -HEAD_ROWS:, :]
     head = model.lm_head if "lm_head" in model else model.model.embed_tokens.as_linear
+    h = h[:, -_head_rows(head, h.shape[-1]) :, :]
     return head(h)[:, -1, :]
 
 
@@ -186,6 +198,7 @@ def generate_step(
     prefill_model=None,
     speculation: Speculation | None = None,
     key: mx.array | None = None,
+    logits: mx.array | None = None,
 ) -> Iterator[StepOutput]:
     """Yield sampled tokens for ``prompt`` (the part of the context not yet in ``cache``).
 
@@ -197,8 +210,10 @@ def generate_step(
     (engine.generation.speculation.verify); the tokens are the same, still yielded one by one.
     ``key``: the PRNG key to continue from instead of ``params.seed``'s (a request resuming
     mid-reply, e.g. a batched row returning to the serial lane, keeps its key schedule).
+    ``logits``: the last prompt position's (1, vocab) logits when the caller has already fed the
+    whole prompt into ``cache`` (``prompt`` then empty; the scheduler's chunked prefill).
     """
-    if not prompt:
+    if not prompt and logits is None:
         raise ValueError("generate_step needs at least one new prompt token")
     window = max(1, params.repetition_context)
     past = (history or prompt)[-window:]
@@ -207,9 +222,10 @@ def generate_step(
         seed = params.seed if params.seed is not None else int.from_bytes(_urandom(4), "little")
         key = mx.random.key(seed)
 
-    logits = prefill(prefill_model or model, cache, prompt, prefill_chunk, progress, should_stop)
-    if should_stop and should_stop():
-        return
+    if logits is None:
+        logits = prefill(prefill_model or model, cache, prompt, prefill_chunk, progress, should_stop)
+        if should_stop and should_stop():
+            return
     vocab = logits.shape[-1]
 
     def mask_now() -> mx.array | None:

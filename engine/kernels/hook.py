@@ -30,6 +30,12 @@ def _fits(m: nn.Module, K: int) -> bool:
     )
 
 
+def runs_on_kernels(m: nn.Module, K: int) -> bool:
+    """Whether ``m`` (a quantized linear or embedding-as-linear) runs its matmul of ``K``
+    input features on the kernels now."""
+    return type(m) in (KernelQuantizedLinear, KernelQuantizedEmbedding) and _fits(m, K)
+
+
 def _matmul(m: nn.Module, x: mx.array) -> mx.array:
     y = kernels.quantized_matmul(
         x, *kernels.qparams(m), m.group_size, m.bits, symmetric=kernels.symmetric(m)

@@ -43,6 +43,9 @@ class Row:
         self.spec = None  # serial lane: the request's speculative decoder, if its profile has one
         self.spec_shown = 0  # verification rounds already reported
         self.pending: int | None = None  # batched lane: sampled, not yet fed
+        # the prompt's last logits, from the prefill chunk that ended it: the first token is
+        # drawn from them (kept while the row runs: a live fork of its prompt draws from them too)
+        self.first_logits: mx.array | None = None
         self.steps = None  # serial lane: the generate_step generator
         self.leaving = False
         self.final_fed = False  # leaving, and a launched step already feeds its last token
@@ -88,6 +91,11 @@ class Row:
     def kv_need(self) -> int:
         """Tokens this request may hold in KV: its prompt plus every token it may generate."""
         return len(self.prompt) + self.params.max_tokens
+
+    @property
+    def decoded(self) -> bool:
+        """Whether a decode step ran for this row (its first token comes from the prefill)."""
+        return self.sizes[0] > 0
 
     def shared(self, rows: int) -> None:
         s = self.sizes

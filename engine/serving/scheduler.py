@@ -204,7 +204,7 @@ class Scheduler:
         the tokens do not change (each row's are its solo run's), only when steps run."""
         if self.solo is not None or not self.rows or not self.prefilling:
             return False
-        if any(r.generated or r.leaving or r.handle.cancelled for r in self.rows):
+        if any(r.decoded or r.leaving or r.handle.cancelled for r in self.rows):
             return False
         if max(r.priority for r in self.rows) > min(r.priority for r in self.prefilling + self._twins()):
             return False
@@ -298,7 +298,8 @@ class Scheduler:
         """One prefill chunk of the most urgent newcomer, run in one forward with the same
         chunk of every other newcomer at the same position with as much prompt left (rows
         whose solo prefill would run that very chunk shape); rows whose prompt is then in the
-        cache start decoding."""
+        cache start decoding, their first token drawn from the chunk's last logits (as
+        ``generate_step`` draws it after its own prefill: no separate pass for the last token)."""
         urgent = sorted(self.prefilling, key=lambda r: (-r.rank, r.seq))
         row = urgent[0]
         group = [row]
@@ -315,21 +316,27 @@ class Scheduler:
                     if r.filled == row.filled and min(PREFILL_CHUNK, _left(r)) == n
                 ]
                 group += fits[: max(0, PREFILL_TOKENS // n - 1)]
+            ends = [_left(r) == n for r in group]  # chunks that end their prompt give logits
             if len(group) > 1:
-                caches = prefill_together(
+                caches, logits = prefill_together(
                     self.prefill_model,
                     [r.cache for r in group],
                     [r.prompt[r.filled : r.filled + n] for r in group],
+                    logits=any(ends),
                 )
-                for r, cache in zip(group, caches, strict=True):
+                for i, (r, cache) in enumerate(zip(group, caches, strict=True)):
                     r.cache = cache
-            else:  # the body's logits are never read: the decode lanes feed the last token
-                prefill(
+                    if ends[i]:
+                        r.first_logits = logits[i : i + 1]
+            else:  # a prompt body's logits are never read
+                out = prefill(
                     self.prefill_model,
                     row.cache,
                     row.prompt[row.filled : row.filled + n],
-                    logits=False,
+                    logits=ends[0],
                 )
+                if ends[0]:
+                    row.first_logits = out
             self.stats.prefill_forwards += 1
             self.stats.prefill_tokens += n * len(group)
             for r in group:
@@ -351,9 +358,10 @@ class Scheduler:
 
     def _fork_live(self, row: Row) -> bool:
         """Admit ``row`` with a copy of the prompt KV of a decoding row of the same prompt (a
-        draft that arrived after its twin's prefill ended): positions before the prompt's last
-        token hold exactly what its prefill computed. Full-attention caches only (a sliding
-        window may have dropped them); the row then starts decoding at the next chunk."""
+        draft that arrived after its twin's prefill ended): the prompt's positions hold exactly
+        what its prefill computed, and its first token is drawn from the same prompt logits.
+        Full-attention caches only (a sliding window may have dropped them); the row then
+        starts decoding at the next chunk."""
         if not self.prefill_rows or len(row.prompt) < 2:
             return False
         same = [r for r in ([self.solo] if self.solo else []) + self.rows if r.prompt == row.prompt]
@@ -362,22 +370,24 @@ class Scheduler:
             return False
         src = same[0]
         cache = src.cache if src is self.solo else self.kv.take(self.rows.index(src))
-        got = self.runner.cache.fork(cache, row.prompt, row.req.session_id, use=len(row.prompt) - 1)
+        got = self.runner.cache.fork(cache, row.prompt, row.req.session_id, use=len(row.prompt))
         row.cache, row.cached, row.source = got.cache, got.cached_tokens, got.source
+        row.first_logits = src.first_logits
         row.restore_ms, row.filled = got.restore_ms, got.cached_tokens
         self.prefilling.append(row)
         return True
 
     def _fork(self, row: Row) -> list[Row]:
-        """``row``'s twins, each given a copy of its cache (the prompt but its last token):
-        they decode as if they had restored and prefilled it themselves, which would have
-        computed the same KV (same restored prefix, same chunks). Their Done says so:
-        cache_source "twin", every prefilled token counted as cached."""
+        """``row``'s twins, each given a copy of its cache (the whole prompt) and its prompt
+        logits: they decode as if they had restored and prefilled it themselves, which would
+        have computed the same KV and logits (same restored prefix, same chunks). Their Done
+        says so: cache_source "twin", every prefilled token counted as cached."""
         twins, row.twins = row.twins, []
         for t in twins:
             got = self.runner.cache.fork(row.cache, t.prompt, t.req.session_id)
             t.cache, t.cached, t.source = got.cache, got.cached_tokens, got.source
             t.restore_ms, t.filled = got.restore_ms, row.filled
+            t.first_logits = row.first_logits
         return twins
 
     def _start_solo(self, row: Row) -> None:
@@ -388,38 +398,26 @@ class Scheduler:
             row.spec = self.runner.speculator.new()
         row.steps = generate_step(
             self.model,
-            row.prompt[-1:],
+            [],
             row.cache,
             row.params,
             history=row.prompt,
             should_stop=lambda: row.handle.cancelled,
             constraint=row.constraint,
-            prefill_model=self.runner.bundle.prefill_model,
             speculation=row.spec,
+            logits=row.first_logits,
         )
         self.solo = row
 
     def _join_batch(self, row: Row) -> None:
-        """Add a prefilled row to the batch; its first reply token comes from the next batched
-        step, which feeds its last prompt token together with the running rows' tokens. It is
-        fed alone, exactly as the serial lane feeds it, when a separate prefill model ("hybrid"
-        weights) must feed it, or when the row outranks every running row (a chat turn while
-        agent or background rows decode): its first token then does not wait for a step of
-        the whole batch."""
+        """Add a prefilled row to the batch: its first reply token, drawn from its prompt
+        logits as the serial lane draws it, streams now; the next batched step feeds it."""
         row.start_sampler()
-        first = None
-        urgent = bool(self.rows) and row.priority > max(r.priority for r in self.rows)
-        if self.prefill_model is not self.model or urgent:
-            logits = prefill(self.prefill_model, row.cache, row.prompt[-1:])
-            row.filled += 1
-            first = row.draw(logits)
-        else:
-            row.pending = row.prompt[-1]
+        first = row.draw(row.first_logits)
         self.kv.add(row.cache)
         row.cache = None
         self.rows.append(row)
-        if first is not None:
-            self._took(row, *first)
+        self._took(row, *first)
 
     def _alone(self) -> bool:
         """One batched row left, nothing joining or leaving: it can decode in the serial lane."""
@@ -444,19 +442,14 @@ class Scheduler:
         if row.spec is None and row.req.extra.get("speculation", True):
             row.spec = self.runner.speculator.new()
         params = row.params.with_overrides(max_tokens=row.params.max_tokens - len(row.generated))
-        context = row.prompt + row.generated
-        # A row that has no reply token yet is exactly a solo request whose last prompt token is
-        # not fed; the prefill model (if any) feeds it there, so it does here too.
-        first = self.runner.bundle.prefill_model if not row.generated else None
         row.steps = generate_step(
             self.model,
             [row.pending],
             row.cache,
             params,
-            history=context if row.generated else row.prompt,
+            history=row.prompt + row.generated,
             should_stop=lambda: row.handle.cancelled,
             constraint=row.constraint,
-            prefill_model=first,
             speculation=row.spec,
             key=row.key,
         )
@@ -499,7 +492,7 @@ class Scheduler:
         """Move the serial request into the batch at a token boundary."""
         row, self.solo = self.solo, None
         row.steps.close()
-        if not row.generated:  # nothing yielded yet: only the prompt body is in the cache
+        if not row.generated:  # nothing yielded yet: the prompt is in the cache, not its reply
             self._join_batch(row)
             return
         # The generator has fed its last yielded token (and maybe more: a pipelined or drafted
@@ -654,8 +647,8 @@ def _inputs(pending: list) -> list | mx.array:
 
 
 def _left(row: Row) -> int:
-    """Prompt tokens still to prefill (the last one is fed by the decode lanes)."""
-    return len(row.prompt) - 1 - row.filled
+    """Prompt tokens still to prefill (the last chunk's logits give the first reply token)."""
+    return len(row.prompt) - row.filled
 
 
 def _kv_bytes_per_token(model, cache: list) -> int:
