@@ -418,6 +418,36 @@ void decode_pv(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int
   pv(sc, R, vblk, n, p.Dv);
 }
 
+// decode_block for np query positions of one KV head over the same keys [kb, kb + n) (the
+// causal prompt rows' full blocks): each position's scores, softmax and value sums exactly as
+// decode_block computes them, the score and value tiles taking up to 6 rows of several
+// positions per pass on AVX-512, so each key's loads and conversions serve them all.
+template <typename T>
+void decode_block_rows(const Problem& p, const Split* ts, Scratch* scs, int np, int R, int kb, int n,
+                       const T* kblk, const T* vblk) {
+  if (!decode512_on()) {
+    for (int j = 0; j < np; ++j) decode_block(p, ts[j], scs[j], R, kb, n, kblk, vblk, Prefetch{});
+    return;
+  }
+  thread_local std::vector<const float*> q, pr;
+  thread_local std::vector<float*> sr, orow;
+  q.clear(), sr.clear(), pr.clear(), orow.clear();
+  for (int j = 0; j < np; ++j)
+    for (int r = 0; r < R; ++r) {
+      q.push_back(scs[j].q.data() + size_t(r) * p.D);
+      sr.push_back(scs[j].s.data() + size_t(r) * kBlock);
+    }
+  avx512::scores_rows(q.data(), sr.data(), int(q.size()), kblk, n, p.D);
+  for (int j = 0; j < np; ++j) {
+    if (!softmax_block(p, ts[j], scs[j], R, kb, n, true)) continue;
+    for (int r = 0; r < R; ++r) {
+      pr.push_back(scs[j].s.data() + size_t(r) * kBlock);
+      orow.push_back(scs[j].o.data() + size_t(r) * p.Dv);
+    }
+  }
+  avx512::pv_rows(pr.data(), int(pr.size()), vblk, n, p.Dv, orow.data());
+}
+
 // The same for 8-bit K/V rows (int8 dot products against sc's quantized q).
 void decode_block_q8(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, const uint8_t* kblk,
                      const uint8_t* vblk, const Prefetch& pf) {
@@ -621,6 +651,10 @@ void run_flash(const Problem& p) {
 }
 
 // The causal prompt rows' decode tiles (attention_rows.cpp) run decode_block on float K/V.
+template void decode_block_rows<float>(const Problem&, const Split*, Scratch*, int, int, int, int, const float*,
+                                       const float*);
+template void decode_block_rows<uint16_t>(const Problem&, const Split*, Scratch*, int, int, int, int,
+                                          const uint16_t*, const uint16_t*);
 template void decode_scores<float>(const Problem&, Scratch&, int, int, const float*, const Prefetch&);
 template void decode_scores<uint16_t>(const Problem&, Scratch&, int, int, const uint16_t*, const Prefetch&);
 template void decode_pv<float>(const Problem&, const Split&, Scratch&, int, int, int, const float*);

@@ -138,7 +138,58 @@ void pv_decode_impl(const float* P, int R, const T* V, int n, int Dv, float* O) 
     default: break;
   }
 }
+// pv_tile for RT rows given by pointers (P rows and O rows of several query positions): the
+// same chain per output element, each V row's loads and conversions shared by RT rows.
+template <int RT, int NC, typename T>
+inline void pv_tile_rows(const float* const* P, const T* V, int n, int Dv, float* const* O, int c0) {
+  __m512 acc[RT][NC];
+  for (int t = 0; t < RT; ++t)
+    for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_loadu_ps(O[t] + c0 + 16 * j);
+  for (int c = 0; c < n; ++c) {
+    __m512 v[NC];
+    for (int j = 0; j < NC; ++j) v[j] = load16(V + size_t(c) * Dv + c0 + 16 * j);
+    for (int t = 0; t < RT; ++t) {
+      const __m512 p = _mm512_set1_ps(P[t][c]);
+      for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_fmadd_ps(p, v[j], acc[t][j]);
+    }
+  }
+  for (int t = 0; t < RT; ++t)
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O[t] + c0 + 16 * j, acc[t][j]);
+}
+
+template <int RT, typename T>
+inline void pv_columns_rows(const float* const* P, const T* V, int n, int Dv, float* const* O) {
+  int c0 = 0;
+  for (; c0 + 64 <= Dv; c0 += 64) pv_tile_rows<RT, 4>(P, V, n, Dv, O, c0);
+  switch ((Dv - c0) / 16) {
+    case 3: pv_tile_rows<RT, 3>(P, V, n, Dv, O, c0); break;
+    case 2: pv_tile_rows<RT, 2>(P, V, n, Dv, O, c0); break;
+    case 1: pv_tile_rows<RT, 1>(P, V, n, Dv, O, c0); break;
+    default: break;
+  }
+}
+
+template <typename T>
+void pv_rows_impl(const float* const* P, int rows, const T* V, int n, int Dv, float* const* O) {
+  int r = 0;
+  for (; r + 6 <= rows; r += 6) pv_columns_rows<6>(P + r, V, n, Dv, O + r);
+  switch (rows - r) {
+    case 5: pv_columns_rows<5>(P + r, V, n, Dv, O + r); break;
+    case 4: pv_columns_rows<4>(P + r, V, n, Dv, O + r); break;
+    case 3: pv_columns_rows<3>(P + r, V, n, Dv, O + r); break;
+    case 2: pv_columns_rows<2>(P + r, V, n, Dv, O + r); break;
+    case 1: pv_columns_rows<1>(P + r, V, n, Dv, O + r); break;
+    default: break;
+  }
+}
 }  // namespace
+
+void pv_rows(const float* const* P, int rows, const float* V, int n, int Dv, float* const* O) {
+  pv_rows_impl(P, rows, V, n, Dv, O);
+}
+void pv_rows(const float* const* P, int rows, const uint16_t* V, int n, int Dv, float* const* O) {
+  pv_rows_impl(P, rows, V, n, Dv, O);
+}
 
 void pv_decode(const float* P, int R, const float* V, int n, int Dv, float* O) { pv_decode_impl(P, R, V, n, Dv, O); }
 void pv_decode(const float* P, int R, const uint16_t* V, int n, int Dv, float* O) {

@@ -81,7 +81,51 @@ void scores_impl(const float* Q, int R, const T* K, int n, int D, float* s, cons
   if (R - r == 1) score_tile<1>(Q, r, K, n, D, s, pf);
 }
 
+// score_tile for RT rows given by pointers (rows of several query positions: the causal
+// prompt rows score up to 6 rows per pass over the keys, each key's loads and conversions
+// shared by all of them). Every score is score_tile's chain and tree.
+template <int RT, typename T>
+void score_tile_rows(const float* const* q, float* const* s, const T* K, int n, int D) {
+  for (int c = 0; c < n; c += 8) {
+    const T* k[8];
+    for (int t = 0; t < 8; ++t) k[t] = K + size_t(std::min(c + t, n - 1)) * D;
+    __m512 acc[RT][4];
+    for (auto& row : acc)
+      for (auto& a : row) a = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+      __m512 kv[4];
+      for (int j = 0; j < 4; ++j) kv[j] = key_pair(k[2 * j] + d, k[2 * j + 1] + d);
+      for (int u = 0; u < RT; ++u) {
+        const __m512 a = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q[u] + d))));
+        for (int j = 0; j < 4; ++j) acc[u][j] = _mm512_fmadd_ps(a, kv[j], acc[u][j]);
+      }
+    }
+    for (int u = 0; u < RT; ++u) _mm256_storeu_ps(s[u] + c, reduce8(acc[u]));
+  }
+}
+
+template <typename T>
+void scores_rows_impl(const float* const* q, float* const* s, int rows, const T* K, int n, int D) {
+  int r = 0;
+  for (; r + 6 <= rows; r += 6) score_tile_rows<6>(q + r, s + r, K, n, D);
+  switch (rows - r) {
+    case 5: score_tile_rows<5>(q + r, s + r, K, n, D); break;
+    case 4: score_tile_rows<4>(q + r, s + r, K, n, D); break;
+    case 3: score_tile_rows<3>(q + r, s + r, K, n, D); break;
+    case 2: score_tile_rows<2>(q + r, s + r, K, n, D); break;
+    case 1: score_tile_rows<1>(q + r, s + r, K, n, D); break;
+    default: break;
+  }
+}
+
 }  // namespace
+
+void scores_rows(const float* const* q, float* const* s, int rows, const float* K, int n, int D) {
+  scores_rows_impl(q, s, rows, K, n, D);
+}
+void scores_rows(const float* const* q, float* const* s, int rows, const uint16_t* K, int n, int D) {
+  scores_rows_impl(q, s, rows, K, n, D);
+}
 
 void scores_decode(const float* Q, int R, const float* K, int n, int D, float* s, const Prefetch& pf) {
   scores_impl(Q, R, K, n, D, s, pf);

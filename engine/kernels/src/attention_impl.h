@@ -84,6 +84,9 @@ void rotate_row(float* x, int D);
 void quantize_q(const float* q, int D, int G, int8_t* qi, float* qs);
 void begin_split(const Problem& p, const Split& t, Scratch& sc, bool tiled);
 template <typename T>  // float and uint16_t (float16), instantiated in attention.cpp
+void decode_block_rows(const Problem& p, const Split* ts, Scratch* scs, int np, int R, int kb, int n,
+                       const T* kblk, const T* vblk);
+template <typename T>
 void decode_scores(const Problem& p, Scratch& sc, int R, int n, const T* kblk, const Prefetch& pf);
 template <typename T>
 void decode_pv(const Problem& p, const Split& t, Scratch& sc, int R, int kb, int n, const T* vblk);

@@ -68,6 +68,7 @@ void run_flash_rows(const Problem& p) {
   Pool& pool = Pool::get();
   pool.run(int(tasks.size()), [&](int ti) {
     thread_local std::vector<Scratch> scs;
+    thread_local std::vector<Split> splits;
     const Group& g = groups[tasks[ti].group];
     const int sp = tasks[ti].sp;
     if (int(scs.size()) < g.ni) scs.resize(g.ni);
@@ -97,9 +98,22 @@ void run_flash_rows(const Problem& p) {
       }
       // Every position's scores over the block, then every position's value sums: the K block
       // stays in L1 across positions, then the V block (run position by position, each re-read
-      // both from L2).
+      // both from L2). Where every position sees the whole block (all but a group's last
+      // block), several positions' rows share each pass over the keys (decode_block_rows).
       // Each position's arithmetic is the decode's, in the decode's order; float16 rows are
       // widened in registers as the decode widens them (half the bytes to keep in L1).
+      if (keys_of(0) == keys_of(g.ni - 1)) {  // keys_of grows with j: all equal
+        splits.clear();
+        for (int j = 0; j < g.ni; ++j) splits.push_back(split_of(j));
+        const int n = keys_of(0);
+        if (p.half)
+          decode_block_rows(p, splits.data(), scs.data(), g.ni, rep, kb, n, h.k16 + size_t(kb) * p.D,
+                            h.v16 + size_t(kb) * p.Dv);
+        else
+          decode_block_rows(p, splits.data(), scs.data(), g.ni, rep, kb, n, h.kf32 + size_t(kb) * p.D,
+                            h.vf32 + size_t(kb) * p.Dv);
+        continue;
+      }
       if (p.half) {
         const uint16_t* kblk = h.k16 + size_t(kb) * p.D;
         const uint16_t* vblk = h.v16 + size_t(kb) * p.Dv;

@@ -68,6 +68,12 @@ void pv_tiled(const float* P, int pstride, int R6, const float* V, int n, int Dv
 // float32 or float16 V: the AVX2 accumulate<> chains 64 columns at a time.
 void pv_decode(const float* P, int R, const float* V, int n, int Dv, float* O);
 void pv_decode(const float* P, int R, const uint16_t* V, int n, int Dv, float* O);
+// The decode tiles' scores / value sums for rows given by pointers (several query positions'
+// rows at once, up to 6 per pass: the causal prompt rows, attention_rows.cpp).
+void scores_rows(const float* const* q, float* const* s, int rows, const float* K, int n, int D);
+void scores_rows(const float* const* q, float* const* s, int rows, const uint16_t* K, int n, int D);
+void pv_rows(const float* const* P, int rows, const float* V, int n, int Dv, float* const* O);
+void pv_rows(const float* const* P, int rows, const uint16_t* V, int n, int Dv, float* const* O);
 // Decode-sized scores s[r][c] = Q[r] . K[c] (rows [0, R), keys [0, n) in K's natural layout, s
 // row stride kAttnBlock): the AVX2 score_rows chains and tree, two keys per zmm
 // (attention_decode512.cpp).
