@@ -210,11 +210,12 @@ def test_a_continuation_takes_the_ram_checkpoints_buffers(llama, monkeypatch):
     assert store.stats()["ram"]["entries"] == 1 and store.acquire(toks).cached_tokens == 30
 
 
-def test_handed_over_buffers_never_change_a_pending_ssd_write(llama, tmp_path, monkeypatch):
-    """The SSD writer still holds the checkpoint's buffers when a trimmed continuation takes
-    them and overwrites positions the checkpoint covers: MLX copies a shared buffer before
-    writing, so the file holds the checkpoint as released, and the entry stays indexed on
-    the SSD tier. Until the file is written the entry is in no tier: lookups pass it by."""
+def test_a_pending_ssd_write_keeps_the_checkpoint_in_ram_until_written(llama, tmp_path, monkeypatch):
+    """While the SSD writer still holds a checkpoint's buffers, a continuation gets a copy and the
+    checkpoint stays in RAM for the next request of its prefix (a hand-over then would leave it
+    in no tier until the file is written, and the first write would copy the shared buffers
+    anyway). Once written, a continuation takes the buffers, overwrites positions the
+    checkpoint covers, and the file still holds the checkpoint as released."""
     d, model = llama
     started, gate = threading.Event(), threading.Event()
     real_write = SsdTier.write
@@ -233,11 +234,15 @@ def test_handed_over_buffers_never_change_a_pending_ssd_write(llama, tmp_path, m
     other = toks[:28] + tokens(16, seed=14)
     r = store.acquire(other, hand_over=True)
     assert (r.source, r.cached_tokens) == ("ram", 28)
-    assert store.stats()["ram"]["entries"] == 1  # the 30-token checkpoint was handed over
-    continuation(model, r.cache, other[28:], other)  # writes positions 28.. in place or not
-    assert store.acquire(toks).cached_tokens == 10  # passed by, not a miss
+    assert store.stats()["ram"]["entries"] == 2  # copied: the write is pending
+    continuation(model, r.cache, other[28:], other)
+    assert store.acquire(toks).cached_tokens == 30  # still served from RAM
     gate.set()
     assert store.flush(timeout=60).durable
+    taken = store.acquire(other, hand_over=True)  # written now: a trimmed continuation takes it
+    assert (taken.source, taken.cached_tokens) == ("ram", 28)
+    assert store.stats()["ram"]["entries"] == 1
+    continuation(model, taken.cache, other[28:], other)  # overwrites positions 28, 29
     again = store.acquire(toks)
     assert (again.source, again.cached_tokens) == ("ssd", 30)
     _assert_same(continuation(model, again.cache, toks[30:], toks),

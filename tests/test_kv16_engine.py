@@ -64,7 +64,8 @@ def test_fp16_profile_makes_float16_caches_and_says_so_in_the_fingerprint(tmp_pa
 
 @needs_kernels
 def test_a_continued_float16_checkpoint_hands_its_buffers_over(tmp_path, tiny_llama_dir):
-    """The engine's prompt cache continues a float16 RAM checkpoint in its own buffers."""
+    """The engine's prompt cache continues a float16 RAM checkpoint in its own buffers (once
+    its SSD copy is written: until then a continuation copies)."""
     pc = PromptCache(_routed(tiny_llama_dir), _profile(tmp_path, tiny_llama_dir))
     try:
         toks = tokens(48, seed=5)
@@ -73,6 +74,7 @@ def test_a_continued_float16_checkpoint_hands_its_buffers_over(tmp_path, tiny_ll
         cid = pc.store.release(toks[:30], cache)
         del cache
         base = [layer.base for layer in pc.store._entries[cid].snapshot.layers]
+        assert pc.flush(timeout=60).durable
         got = pc.acquire(toks)
         assert (got.source, got.cached_tokens) == ("ram", 30)
         assert all(c.keys is k and k.dtype == mx.float16 for c, (k, _) in zip(got.cache, base, strict=True))

@@ -175,12 +175,18 @@ class CheckpointStore:
         client did not send back) -- whose own checkpoint at release covers the same prefix
         again; a shorter reuse (another conversation's shared system prompt) copies its tokens
         and leaves the checkpoint to its owner, who otherwise loses at most that slack. The
-        entry leaves the RAM tier; its SSD copy (written or pending) stays in the index, and
-        without one the entry is forgotten."""
+        entry leaves the RAM tier; its written SSD copy stays in the index (with no SSD tier
+        the entry is forgotten). Not while an SSD tier has no written copy (a write pending or
+        dropped): the writer still holds the buffers, so the request's first write would copy
+        them anyway (MLX copies a shared buffer), and the entry would be in no tier meanwhile --
+        requests of the same prefix arriving then (a board's cards after their shared warm-up)
+        missed it."""
         if snap.offset - use > min(HANDOVER_SLACK, snap.offset // 8) or not snap_mod.can_take(snap):
             return False
+        if self.ssd is not None and entry.path is None:
+            return False
         self._drop_ram(entry)
-        if entry.path is None and entry.write != "pending":
+        if entry.path is None:
             self._remove(entry)
         return True
 

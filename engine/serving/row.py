@@ -225,3 +225,4 @@ class Row:
                 batch_max=biggest if steps else 1,
             )
         )
+        self.first_logits = None  # answered: no live fork copies this row any more
