@@ -39,37 +39,48 @@ inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// O[t][16 NC columns] += sum_c P[t][c] V[c][...] for RT rows of P (``pstride`` apart):
+// O[t][c0 + 16 NC columns] += sum_c P[t][c] V[c][...] for RT rows given by pointers:
 // attention.cpp's chain per element (fma(p, v, acc) over the keys in order), 16 lanes per
-// instruction. Prefill tiles (6 rows, float V) and decode rows (float or float16 V) share it.
+// instruction, each V row's loads and conversions shared by the RT rows. Prefill tiles (6
+// rows, float V), decode rows and the causal prompt rows' several positions (float or
+// float16 V) share it.
 template <int RT, int NC, typename T>
-inline void pv_tile(const float* P, int pstride, const T* V, int n, int Dv, float* O) {
+inline void pv_tile(const float* const* P, const T* V, int n, int Dv, float* const* O, int c0) {
   __m512 acc[RT][NC];
   for (int t = 0; t < RT; ++t)
-    for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_loadu_ps(O + size_t(t) * Dv + 16 * j);
+    for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_loadu_ps(O[t] + c0 + 16 * j);
   for (int c = 0; c < n; ++c) {
     __m512 v[NC];
-    for (int j = 0; j < NC; ++j) v[j] = load16(V + size_t(c) * Dv + 16 * j);
+    for (int j = 0; j < NC; ++j) v[j] = load16(V + size_t(c) * Dv + c0 + 16 * j);
     for (int t = 0; t < RT; ++t) {
-      const __m512 p = _mm512_set1_ps(P[size_t(t) * pstride + c]);
+      const __m512 p = _mm512_set1_ps(P[t][c]);
       for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_fmadd_ps(p, v[j], acc[t][j]);
     }
   }
   for (int t = 0; t < RT; ++t)
-    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O + size_t(t) * Dv + 16 * j, acc[t][j]);
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O[t] + c0 + 16 * j, acc[t][j]);
 }
 
 // pv_tile over all Dv columns: 64 at a time, then the 16-column rest.
 template <int RT, typename T>
-inline void pv_columns(const float* P, int pstride, const T* V, int n, int Dv, float* O) {
+inline void pv_columns(const float* const* P, const T* V, int n, int Dv, float* const* O) {
   int c0 = 0;
-  for (; c0 + 64 <= Dv; c0 += 64) pv_tile<RT, 4>(P, pstride, V + c0, n, Dv, O + c0);
+  for (; c0 + 64 <= Dv; c0 += 64) pv_tile<RT, 4>(P, V, n, Dv, O, c0);
   switch ((Dv - c0) / 16) {
-    case 3: pv_tile<RT, 3>(P, pstride, V + c0, n, Dv, O + c0); break;
-    case 2: pv_tile<RT, 2>(P, pstride, V + c0, n, Dv, O + c0); break;
-    case 1: pv_tile<RT, 1>(P, pstride, V + c0, n, Dv, O + c0); break;
+    case 3: pv_tile<RT, 3>(P, V, n, Dv, O, c0); break;
+    case 2: pv_tile<RT, 2>(P, V, n, Dv, O, c0); break;
+    case 1: pv_tile<RT, 1>(P, V, n, Dv, O, c0); break;
     default: break;
   }
+}
+
+// pv_columns for RT rows of P and O stored pstride and Dv apart.
+template <int RT, typename T>
+inline void pv_columns_at(const float* P, int pstride, const T* V, int n, int Dv, float* O) {
+  const float* p[RT];
+  float* o[RT];
+  for (int t = 0; t < RT; ++t) p[t] = P + size_t(t) * pstride, o[t] = O + size_t(t) * Dv;
+  pv_columns<RT>(p, V, n, Dv, o);
 }
 
 // vmath.h's exp_neg, 16 lanes: the same operations per element.
@@ -121,64 +132,33 @@ void scores_tiled(const float* Q, int Rp, const float* Kt, int kstride, int npad
 
 void pv_tiled(const float* P, int pstride, int R6, const float* V, int n, int Dv, float* O) {
   for (int r = 0; r < R6; r += kAttnRowTile)
-    pv_columns<kAttnRowTile>(P + size_t(r) * pstride, pstride, V, n, Dv, O + size_t(r) * Dv);
+    pv_columns_at<kAttnRowTile>(P + size_t(r) * pstride, pstride, V, n, Dv, O + size_t(r) * Dv);
 }
 
 namespace {
 template <typename T>
 void pv_decode_impl(const float* P, int R, const T* V, int n, int Dv, float* O) {
   int r = 0;
-  for (; r + 4 <= R; r += 4) pv_columns<4>(P + size_t(r) * kAttnBlock, kAttnBlock, V, n, Dv, O + size_t(r) * Dv);
+  for (; r + 4 <= R; r += 4) pv_columns_at<4>(P + size_t(r) * kAttnBlock, kAttnBlock, V, n, Dv, O + size_t(r) * Dv);
   const float* p = P + size_t(r) * kAttnBlock;
   float* o = O + size_t(r) * Dv;
   switch (R - r) {
-    case 3: pv_columns<3>(p, kAttnBlock, V, n, Dv, o); break;
-    case 2: pv_columns<2>(p, kAttnBlock, V, n, Dv, o); break;
-    case 1: pv_columns<1>(p, kAttnBlock, V, n, Dv, o); break;
+    case 3: pv_columns_at<3>(p, kAttnBlock, V, n, Dv, o); break;
+    case 2: pv_columns_at<2>(p, kAttnBlock, V, n, Dv, o); break;
+    case 1: pv_columns_at<1>(p, kAttnBlock, V, n, Dv, o); break;
     default: break;
   }
 }
-// pv_tile for RT rows given by pointers (P rows and O rows of several query positions): the
-// same chain per output element, each V row's loads and conversions shared by RT rows.
-template <int RT, int NC, typename T>
-inline void pv_tile_rows(const float* const* P, const T* V, int n, int Dv, float* const* O, int c0) {
-  __m512 acc[RT][NC];
-  for (int t = 0; t < RT; ++t)
-    for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_loadu_ps(O[t] + c0 + 16 * j);
-  for (int c = 0; c < n; ++c) {
-    __m512 v[NC];
-    for (int j = 0; j < NC; ++j) v[j] = load16(V + size_t(c) * Dv + c0 + 16 * j);
-    for (int t = 0; t < RT; ++t) {
-      const __m512 p = _mm512_set1_ps(P[t][c]);
-      for (int j = 0; j < NC; ++j) acc[t][j] = _mm512_fmadd_ps(p, v[j], acc[t][j]);
-    }
-  }
-  for (int t = 0; t < RT; ++t)
-    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(O[t] + c0 + 16 * j, acc[t][j]);
-}
-
-template <int RT, typename T>
-inline void pv_columns_rows(const float* const* P, const T* V, int n, int Dv, float* const* O) {
-  int c0 = 0;
-  for (; c0 + 64 <= Dv; c0 += 64) pv_tile_rows<RT, 4>(P, V, n, Dv, O, c0);
-  switch ((Dv - c0) / 16) {
-    case 3: pv_tile_rows<RT, 3>(P, V, n, Dv, O, c0); break;
-    case 2: pv_tile_rows<RT, 2>(P, V, n, Dv, O, c0); break;
-    case 1: pv_tile_rows<RT, 1>(P, V, n, Dv, O, c0); break;
-    default: break;
-  }
-}
-
 template <typename T>
 void pv_rows_impl(const float* const* P, int rows, const T* V, int n, int Dv, float* const* O) {
   int r = 0;
-  for (; r + 6 <= rows; r += 6) pv_columns_rows<6>(P + r, V, n, Dv, O + r);
+  for (; r + 6 <= rows; r += 6) pv_columns<6>(P + r, V, n, Dv, O + r);
   switch (rows - r) {
-    case 5: pv_columns_rows<5>(P + r, V, n, Dv, O + r); break;
-    case 4: pv_columns_rows<4>(P + r, V, n, Dv, O + r); break;
-    case 3: pv_columns_rows<3>(P + r, V, n, Dv, O + r); break;
-    case 2: pv_columns_rows<2>(P + r, V, n, Dv, O + r); break;
-    case 1: pv_columns_rows<1>(P + r, V, n, Dv, O + r); break;
+    case 5: pv_columns<5>(P + r, V, n, Dv, O + r); break;
+    case 4: pv_columns<4>(P + r, V, n, Dv, O + r); break;
+    case 3: pv_columns<3>(P + r, V, n, Dv, O + r); break;
+    case 2: pv_columns<2>(P + r, V, n, Dv, O + r); break;
+    case 1: pv_columns<1>(P + r, V, n, Dv, O + r); break;
     default: break;
   }
 }

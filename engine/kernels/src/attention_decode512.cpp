@@ -48,45 +48,15 @@ inline __m256 reduce8(const __m512* acc) {
   return _mm256_permutexvar_ps(_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), s);
 }
 
-// s[r][c..] = Q[r] . K[c] for rows [r0, r0 + RT) and keys [0, n), 8 keys per tile (keys past
-// n read key n - 1; their scores land in the row's kAttnBlock slots past n, never read).
+// s[u][c..] = q[u] . K[c] for RT rows given by pointers and keys [0, n), 8 keys per tile (keys
+// past n read key n - 1; their scores land in the row's kAttnBlock slots past n, never read).
+// The decode passes one position's heads; the causal prompt rows up to 6 rows of several
+// positions, each key's loads and conversions shared by all of them. ``pf``: the decode's
+// prefetch of the next blocks (one row tile per call issues it), or none.
 template <int RT, typename T>
-void score_tile(const float* Q, int r0, const T* K, int n, int D, float* s, const Prefetch& pf) {
-  const float* q[RT];
-  for (int u = 0; u < RT; ++u) q[u] = Q + size_t(r0 + u) * D;
+void score_tile(const float* const* q, float* const* s, const T* K, int n, int D, const Prefetch* pf) {
   for (int c = 0; c < n; c += 8) {
-    if (r0 == 0) prefetch_tile(pf, c), prefetch_tile(pf, c + 4);
-    const T* k[8];
-    for (int t = 0; t < 8; ++t) k[t] = K + size_t(std::min(c + t, n - 1)) * D;
-    __m512 acc[RT][4];
-    for (auto& row : acc)
-      for (auto& a : row) a = _mm512_setzero_ps();
-    for (int d = 0; d < D; d += 8) {
-      __m512 kv[4];
-      for (int j = 0; j < 4; ++j) kv[j] = key_pair(k[2 * j] + d, k[2 * j + 1] + d);
-      for (int u = 0; u < RT; ++u) {
-        const __m512 a = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q[u] + d))));
-        for (int j = 0; j < 4; ++j) acc[u][j] = _mm512_fmadd_ps(a, kv[j], acc[u][j]);
-      }
-    }
-    for (int u = 0; u < RT; ++u) _mm256_storeu_ps(s + size_t(r0 + u) * kAttnBlock + c, reduce8(acc[u]));
-  }
-}
-
-template <typename T>
-void scores_impl(const float* Q, int R, const T* K, int n, int D, float* s, const Prefetch& pf) {
-  int r = 0;
-  for (; r + 3 <= R; r += 3) score_tile<3>(Q, r, K, n, D, s, pf);
-  if (R - r == 2) score_tile<2>(Q, r, K, n, D, s, pf);
-  if (R - r == 1) score_tile<1>(Q, r, K, n, D, s, pf);
-}
-
-// score_tile for RT rows given by pointers (rows of several query positions: the causal
-// prompt rows score up to 6 rows per pass over the keys, each key's loads and conversions
-// shared by all of them). Every score is score_tile's chain and tree.
-template <int RT, typename T>
-void score_tile_rows(const float* const* q, float* const* s, const T* K, int n, int D) {
-  for (int c = 0; c < n; c += 8) {
+    if (pf) prefetch_tile(*pf, c), prefetch_tile(*pf, c + 4);
     const T* k[8];
     for (int t = 0; t < 8; ++t) k[t] = K + size_t(std::min(c + t, n - 1)) * D;
     __m512 acc[RT][4];
@@ -104,16 +74,33 @@ void score_tile_rows(const float* const* q, float* const* s, const T* K, int n, 
   }
 }
 
+// score_tile over rows [r0, r0 + RT) of Q (row stride D) into s (row stride kAttnBlock).
+template <int RT, typename T>
+void score_rows_at(const float* Q, int r0, const T* K, int n, int D, float* s, const Prefetch& pf) {
+  const float* q[RT];
+  float* out[RT];
+  for (int u = 0; u < RT; ++u) q[u] = Q + size_t(r0 + u) * D, out[u] = s + size_t(r0 + u) * kAttnBlock;
+  score_tile<RT>(q, out, K, n, D, r0 == 0 ? &pf : nullptr);
+}
+
+template <typename T>
+void scores_impl(const float* Q, int R, const T* K, int n, int D, float* s, const Prefetch& pf) {
+  int r = 0;
+  for (; r + 3 <= R; r += 3) score_rows_at<3>(Q, r, K, n, D, s, pf);
+  if (R - r == 2) score_rows_at<2>(Q, r, K, n, D, s, pf);
+  if (R - r == 1) score_rows_at<1>(Q, r, K, n, D, s, pf);
+}
+
 template <typename T>
 void scores_rows_impl(const float* const* q, float* const* s, int rows, const T* K, int n, int D) {
   int r = 0;
-  for (; r + 6 <= rows; r += 6) score_tile_rows<6>(q + r, s + r, K, n, D);
+  for (; r + 6 <= rows; r += 6) score_tile<6>(q + r, s + r, K, n, D, nullptr);
   switch (rows - r) {
-    case 5: score_tile_rows<5>(q + r, s + r, K, n, D); break;
-    case 4: score_tile_rows<4>(q + r, s + r, K, n, D); break;
-    case 3: score_tile_rows<3>(q + r, s + r, K, n, D); break;
-    case 2: score_tile_rows<2>(q + r, s + r, K, n, D); break;
-    case 1: score_tile_rows<1>(q + r, s + r, K, n, D); break;
+    case 5: score_tile<5>(q + r, s + r, K, n, D, nullptr); break;
+    case 4: score_tile<4>(q + r, s + r, K, n, D, nullptr); break;
+    case 3: score_tile<3>(q + r, s + r, K, n, D, nullptr); break;
+    case 2: score_tile<2>(q + r, s + r, K, n, D, nullptr); break;
+    case 1: score_tile<1>(q + r, s + r, K, n, D, nullptr); break;
     default: break;
   }
 }

@@ -102,29 +102,18 @@ void run_flash_rows(const Problem& p) {
       // block), several positions' rows share each pass over the keys (decode_block_rows).
       // Each position's arithmetic is the decode's, in the decode's order; float16 rows are
       // widened in registers as the decode widens them (half the bytes to keep in L1).
-      if (keys_of(0) == keys_of(g.ni - 1)) {  // keys_of grows with j: all equal
-        splits.clear();
-        for (int j = 0; j < g.ni; ++j) splits.push_back(split_of(j));
-        const int n = keys_of(0);
-        if (p.half)
-          decode_block_rows(p, splits.data(), scs.data(), g.ni, rep, kb, n, h.k16 + size_t(kb) * p.D,
-                            h.v16 + size_t(kb) * p.Dv);
-        else
-          decode_block_rows(p, splits.data(), scs.data(), g.ni, rep, kb, n, h.kf32 + size_t(kb) * p.D,
-                            h.vf32 + size_t(kb) * p.Dv);
-        continue;
-      }
-      if (p.half) {
-        const uint16_t* kblk = h.k16 + size_t(kb) * p.D;
-        const uint16_t* vblk = h.v16 + size_t(kb) * p.Dv;
+      auto block = [&](const auto* kblk, const auto* vblk) {
+        if (keys_of(0) == keys_of(g.ni - 1)) {  // keys_of grows with j: all equal
+          splits.clear();
+          for (int j = 0; j < g.ni; ++j) splits.push_back(split_of(j));
+          decode_block_rows(p, splits.data(), scs.data(), g.ni, rep, kb, keys_of(0), kblk, vblk);
+          return;
+        }
         for (int j = 0; j < g.ni; ++j) decode_scores(p, scs[j], rep, keys_of(j), kblk, none);
         for (int j = 0; j < g.ni; ++j) decode_pv(p, split_of(j), scs[j], rep, kb, keys_of(j), vblk);
-        continue;
-      }
-      const float* kblk = h.kf32 + size_t(kb) * p.D;
-      const float* vblk = h.vf32 + size_t(kb) * p.Dv;
-      for (int j = 0; j < g.ni; ++j) decode_scores(p, scs[j], rep, keys_of(j), kblk, none);
-      for (int j = 0; j < g.ni; ++j) decode_pv(p, split_of(j), scs[j], rep, kb, keys_of(j), vblk);
+      };
+      if (p.half) block(h.k16 + size_t(kb) * p.D, h.v16 + size_t(kb) * p.Dv);
+      else block(h.kf32 + size_t(kb) * p.D, h.vf32 + size_t(kb) * p.Dv);
     }
     for (int j = 0; j < g.ni; ++j) {
       const Split t{g.b, g.kvh, g.i0 + j, 1, 0, 0};
