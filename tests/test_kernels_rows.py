@@ -151,9 +151,11 @@ def test_the_16_column_few_row_path_gives_the_8_column_paths_bits(bits, scales, 
 def test_the_pipelined_panels_give_the_panel_by_panel_bits(bits, scales, x16):
     """Weights on the 16-column tiles decode the next panel between a panel's block dots
     (set_rows512_pipe; 4- and 5-bit two rows per zmm): the same bits as pack_pair16's panel by
-    panel decode -- for 2..15 rows (16+ rows, here the VNNI GEMM with AMX off, stay panel by
-    panel), with several panels per pool chunk, a partial last panel (and a last panel of <= 8
-    rows) and an odd block count; on 1 and 2 threads. Each row also keeps its solo bits."""
+    panel decode -- for 2..15 rows, and for 16+ rows (the VNNI GEMM with AMX off) where 4-bit
+    panels pipeline too (the fill beside an 8-row tile, then 16-row tiles; 5- and 8-bit stay
+    panel by panel there), with several panels per pool chunk, a partial last panel (and a last
+    panel of <= 8 rows) and an odd block count; on 1 and 2 threads. Each row also keeps its solo
+    bits."""
     ext = kernels._load()
     n, k = 597, 13 * 32  # 597 = 37 * 16 + 5
     rng = np.random.default_rng(11)
@@ -162,13 +164,13 @@ def test_the_pipelined_panels_give_the_panel_by_panel_bits(bits, scales, x16):
         s = s.astype(mx.float16)
         b = (s * -(2 ** (bits - 1))) if scales == "symmetric" else b.astype(mx.float16)
     sym = scales == "symmetric"
-    x = mx.random.normal((20, k), key=mx.random.key(3))
+    x = mx.random.normal((40, k), key=mx.random.key(3))
     was = (kernels.set_x16(x16), ext.set_rows512(True), ext.set_rows512_pipe(True), kernels.set_amx(False),
            ext.set_vnni_gemm(True))
     try:
         assert ext.rows512_pipe()
-        solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, 32, bits, symmetric=sym) for i in range(20)]
-        for m in (2, 8, 15, 20):
+        solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, 32, bits, symmetric=sym) for i in range(40)]
+        for m in (2, 8, 15, 20, 40):
             y = _on_equals_off(
                 ext.set_rows512_pipe, lambda m=m: kernels.quantized_matmul(x[:m], wq, s, b, 32, bits, symmetric=sym)
             )
