@@ -482,3 +482,40 @@ def test_fused_attention_matches_mlx_attention_in_encoder_and_decoder(monkeypatc
     for a, b in zip(with_kernel, with_mlx, strict=True):
         assert a.shape == b.shape
         assert float(mx.abs(a - b).max()) < 1e-4 * max(1.0, float(mx.abs(b).max()))
+
+
+@pytest.mark.skipif(not __import__("engine").kernels.available(), reason="CPU kernels unavailable")
+def test_decoder_on_float16_weights_matches_the_float32_matmuls():
+    # A model whose weights are float16 values (as CTranslate2's tiny.en) runs decoder steps on
+    # float16 copies (half_matmul): the same hidden states and logits within float32 rounding,
+    # for a causal prompt, a step of 3 beams and a prompt too long for it (MLX's matmul). Weights
+    # that are not float16 values keep float32 (nothing would be exact).
+    from engine.speech.whisper_model import HALF_ROWS_MAX, Whisper, WhisperDims
+
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    dims = WhisperDims(n_mels=8, n_audio_ctx=150, n_audio_state=64, n_audio_head=2, n_audio_layer=2,
+                       n_vocab=60, n_text_ctx=64, n_text_state=64, n_text_head=2, n_text_layer=2)
+    mx.random.seed(6)
+    model = Whisper(dims)
+    assert not model.decoder.use_half_weights()  # random float32 values
+    model.update(tree_map(lambda a: a.astype(mx.float16).astype(mx.float32), model.parameters()))
+    mx.eval(model.parameters())
+    cross = model.decoder.cross_kv(model.encoder(mx.random.normal((1, 300, 8))))
+    prompt = mx.array([[1, 2, 3, 4], [1, 2, 5, 6], [1, 7, 8, 9]])
+    long_prompt = mx.array([list(range(1, HALF_ROWS_MAX + 9))])
+
+    def run():
+        hidden, cache = model.decoder(prompt, cross, None)
+        step, _ = model.decoder(mx.array([[3], [4], [5]]), cross, cache)
+        long, _ = model.decoder(long_prompt, cross, None)
+        return [hidden, step, long, mx.array(model.decoder.logits(step[:, -1]))]
+
+    reference = run()
+    assert model.decoder.use_half_weights()
+    assert model.decoder.blocks[0].mlp1._half.dtype == mx.float16
+    halves = run()
+    for a, b in zip(halves, reference, strict=True):
+        assert a.shape == b.shape
+        assert float(mx.abs(a - b).max()) < 1e-4 * max(1.0, float(mx.abs(b).max()))

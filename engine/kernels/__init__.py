@@ -460,6 +460,24 @@ def argmax_rows(x: mx.array, reference: bool = False) -> mx.array:
     return ext.argmax_rows(x, reference)
 
 
+def half_matmul(x: mx.array, w: mx.array, bias: mx.array | None = None, reference: bool = False) -> mx.array:
+    """``x @ w.T (+ bias)`` of float32 ``x`` (..., K) and float16 ``w`` (N, K) as float32, the
+    weights converted in registers (MLX's CPU matmul converts float16 weights to a float32 copy
+    first, every call). For few rows bound by reading the weights (Whisper's decoder steps).
+    Each output's bits do not depend on the row count or the threads; ``reference`` runs the
+    same operations in scalar code (tests)."""
+    ext = _required()
+    return ext.half_matmul(x, w, bias, reference)
+
+
+def gelu_erf(x: mx.array, reference: bool = False) -> mx.array:
+    """Exact (erf) GELU ``x * Phi(x)`` of float32 ``x``, vectorised (MLX's CPU ``erf`` is a
+    scalar loop, ~30 ns a value); erfc by a Chebyshev fit with fractional error < 1.2e-7.
+    ``reference`` runs the same formula in scalar code (tests)."""
+    ext = _required()
+    return ext.gelu_erf(x, reference)
+
+
 def kv_write_rows(buf: mx.array, x: mx.array, pos: mx.array) -> mx.array:
     """The (B, H, S, D) K or V buffer ``buf`` with row ``b``'s new entries (``x``: B, H, L, D)
     at positions ``pos[b] .. pos[b] + L - 1``: ``mx.put_along_axis`` along the position axis as

@@ -2,9 +2,10 @@
 
 MLX's CPU kernels for ``exp``/``erf`` are scalar on x86 (measured ~30 ns per element,
 about 8x numpy's vectorised ``exp``), and Whisper's encoder spends most of its time in
-them: 4 x 13.5 M softmax exponentials and 4 x 9.2 M GELUs per 30-s window. Large
-arrays on the CPU device therefore take a numpy detour (evaluated in cache-sized
-blocks); small ones (the decoder's per-token steps) and GPU arrays stay in MLX.
+them: 4 x 13.5 M softmax exponentials and 4 x 9.2 M GELUs per 30-s window. On the CPU
+they run in the engine's kernels (vectorised, on the kernel pool) when those are built;
+without them large arrays take a numpy detour (evaluated in cache-sized blocks), and
+small ones (the decoder's per-token steps) and GPU arrays stay in MLX.
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ def softmax(x: mx.array) -> mx.array:
 
 
 def gelu(x: mx.array) -> mx.array:
-    """Exact (erf) GELU: ``x * Phi(x)``."""
+    """Exact (erf) GELU: ``x * Phi(x)`` (on the CPU: the engine's vectorised kernel when
+    present, at every size, so a decoder step's and an encoder window's values take one path)."""
+    if x.dtype == mx.float32 and kernels.available() and kernels.has("gelu_erf"):
+        return kernels.gelu_erf(x)
     if not _numpy_path(x):
         return x * (1.0 + mx.erf(x * float(_INV_SQRT2))) * 0.5
     a = np.asarray(x).reshape(-1)

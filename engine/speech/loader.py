@@ -159,6 +159,7 @@ def _load_mlx_dir(path: Path) -> tuple[WhisperDims, Whisper]:
         raise ModelLoadError(f"{weight_file}: missing weights such as {sorted(missing)[0]}")
     model.update(tree_unflatten([(k, a) for k, a in weights.items() if k in expected]))
     mx.eval(model.parameters())
+    model.decoder.use_half_weights()
     return dims, model
 
 

@@ -8,7 +8,9 @@ self-attention and the decoder's cross-attention over the window -- run in the f
 kernel (engine/kernels/src/attention.cpp: no 1500 x 1500 score matrix, vectorised exp, every
 head's K/V block read once per query tile); their keys are then kept in the natural
 ``(batch, heads, time, head_dim)`` layout the kernel reads. The decoder's small causal
-self-attention stays on MLX's matmuls (its cache keeps transposed keys).
+self-attention stays on MLX's matmuls (its cache keeps transposed keys). A decoder step's
+linears and output projection run on float16 copies of weights that are float16 to begin with
+(``TextDecoder.use_half_weights``): a step is bound by reading them.
 """
 
 from __future__ import annotations
@@ -50,14 +52,34 @@ def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> mx.
     return mx.concatenate([mx.sin(t), mx.cos(t)], axis=1)
 
 
+# Rows up to which a linear with float16 weights runs in the half-weight kernel; more rows
+# (a long prompt) go to MLX's float32 matmul, which reuses each weight across many rows.
+HALF_ROWS_MAX = 32
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` that, once given a float16 copy of its weight (:meth:`use_half`), runs few
+    rows in the kernels' float16-weight matmul: a decoder step reads half the bytes, converted
+    in registers (MLX's CPU matmul would convert a float16 weight to a float32 copy per call)."""
+
+    def use_half(self, weight: mx.array) -> None:
+        self._half = weight  # "_": not a parameter (not saved, not updated)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        half = getattr(self, "_half", None)
+        if half is not None and x.size // x.shape[-1] <= HALF_ROWS_MAX:
+            return kernels.half_matmul(x, half, self.get("bias"))
+        return super().__call__(x)
+
+
 class MultiHeadAttention(nn.Module):
     def __init__(self, n_state: int, n_head: int):
         super().__init__()
         self.n_head = n_head
-        self.query = nn.Linear(n_state, n_state)
-        self.key = nn.Linear(n_state, n_state, bias=False)
-        self.value = nn.Linear(n_state, n_state)
-        self.out = nn.Linear(n_state, n_state)
+        self.query = Linear(n_state, n_state)
+        self.key = Linear(n_state, n_state, bias=False)
+        self.value = Linear(n_state, n_state)
+        self.out = Linear(n_state, n_state)
 
     @property
     def fused(self) -> bool:
@@ -113,8 +135,8 @@ class ResidualAttentionBlock(nn.Module):
         if cross_attention:
             self.cross_attn = MultiHeadAttention(n_state, n_head)
             self.cross_attn_ln = nn.LayerNorm(n_state)
-        self.mlp1 = nn.Linear(n_state, 4 * n_state)
-        self.mlp2 = nn.Linear(4 * n_state, n_state)
+        self.mlp1 = Linear(n_state, 4 * n_state)
+        self.mlp2 = Linear(4 * n_state, n_state)
         self.mlp_ln = nn.LayerNorm(n_state)
 
     def mlp(self, x: mx.array) -> mx.array:
@@ -171,6 +193,31 @@ class TextDecoder(nn.Module):
         ]
         self.ln = nn.LayerNorm(d)
         self._embedding_t: mx.array | None = None
+        self._embedding_half: mx.array | None = None
+
+    def use_half_weights(self) -> bool:
+        """Run decoder steps on float16 copies of the weights where that loses nothing: every
+        linear of the blocks and the output projection whose float32 weight is exactly a float16
+        one (a model converted from float16, as CTranslate2's tiny.en is), when the CPU kernels
+        have ``half_matmul``. A step then streams half the bytes (the projection alone is 80 MB
+        in float32). Returns whether they are used; the results differ from MLX's float32
+        matmul in the last bits only (another summation order)."""
+        if not (kernels.available() and kernels.has("half_matmul")):
+            return False
+        linears = [layer for block in self.blocks
+                   for layer in (block.attn.query, block.attn.key, block.attn.value, block.attn.out,
+                                 block.cross_attn.query, block.cross_attn.out, block.mlp1, block.mlp2)]
+        weights = [getattr(layer, "weight", None) for layer in linears] + [self.token_embedding.weight]
+        if not all(isinstance(w, mx.array) and w.dtype == mx.float32 for w in weights):
+            return False  # a quantized model
+        halves = [w.astype(mx.float16) for w in weights]
+        if not all(mx.array_equal(h.astype(mx.float32), w).item() for w, h in zip(weights, halves, strict=True)):
+            return False
+        mx.eval(halves)
+        for layer, h in zip(linears, halves, strict=False):
+            layer.use_half(h)
+        self._embedding_half = halves[-1]
+        return True
 
     def cross_kv(self, audio_features: mx.array) -> list[tuple[mx.array, mx.array]]:
         """Cross-attention keys/values of every layer, computed once per 30-s window (keys in
@@ -208,11 +255,14 @@ class TextDecoder(nn.Module):
     def logits(self, hidden: mx.array) -> np.ndarray:
         """Output projection (tied to the token embedding) of ``hidden (..., d)``, as float32 numpy.
 
-        Uses a contiguous ``(d, vocab)`` copy of the embedding: ``x @ W.T`` on the
+        Few rows run on the embedding's float16 copy (:meth:`use_half_weights`). Otherwise it
+        uses a contiguous ``(d, vocab)`` copy of the embedding: ``x @ W.T`` on the
         ``(vocab, d)`` matrix is ~2x slower on the CPU backend, and this product is most of a
         decoder step. (numpy's own BLAS is faster in isolation but its spinning threads slow
         the MLX work around it, so the product stays in MLX.)
         """
+        if self._embedding_half is not None and hidden.size // hidden.shape[-1] <= HALF_ROWS_MAX:
+            return np.array(kernels.half_matmul(hidden, self._embedding_half), dtype=np.float32)
         if self._embedding_t is None:  # built once, after the weights are loaded
             self._embedding_t = mx.contiguous(self.token_embedding.weight.T)
         return np.array(hidden @ self._embedding_t, dtype=np.float32)

@@ -13,6 +13,8 @@
 #include "decoder.h"
 #include "kv_write.h"
 #include "topp.h"
+#include "half_matmul.h"
+#include "activations.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -117,6 +119,17 @@ NB_MODULE(_ext, m) {
       [](const mlx::core::array& x, bool reference) { return mlxterm::argmax_rows(x, reference); },
       "x"_a, "reference"_a = false,
       "Index of each row's largest value (the first of equal ones), float32 (..., V) -> int32 (src/fused.h).");
+  m.def(
+      "half_matmul",
+      [](const mlx::core::array& x, const mlx::core::array& w, std::optional<mlx::core::array> bias, bool reference) {
+        return mlxterm::half_matmul(x, w, bias ? *bias : mlx::core::array({}, mlx::core::float32), reference);
+      },
+      "x"_a, "w"_a, "bias"_a = nb::none(), "reference"_a = false,
+      "x @ w.T (+ bias): float32 x (..., K), float16 w (N, K), float32 bias (N,) (src/half_matmul.h).");
+  m.def(
+      "gelu_erf",
+      [](const mlx::core::array& x, bool reference) { return mlxterm::gelu_erf(x, reference); },
+      "x"_a, "reference"_a = false, "Exact (erf) GELU x * Phi(x) of float32 x (src/activations.h).");
   m.def(
       "top_p_filter",
       [](const mlx::core::array& x, float top_p, bool reference) {
