@@ -94,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clips", default=",".join(CLIPS), help="comma-separated clip names (default all)")
     parser.add_argument("--kernels-ab", type=int, default=1,
                         help="rounds of kernels vs MLXTERM_KERNELS=off child runs (A/B/B/A each; 0: none)")
+    parser.add_argument("--reference-ab", type=int, default=1,
+                        help="rounds of this engine vs CTranslate2 float32 (faster-whisper's engine) on the "
+                             "same model and clips (A/B/B/A each; 0: none; skipped without ctranslate2)")
     parser.add_argument("--arm", choices=ARMS, default=None, help=argparse.SUPPRESS)  # child process
 
 
@@ -180,6 +183,69 @@ def kernels_ab(args) -> dict:
     return {"rounds": args.kernels_ab, "runs_per_arm": 2 * args.kernels_ab, "clips": rows}
 
 
+def ctranslate2_transcribe(model, bundle, audio: np.ndarray) -> list[int]:
+    """faster-whisper's way on CTranslate2: each 30-s window of ``audio`` padded to 30 s, its
+    log-mel (this engine's front end, Whisper's recipe) encoded whole, decoded greedily with
+    timestamps; the windows' token ids (no seek by the last timestamp: a clip's windows are
+    fixed, which costs CTranslate2 nothing it would otherwise do)."""
+    from engine.speech.mel import CHUNK_SECONDS, SAMPLE_RATE, log_mel_spectrogram
+
+    import ctranslate2
+
+    span = CHUNK_SECONDS * SAMPLE_RATE
+    tokens: list[int] = []
+    for start in range(0, audio.size, span):
+        window = np.zeros(span, np.float32)
+        piece = audio[start:start + span]
+        window[:piece.size] = piece
+        mel = log_mel_spectrogram(window)[:3000].T  # (n_mels, frames), as CTranslate2 takes it
+        out = model.generate(ctranslate2.StorageView.from_array(np.ascontiguousarray(mel[None], np.float32)),
+                             [bundle.tokenizer.sot_sequence], beam_size=1, max_length=448, suppress_blank=True,
+                             max_initial_timestamp_index=50)
+        tokens += out[0].sequences_ids[0]
+    return tokens
+
+
+def reference_ab(args, bundle) -> dict:
+    """This engine's batch transcription vs CTranslate2 float32 with 2 threads (the engine under
+    faster-whisper) on the same model and clips, alternated ours/ct2/ct2/ours; per clip medians,
+    ratio = ours / ct2, and the WER of each."""
+    import statistics
+
+    from engine.speech.loader import model_dir
+    from engine.speech.transcribe import TranscribeOptions, transcribe
+    from engine.speech.wer import word_error_rate
+
+    try:
+        import ctranslate2
+    except ImportError:
+        return {"skipped": "ctranslate2 is not installed (the test extra)"}
+    src = model_dir(args.model) if args.model else model_dir("whisper-tiny.en")
+    if not (src / "model.bin").is_file():
+        return {"skipped": f"{src} is not a CTranslate2 model"}
+    ct2 = ctranslate2.models.Whisper(str(src), device="cpu", compute_type="float32", intra_threads=2)
+    tok, eot = bundle.tokenizer, bundle.tokenizer.special.eot
+    rows = []
+    for name in args.clips.split(","):
+        audio = clip(name)
+        ctranslate2_transcribe(ct2, bundle, audio)  # warm-up
+        times: dict[str, list[float]] = {"ours": [], "ct2": []}
+        texts: dict[str, str] = {}
+        for arm in ("ours", "ct2", "ct2", "ours") * args.reference_ab:
+            t = time.perf_counter()
+            if arm == "ours":
+                texts[arm] = transcribe(bundle, audio, TranscribeOptions()).text
+            else:
+                texts[arm] = tok.decode([t for t in ctranslate2_transcribe(ct2, bundle, audio) if t < eot]).strip()
+            times[arm].append((time.perf_counter() - t) * 1e3)
+        ours, ref = statistics.median(times["ours"]), statistics.median(times["ct2"])
+        rows.append({"clip": name, "ours_ms": round(ours, 1), "ct2_ms": round(ref, 1), "ratio": round(ours / ref, 3),
+                     "ours_wer": round(word_error_rate(CLIPS[name], texts["ours"]), 3),
+                     "ct2_wer": round(word_error_rate(CLIPS[name], texts["ct2"]), 3), "ct2_text": texts["ct2"]})
+    return {"rounds": args.reference_ab, "runs_per_arm": 2 * args.reference_ab,
+            "ctranslate2": ctranslate2.__version__, "clips": rows}
+
+
 def run(args) -> dict:
     from engine.speech.loader import DEFAULT_SPEECH_MODEL, load_whisper
     from engine.speech.transcribe import TranscribeOptions, transcribe
@@ -220,6 +286,8 @@ def run(args) -> dict:
     result = {"bench": "speech", "model": model, "beam_size": args.beam_size, "load_s": round(load_s, 2),
               "machine": _machine(), "load_avg_1m": round(os.getloadavg()[0], 2), "clips": rows,
               "stream": {"repeats": args.stream_repeats, "chunk_ms": args.chunk_ms, "trailing_ms": args.trailing_ms}}
+    if args.reference_ab > 0:
+        result["reference_ab"] = reference_ab(args, bundle)
     if args.kernels_ab > 0:
         result["kernels_ab"] = kernels_ab(args)
         result["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
@@ -265,6 +333,22 @@ def _table(result: dict) -> str:
             lines.append(f"| {r['clip']} | {sr['finish_latency_median_s']} | "
                          f"{', '.join(str(x) for x in sr['finish_latency_s'])} | "
                          f"{'yes' if sr['same_as_batch'] else 'no'} | {max(sr['wer'])} |")
+    ref = result.get("reference_ab") or {}
+    if ref.get("clips"):
+        lines += [
+            "",
+            f"This engine vs CTranslate2 {ref['ctranslate2']} float32, 2 threads (faster-whisper's engine: "
+            f"every 30-s window padded and encoded whole, greedy), same model and clips, arms alternated "
+            f"ours/ct2/ct2/ours x {ref['rounds']}, medians of {ref['runs_per_arm']} runs; ratio = ours / ct2.",
+            "",
+            "| clip | ours ms | CTranslate2 ms | ratio | WER ours | WER CTranslate2 |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for r in ref["clips"]:
+            lines.append(f"| {r['clip']} | {r['ours_ms']} | {r['ct2_ms']} | {r['ratio']}x | {r['ours_wer']} "
+                         f"| {r['ct2_wer']} |")
+    elif ref.get("skipped"):
+        lines += ["", f"CTranslate2 reference: skipped ({ref['skipped']})."]
     ab = result.get("kernels_ab") or {}
     if ab.get("clips"):
         lines += [

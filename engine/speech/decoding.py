@@ -284,7 +284,7 @@ class _Verifier:
     def agreed_cache(self) -> list:
         """The self-attention cache up to the last agreed token (seq[:i])."""
         keep = self.base + self.i
-        return [(k[..., :keep], v[:, :, :keep]) for k, v in self.cache]
+        return self.decoder.cache_prefix(self.cache, keep)
 
 
 def _beam_search(decoder, cross, cache, logits, rules, eot, sample_len, beam_size) -> tuple[list[int], float]:

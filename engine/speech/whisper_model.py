@@ -99,6 +99,37 @@ class MultiHeadAttention(nn.Module):
         k = k.transpose(0, 2, 1, 3) if natural else k.transpose(0, 2, 3, 1)
         return mx.contiguous(k), mx.contiguous(self._heads(self.value(x)))
 
+    def qkv(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """Queries, keys and values of ``x`` (batch, time, n_state) each: one float16-weight
+        product for few rows once the decoder made the stacked copy (``use_half_weights``)."""
+        stacked = getattr(self, "_qkv_half", None)
+        if stacked is not None and x.size // x.shape[-1] <= HALF_ROWS_MAX:
+            return tuple(mx.split(kernels.half_matmul(x, *stacked), 3, axis=-1))
+        return self.query(x), self.key(x), self.value(x)
+
+    def self_attend(self, x: mx.array, cache: tuple | None, mask: mx.array | None) -> tuple[mx.array, tuple]:
+        """The decoder's causal self-attention of the new positions ``x`` over the cached ones and
+        themselves; returns the output and the layer's new cache entry ``(keys, values)``. Fused:
+        keys in the natural layout, the kernel's causal rule (``mask`` unused); else transposed
+        keys and MLX's matmuls with ``mask``."""
+        if not self.fused:
+            k, v = self.kv(x)
+            if cache:
+                k, v = mx.concatenate([cache[0], k], axis=3), mx.concatenate([cache[1], v], axis=2)
+            return self(x, k, v, mask), (k, v)
+        b, t, d = x.shape
+        q, k, v = self.qkv(x)
+        k, v = self._heads(k), self._heads(v)
+        offset = 0
+        if cache:
+            offset = cache[0].shape[2]
+            k, v = mx.concatenate([cache[0], k], axis=2), mx.concatenate([cache[1], v], axis=2)
+        else:
+            k, v = mx.contiguous(k), mx.contiguous(v)
+        out = kernels.flash_attention(self._heads(q), k, v, (d // self.n_head) ** -0.5,
+                                      causal_offset=offset if t > 1 else None)
+        return self.out(out.transpose(0, 2, 1, 3).reshape(b, t, d)), (k, v)
+
     def attend(self, x: mx.array, k: mx.array, v: mx.array) -> mx.array:
         """Unmasked attention of ``x`` over natural-layout ``k``/``v`` in the fused kernel; keys
         of batch 1 serve every row of ``x`` (beams share the window's cross-attention K/V)."""
@@ -216,8 +247,20 @@ class TextDecoder(nn.Module):
         mx.eval(halves)
         for layer, h in zip(linears, halves, strict=False):
             layer.use_half(h)
+        for block in self.blocks:  # one product for the self-attention's q, k and v
+            a = block.attn
+            bias = mx.concatenate([a.query.bias, mx.zeros_like(a.query.bias), a.value.bias])
+            a._qkv_half = (mx.concatenate([a.query._half, a.key._half, a.value._half]), bias)
+            mx.eval(a._qkv_half)
         self._embedding_half = halves[-1]
         return True
+
+    def cache_prefix(self, cache: list, keep: int) -> list:
+        """The self-attention cache of the first ``keep`` positions (keys natural or transposed,
+        as ``MultiHeadAttention.self_attend`` keeps them)."""
+        if self.blocks[0].attn.fused:
+            return [(k[:, :, :keep], v[:, :, :keep]) for k, v in cache]
+        return [(k[..., :keep], v[:, :, :keep]) for k, v in cache]
 
     def cross_kv(self, audio_features: mx.array) -> list[tuple[mx.array, mx.array]]:
         """Cross-attention keys/values of every layer, computed once per 30-s window (keys in
@@ -234,19 +277,15 @@ class TextDecoder(nn.Module):
         n = tokens.shape[1]
         x = self.token_embedding(tokens) + self.positional_embedding[offset:offset + n]
         mask = None
-        if n > 1:  # causal within the new tokens; all cached positions are visible
+        if n > 1 and not self.blocks[0].attn.fused:  # causal within the new tokens; all cached positions are visible
             mask = mx.triu(mx.full((n, n), -1e9, dtype=x.dtype), k=1)
             if offset:
                 mask = mx.concatenate([mx.zeros((n, offset), dtype=x.dtype), mask], axis=1)
         new_cache = []
         for i, block in enumerate(self.blocks):
-            h = block.attn_ln(x)
-            k_t, v = block.attn.kv(h)
-            if cache:
-                k_t = mx.concatenate([cache[i][0], k_t], axis=3)
-                v = mx.concatenate([cache[i][1], v], axis=2)
-            new_cache.append((k_t, v))
-            x = x + block.attn(h, k_t, v, mask)
+            a, entry = block.attn.self_attend(block.attn_ln(x), cache[i] if cache else None, mask)
+            new_cache.append(entry)
+            x = x + a
             ca, hc = block.cross_attn, block.cross_attn_ln(x)
             x = x + (ca.attend(hc, *cross[i]) if ca.fused else ca(hc, *cross[i]))
             x = x + block.mlp(x)
