@@ -66,10 +66,17 @@ inline void tile(const float* x, const uint16_t* w, const float* bias, float* ou
 }
 
 // Columns [n0, n1) of every row: 4 weight rows at a time (converted once, then every activation
-// row pair), the last 1-3 one by one.
+// row pair), the last 1-3 one by one. Each block first prefetches the block two ahead, all of
+// it at once: many misses in flight. Without it one row streamed 8.5 GB/s on one Zen 4 core
+// (the hardware prefetcher alone), with it 12-39 GB/s as the VM's memory allowed (a plain read
+// 34 GB/s); prefetching inside the k loop, or 8-row blocks, gained less.
 void columns(const float* x, const uint16_t* w, const float* bias, float* out, int M, int K, int N, int n0, int n1) {
   int n = n0;
   for (; n + 4 <= n1; n += 4) {
+    if (n + 12 <= n1) {
+      const char* ahead = reinterpret_cast<const char*>(w + size_t(n + 8) * K);
+      for (size_t b = 0; b < size_t(8) * K; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
     int m = 0;
     for (; m + 2 <= M; m += 2) tile<4, 2>(x, w, bias, out, K, N, m, n);
     if (m < M) tile<4, 1>(x, w, bias, out, K, N, m, n);
