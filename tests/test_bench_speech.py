@@ -64,3 +64,23 @@ def test_child_env_turns_the_kernels_off(monkeypatch):
     for arm in speech.ARMS:
         speech._arm_in_subprocess(_args(clips="short"), arm)
     assert seen == {"kernels": None, "no_kernels": "off"}
+
+
+@pytest.mark.e2e
+def test_reference_ab_runs_ctranslate2_on_the_same_model_and_clip():
+    """The CTranslate2 arm (faster-whisper's engine, the test extra) transcribes the same clip
+    from the same model.bin as the engine: both find the clip's words, and the table quotes the
+    medians and their ratio."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 (test extra) is the reference arm")
+    from engine.speech.loader import load_whisper
+
+    from app.benches import speech
+
+    ref = speech.reference_ab(_args(clips="short", reference_ab=1), load_whisper("whisper-tiny.en"))
+    row = ref["clips"][0]
+    assert ref["runs_per_arm"] == 2 and row["clip"] == "short"
+    assert row["ours_wer"] == 0.0 and row["ct2_wer"] == 0.0, row["ct2_text"]
+    assert row["ratio"] == pytest.approx(row["ours_ms"] / row["ct2_ms"], abs=2e-3)
+    table = speech._table({"model": "m", "beam_size": None, "machine": "x", "load_s": 1, "load_avg_1m": 1,
+                           "clips": [], "reference_ab": ref})
+    assert f"| short | {row['ours_ms']} | {row['ct2_ms']} | {row['ratio']}x | 0.0 | 0.0 |" in table

@@ -334,39 +334,34 @@ def _table(result: dict) -> str:
                          f"{', '.join(str(x) for x in sr['finish_latency_s'])} | "
                          f"{'yes' if sr['same_as_batch'] else 'no'} | {max(sr['wer'])} |")
     ref = result.get("reference_ab") or {}
-    if ref.get("clips"):
-        lines += [
-            "",
-            f"This engine vs CTranslate2 {ref['ctranslate2']} float32, 2 threads (faster-whisper's engine: "
-            f"every 30-s window padded and encoded whole, greedy), same model and clips, arms alternated "
-            f"ours/ct2/ct2/ours x {ref['rounds']}, medians of {ref['runs_per_arm']} runs; ratio = ours / ct2.",
-            "",
-            "| clip | ours ms | CTranslate2 ms | ratio | WER ours | WER CTranslate2 |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for r in ref["clips"]:
-            lines.append(f"| {r['clip']} | {r['ours_ms']} | {r['ct2_ms']} | {r['ratio']}x | {r['ours_wer']} "
-                         f"| {r['ct2_wer']} |")
-    elif ref.get("skipped"):
-        lines += ["", f"CTranslate2 reference: skipped ({ref['skipped']})."]
+    lines += _ab_section(
+        ref, "CTranslate2 reference",
+        f"This engine vs CTranslate2 {ref.get('ctranslate2')} float32, 2 threads (faster-whisper's engine: every "
+        f"30-s window padded and encoded whole, greedy), same model and clips, arms alternated ours/ct2/ct2/ours "
+        f"x {ref.get('rounds')}, medians of {ref.get('runs_per_arm')} runs; ratio = ours / ct2.",
+        ["clip", "ours ms", "CTranslate2 ms", "ratio", "WER ours", "WER CTranslate2"],
+        lambda r: [r["clip"], r["ours_ms"], r["ct2_ms"], f"{r['ratio']}x", r["ours_wer"], r["ct2_wer"]])
     ab = result.get("kernels_ab") or {}
-    if ab.get("clips"):
-        lines += [
-            "",
-            f"CPU kernels (engine/kernels) vs `MLXTERM_KERNELS=off`: batch transcription in child "
-            f"processes, arms alternated kernels/off/off/kernels x {ab['rounds']}, medians of "
-            f"{ab['runs_per_arm']} runs per arm; speed-up = off / kernels.",
-            "",
-            "| clip | kernels total ms | off total ms | speed-up | encode ms kernels / off | encode speed-up | same text |",
-            "|---|---:|---:|---:|---|---:|---|",
-        ]
-        for r in ab["clips"]:
-            lines.append(f"| {r['clip']} | {r['kernels_total_ms']} | {r['no_kernels_total_ms']} | {r['speedup']}x "
-                         f"| {r['kernels_encode_ms']} / {r['no_kernels_encode_ms']} | {r['encode_speedup']}x "
-                         f"| {'yes' if r['same_text'] else 'no'} |")
-    elif ab.get("skipped"):
-        lines += ["", f"CPU kernels A/B: skipped ({ab['skipped']})."]
+    lines += _ab_section(
+        ab, "CPU kernels A/B",
+        f"CPU kernels (engine/kernels) vs `MLXTERM_KERNELS=off`: batch transcription in child processes, arms "
+        f"alternated kernels/off/off/kernels x {ab.get('rounds')}, medians of {ab.get('runs_per_arm')} runs per "
+        f"arm; speed-up = off / kernels.",
+        ["clip", "kernels total ms", "off total ms", "speed-up", "encode ms kernels / off", "encode speed-up",
+         "same text"],
+        lambda r: [r["clip"], r["kernels_total_ms"], r["no_kernels_total_ms"], f"{r['speedup']}x",
+                   f"{r['kernels_encode_ms']} / {r['no_kernels_encode_ms']}", f"{r['encode_speedup']}x",
+                   "yes" if r["same_text"] else "no"])
     return "\n".join(lines)
+
+
+def _ab_section(ab: dict, name: str, intro: str, header: list[str], cells) -> list[str]:
+    """Markdown lines for one A/B comparison: the intro and a row per clip (``cells(row)``), or
+    the reason it was skipped, or nothing when it did not run."""
+    if ab.get("clips"):
+        lines = ["", intro, "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+        return lines + ["| " + " | ".join(str(c) for c in cells(r)) + " |" for r in ab["clips"]]
+    return ["", f"{name}: skipped ({ab['skipped']})."] if ab.get("skipped") else []
 
 
 def write_section(body: str, doc: Path = DOC) -> None:
