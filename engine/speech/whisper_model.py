@@ -7,10 +7,11 @@ On the CPU with the engine's kernels, the unmasked attentions -- the encoder's 1
 self-attention and the decoder's cross-attention over the window -- run in the fused attention
 kernel (engine/kernels/src/attention.cpp: no 1500 x 1500 score matrix, vectorised exp, every
 head's K/V block read once per query tile); their keys are then kept in the natural
-``(batch, heads, time, head_dim)`` layout the kernel reads. The decoder's small causal
-self-attention stays on MLX's matmuls (its cache keeps transposed keys). A decoder step's
-linears and output projection run on float16 copies of weights that are float16 to begin with
-(``TextDecoder.use_half_weights``): a step is bound by reading them.
+``(batch, heads, time, head_dim)`` layout the kernel reads. So does the decoder's causal
+self-attention (its cache keeps natural keys; without the kernels, MLX's matmuls over
+transposed ones). A decoder step's linears and output projection run on float16 copies of
+weights that are float16 to begin with (``TextDecoder.use_half_weights``): a step is bound by
+reading them.
 """
 
 from __future__ import annotations
