@@ -13,6 +13,7 @@ uses the full package breaks.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from types import ModuleType
 
@@ -26,6 +27,9 @@ def install() -> bool:
     if spec is None or spec.loader is None or not spec.submodule_search_locations:
         return False
     package = importlib.util.module_from_spec(spec)
+    # What the package's __init__ sets first: submodules that import transformers themselves
+    # (mlx_lm.utils, for an MLX model directory) must not print its advisory warnings either.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     state = {"loaded": False}
 
     def __getattr__(name: str):

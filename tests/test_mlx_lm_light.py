@@ -6,9 +6,10 @@ import subprocess
 import sys
 
 _PROBE = """
-import sys
+import os, sys
 import engine
 from engine.mlx_lm_light import full_package_loaded
+assert os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] == "1"  # as the package's own __init__ sets it
 import engine.runtime, engine.model.gguf, engine.generation.kv_cache, engine.checkpoints, engine.mlx_patches
 import mlx_lm.models.qwen2, mlx_lm.sample_utils
 light = (full_package_loaded(), "transformers" in sys.modules, "huggingface_hub" in sys.modules)
