@@ -213,6 +213,15 @@ class AudioEncoder(nn.Module):
         return self.ln_post(x)
 
 
+def _exact_half(w) -> mx.array | None:
+    """The float16 copy of float32 ``w`` when every value is a float16 one, else None (also for
+    a quantized layer's packed weight)."""
+    if not isinstance(w, mx.array) or w.dtype != mx.float32:
+        return None
+    half = w.astype(mx.float16)
+    return half if mx.array_equal(half.astype(mx.float32), w).item() else None
+
+
 class TextDecoder(nn.Module):
     def __init__(self, dims: WhisperDims):
         super().__init__()
@@ -236,22 +245,20 @@ class TextDecoder(nn.Module):
         matmul in the last bits only (another summation order)."""
         if not (kernels.available() and kernels.has("half_matmul")):
             return False
-        linears = [layer for block in self.blocks
-                   for layer in (block.attn.query, block.attn.key, block.attn.value, block.attn.out,
-                                 block.cross_attn.query, block.cross_attn.out, block.mlp1, block.mlp2)]
-        weights = [getattr(layer, "weight", None) for layer in linears] + [self.token_embedding.weight]
-        if not all(isinstance(w, mx.array) and w.dtype == mx.float32 for w in weights):
-            return False  # a quantized model
-        halves = [w.astype(mx.float16) for w in weights]
-        if not all(mx.array_equal(h.astype(mx.float32), w).item() for w, h in zip(weights, halves, strict=True)):
+        singles = [layer for block in self.blocks
+                   for layer in (block.attn.out, block.cross_attn.query, block.cross_attn.out, block.mlp1, block.mlp2)]
+        # The self-attention's q, k and v as one stacked product (MultiHeadAttention.qkv).
+        stacked = [mx.concatenate([b.attn.query.weight, b.attn.key.weight, b.attn.value.weight]) for b in self.blocks]
+        halves = [_exact_half(w) for w in [getattr(layer, "weight", None) for layer in singles]
+                  + stacked + [self.token_embedding.weight]]
+        if any(h is None for h in halves):
             return False
         mx.eval(halves)
-        for layer, h in zip(linears, halves, strict=False):
+        for layer, h in zip(singles, halves, strict=False):
             layer.use_half(h)
-        for block in self.blocks:  # one product for the self-attention's q, k and v
+        for block, h in zip(self.blocks, halves[len(singles):], strict=False):
             a = block.attn
-            bias = mx.concatenate([a.query.bias, mx.zeros_like(a.query.bias), a.value.bias])
-            a._qkv_half = (mx.concatenate([a.query._half, a.key._half, a.value._half]), bias)
+            a._qkv_half = (h, mx.concatenate([a.query.bias, mx.zeros_like(a.query.bias), a.value.bias]))
             mx.eval(a._qkv_half)
         self._embedding_half = halves[-1]
         return True

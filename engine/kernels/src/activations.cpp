@@ -50,12 +50,9 @@ void gelu_span(const float* x, float* o, long n) {
 
 void GeluErf::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const bool ref = reference_;
-  const mx::array& x = inputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(x);
-  enc.set_output_array(out);
-  enc.dispatch([ref, xp = x.data<float>(), op = out.data<float>(), n = long(x.size())]() {
+  // Elementwise: the rows are one flat span.
+  dispatch_rows<float>(stream(), inputs[0], out, [ref](const float* xp, float* op, int V, long rows) {
+    const long n = rows * V;
     if (ref) {
       for (long i = 0; i < n; ++i) op[i] = gelu_ref(xp[i]);
       return;
@@ -75,7 +72,8 @@ mx::array gelu_erf(const mx::array& x, bool reference, mx::StreamOrDevice s) {
   if (x.dtype() != mx::float32)
     throw std::invalid_argument("[mlxterm.gelu_erf] x must be float32.");
   auto st = cpu_stream(s, "gelu_erf");
-  return mx::array(x.shape(), mx::float32, std::make_shared<GeluErf>(st, reference), {contiguous_in(x, st)});
+  const mx::array flat = x.ndim() == 0 ? mx::reshape(x, {1}, st) : x;  // dispatch_rows reads a last axis
+  return mx::array(x.shape(), mx::float32, std::make_shared<GeluErf>(st, reference), {contiguous_in(flat, st)});
 }
 
 }  // namespace mlxterm

@@ -7,25 +7,18 @@
 #include <immintrin.h>
 
 #include <cmath>
-#include <cstring>
 
 #include "ops.h"
+#include "vmath.h"
 
 namespace mlxterm {
 
 namespace {
 
-// The 8 lanes' sum in the order the scalar reference uses: (l + l+4), then (+2), then (+1).
-inline float lanes_sum(__m256 v) {
-  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
-}
-
 float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
 // One output the reference way: lane j of 8 accumulates x[k] * w[k] for k = j mod 8 by fma,
-// the lanes are summed as lanes_sum does, then the tail k >= K8 by fma, then + bias.
+// the lanes are summed as vmath.h's hadd does ((l + l+4), then + 2, then + 1), then the tail k >= K8 by fma, then + bias.
 float dot_ref(const float* x, const uint16_t* w, int K, float bias) {
   const int K8 = K & ~7;
   float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -59,7 +52,7 @@ inline void tile(const float* x, const uint16_t* w, const float* bias, float* ou
     for (int j = 0; j < NR; ++j) {
       const float* xr = x + size_t(m + i) * K;
       const uint16_t* wr = w + size_t(n + j) * K;
-      float s = lanes_sum(acc[i][j]);
+      float s = hadd(acc[i][j]);
       for (int k = K8; k < K; ++k) s = std::fma(xr[k], half_to_float(wr[k]), s);
       out[size_t(m + i) * N + n + j] = s + (bias ? bias[n + j] : 0.0f);
     }
