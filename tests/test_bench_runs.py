@@ -6,6 +6,7 @@ processes (hugepages, board) get their children's JSON from a stub at that bound
 from __future__ import annotations
 
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 
@@ -82,9 +83,14 @@ def test_bench_engine_records_the_cpu_model_and_isa_family(flags, family):
     assert "kernel_isa" in cpu and cpu["cores"] >= 1
 
 
-def test_bench_batch_run_compares_serial_and_batched(profile_path):
+def test_bench_batch_run_compares_serial_and_batched(profile_path, monkeypatch, tmp_path):
+    import tempfile
+
     from app.benches import batch as bench
 
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = bench.run(Namespace(profiles=profile_path(), sessions="2", max_tokens=4, rounds=1, seed=3,
                               ignore_eos=True))
     (model,) = out["models"]
@@ -99,6 +105,31 @@ def test_bench_batch_run_compares_serial_and_batched(profile_path):
         row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2
     )
     assert set(model["interactive"]) and out["targets"]["speedup_at_4"] > 0
+    assert list(scratch.iterdir()) == []  # its profile copy and the checkpoints it wrote are gone
+
+
+def test_scratch_profile_points_checkpoints_inside_and_removes_them(profile_path, monkeypatch, tmp_path):
+    import tempfile
+
+    from engine.profiles import load_profile
+
+    from app.benches import scratch_profile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    source = profile_path()
+
+    def edit(data: dict) -> None:
+        data["cache"]["ram_bytes"] = 12345
+
+    with pytest.raises(RuntimeError):
+        with scratch_profile(source, "mlxterm-bench-x-", edit) as path:
+            prof = load_profile(str(path))
+            assert prof.name == load_profile(source).name + "-bench" and prof.cache.ram_bytes == 12345
+            assert Path(prof.cache.ssd_dir) == path.parent / "ssd"
+            (path.parent / "ssd" / "fp").mkdir(parents=True)
+            (path.parent / "ssd" / "fp" / "a.safetensors").write_bytes(b"x" * 10)
+            raise RuntimeError("the bench failed")
+    assert not path.parent.exists()  # removed on the way out of a failure too
 
 
 def test_bench_spec_run_reports_scenarios_and_the_verify_curve(profile_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -232,17 +233,23 @@ def progress_line(rec: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _load_engine(profile: str):
-    """The local engine, or a remote profile's server (``model.remote``: both arms run on it)."""
+def _load_engine(profile: str, checkpoints: Path):
+    """The local engine, its SSD checkpoints under ``checkpoints`` (the bench's own, removed at
+    the end: hundreds of MB that would otherwise evict the user's sessions from their store), or
+    a remote profile's server (``model.remote``: both arms run on it)."""
+    from dataclasses import replace
+
     from engine.profiles import ProfileError, load_profile
     from engine.runtime import Engine
     from engine.serving.remote_engine import RemoteEngine
 
     try:
-        remote = load_profile(profile).model.remote is not None
+        prof = load_profile(profile)
     except ProfileError:
-        remote = False  # Engine.load says what is wrong with it
-    return RemoteEngine.load(profile) if remote else Engine.load(profile)
+        return Engine.load(profile)  # it says what is wrong with the profile
+    if prof.model.remote is not None:
+        return RemoteEngine.load(profile)
+    return Engine.load(replace(prof, cache=replace(prof.cache, ssd_dir=str(checkpoints))))
 
 
 def run(args) -> dict:
@@ -262,7 +269,7 @@ def run(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="mlxterm-bench-agent-"))
     t_start = time.monotonic()
     print(f"bench agent: run directories under {tmp}", file=sys.stderr)
-    engine = _load_engine(profile)
+    engine = _load_engine(profile, tmp / "checkpoints")
     load_s = time.monotonic() - t_start
     records: list[dict[str, Any]] = []
     interrupted = False
@@ -293,6 +300,7 @@ def run(args) -> dict:
         profile_name = getattr(prof, "name", None) or profile
         source = getattr(getattr(prof, "model", None), "source", None)
         engine.close()
+        shutil.rmtree(tmp / "checkpoints", ignore_errors=True)
     total = time.monotonic() - t_start
     summary = summarize(records)
     reference = reference_for(profile_name, source, model, profile)

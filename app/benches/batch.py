@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import random
 import statistics
-import tempfile
 import threading
 import time
 
+from app.benches import scratch_profile
 from app.benches.engine import PASSAGE
 
 PROMPT_LENGTHS = (40, 200, 80, 280, 60, 160, 120, 240)
@@ -278,10 +278,7 @@ def run(args) -> dict:
     import os
 
     from engine.generation import batch
-    from engine.profiles import load_profile, profile_to_dict
     from engine.runtime import Engine
-
-    import yaml
 
     _nonces.seed(args.seed)  # None: fresh randomness
     out: dict = {
@@ -293,98 +290,91 @@ def run(args) -> dict:
     }
     sessions = [int(x) for x in args.sessions.split(",")]
     for name in args.profiles.split(","):
-        base = load_profile(name)
-        tmp = tempfile.mkdtemp(prefix="mlxterm-bench-batch-")
-        data = profile_to_dict(base)
-        data["cache"]["ssd_dir"] = f"{tmp}/ssd"
-        data["name"] = base.name + "-bench"
-        prof_path = f"{tmp}/bench.yaml"
-        with open(prof_path, "w") as f:
-            yaml.safe_dump(data, f)
-        engine = Engine.load(prof_path)
-        cap = engine.profile.batch.cap
-        traces0 = batch.traces()
-        rows = []
-        try:
-            _run_arm(engine, "batched", 2, 8)  # warm-up: compile the solo step, touch weights
-            for n in sessions:
-                arms: dict[str, list[dict]] = {"serial": [], "batched": []}
-                match = True
-                for _ in range(args.rounds):
-                    prompts = _prompts(engine, n)  # the same requests in every arm of the round
-                    replies = []
-                    for arm in ("serial", "batched", "batched", "serial"):
-                        _fresh_checkpoints(engine)
-                        arms[arm].append(
-                            _run_arm(engine, arm, n, args.max_tokens, prompts, args.ignore_eos)
-                        )
-                        replies.append(arms[arm][-1]["replies"])
-                    match = match and all(r == replies[0] for r in replies)
-                row = {"sessions": n, "replies_match": match}
-                for arm, runs in arms.items():
-                    row[arm] = {
-                        "tok_s": round(statistics.median(r["tok_s"] for r in runs), 1),
-                        "decode_tok_s": round(
-                            statistics.median(r["decode_tok_s"] for r in runs), 1
-                        ),
-                        "cpu_ms_per_token": round(
-                            statistics.median(r["cpu_ms_per_token"] for r in runs), 2
-                        ),
-                        "tokens": runs[-1]["tokens"],
-                        "ttft_ms_median": round(
-                            statistics.median(x for r in runs for x in r["ttft_ms"]), 1
-                        ),
-                        "ttft_ms_max": round(max(x for r in runs for x in r["ttft_ms"]), 1),
-                        "itl_ms_median": round(
-                            statistics.median(x for r in runs for x in r["itl_ms"]), 2
-                        ),
-                        "lanes": runs[-1]["lanes"],
-                        "batch_max": runs[-1]["batch_max"],
-                    }
-                    for key, digits in (
-                        ("wall_s", 2),
-                        ("engine_prefill_s", 2),
-                        ("engine_decode_s", 2),
-                        ("engine_other_s", 2),
-                        ("decode_ms_per_token", 2),
-                        ("decode_steps", 1),
-                        ("rows_per_step", 2),
-                        ("held_ticks", 1),
-                        ("tok_s_without_prefill", 1),
-                        ("decode_ceiling", 2),
-                    ):
-                        row[arm][key] = round(statistics.median(r[key] for r in runs), digits)
-                row["speedup"] = round(row["batched"]["tok_s"] / row["serial"]["tok_s"], 2)
-                row["decode_speedup"] = round(
-                    row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2
-                )
-                # CPU time per token (prefill included): what the arms cost on a shared machine.
-                row["cpu_speedup"] = round(
-                    row["serial"]["cpu_ms_per_token"] / row["batched"]["cpu_ms_per_token"], 2
-                )
-                row["speedup_without_prefill"] = round(
-                    row["batched"]["tok_s_without_prefill"]
-                    / row["serial"]["tok_s_without_prefill"],
-                    2,
-                )
-                row["engine_decode_speedup"] = round(
-                    row["serial"]["decode_ms_per_token"] / row["batched"]["decode_ms_per_token"], 2
-                )
-                # compiles of the batched step so far
-                row["batched_traces"] = batch.traces() - traces0
-                rows.append(row)
-            interactive = _interactive(engine, cap, args.max_tokens)
-        finally:
-            engine.close()
-        out["models"].append(
-            {
-                "profile": name,
-                "model": engine.model_name,
-                "cap": cap,
-                "rows": rows,
-                "interactive": interactive,
-            }
-        )
+        with scratch_profile(name, "mlxterm-bench-batch-") as prof_path:
+            engine = Engine.load(str(prof_path))
+            cap = engine.profile.batch.cap
+            traces0 = batch.traces()
+            rows = []
+            try:
+                _run_arm(engine, "batched", 2, 8)  # warm-up: compile the solo step, touch weights
+                for n in sessions:
+                    arms: dict[str, list[dict]] = {"serial": [], "batched": []}
+                    match = True
+                    for _ in range(args.rounds):
+                        prompts = _prompts(engine, n)  # the same requests in every arm of the round
+                        replies = []
+                        for arm in ("serial", "batched", "batched", "serial"):
+                            _fresh_checkpoints(engine)
+                            arms[arm].append(
+                                _run_arm(engine, arm, n, args.max_tokens, prompts, args.ignore_eos)
+                            )
+                            replies.append(arms[arm][-1]["replies"])
+                        match = match and all(r == replies[0] for r in replies)
+                    row = {"sessions": n, "replies_match": match}
+                    for arm, runs in arms.items():
+                        row[arm] = {
+                            "tok_s": round(statistics.median(r["tok_s"] for r in runs), 1),
+                            "decode_tok_s": round(
+                                statistics.median(r["decode_tok_s"] for r in runs), 1
+                            ),
+                            "cpu_ms_per_token": round(
+                                statistics.median(r["cpu_ms_per_token"] for r in runs), 2
+                            ),
+                            "tokens": runs[-1]["tokens"],
+                            "ttft_ms_median": round(
+                                statistics.median(x for r in runs for x in r["ttft_ms"]), 1
+                            ),
+                            "ttft_ms_max": round(max(x for r in runs for x in r["ttft_ms"]), 1),
+                            "itl_ms_median": round(
+                                statistics.median(x for r in runs for x in r["itl_ms"]), 2
+                            ),
+                            "lanes": runs[-1]["lanes"],
+                            "batch_max": runs[-1]["batch_max"],
+                        }
+                        for key, digits in (
+                            ("wall_s", 2),
+                            ("engine_prefill_s", 2),
+                            ("engine_decode_s", 2),
+                            ("engine_other_s", 2),
+                            ("decode_ms_per_token", 2),
+                            ("decode_steps", 1),
+                            ("rows_per_step", 2),
+                            ("held_ticks", 1),
+                            ("tok_s_without_prefill", 1),
+                            ("decode_ceiling", 2),
+                        ):
+                            row[arm][key] = round(statistics.median(r[key] for r in runs), digits)
+                    row["speedup"] = round(row["batched"]["tok_s"] / row["serial"]["tok_s"], 2)
+                    row["decode_speedup"] = round(
+                        row["batched"]["decode_tok_s"] / row["serial"]["decode_tok_s"], 2
+                    )
+                    # CPU time per token (prefill included): what the arms cost on a shared machine.
+                    row["cpu_speedup"] = round(
+                        row["serial"]["cpu_ms_per_token"] / row["batched"]["cpu_ms_per_token"], 2
+                    )
+                    row["speedup_without_prefill"] = round(
+                        row["batched"]["tok_s_without_prefill"]
+                        / row["serial"]["tok_s_without_prefill"],
+                        2,
+                    )
+                    row["engine_decode_speedup"] = round(
+                        row["serial"]["decode_ms_per_token"] / row["batched"]["decode_ms_per_token"], 2
+                    )
+                    # compiles of the batched step so far
+                    row["batched_traces"] = batch.traces() - traces0
+                    rows.append(row)
+                interactive = _interactive(engine, cap, args.max_tokens)
+            finally:
+                engine.close()
+            out["models"].append(
+                {
+                    "profile": name,
+                    "model": engine.model_name,
+                    "cap": cap,
+                    "rows": rows,
+                    "interactive": interactive,
+                }
+            )
     out["load_avg_end"] = os.getloadavg()[0]
     out["metrics"] = METRICS
     out["targets"] = {"speedup_at_4": 1.8, "speedup_at_8": 3.0, "interactive_ttft_ratio": 2.0}

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.benches import scratch_profile
+
 TASKS = Path(__file__).resolve().parents[2] / "assets" / "tasks" / "board"
 
 
@@ -34,43 +36,38 @@ def argparse_hidden():
 
 def run_arm(profile: str, tasks: list[Path], concurrency: int) -> dict:
     """One arm on a fresh board / sessions / checkpoint store; engine load not timed."""
-    from engine.profiles import load_profile, profile_to_dict
     from engine.runtime import Engine
     from engine.sessions import SessionStore
-
-    import yaml
 
     from agents.board.actions import card_from_task
     from agents.board.dispatcher import Dispatcher
     from agents.board.store import BoardStore
     from agents.taskfile import load_task
 
+    # the board (cards, workspaces, transcripts) stays for a look afterwards; the checkpoints go
     tmp = Path(tempfile.mkdtemp(prefix="mlxterm-bench-board-"))
-    data = profile_to_dict(load_profile(profile))
-    data["cache"]["ssd_dir"] = str(tmp / "ssd")
-    data["name"] = f"{data['name']}-bench"
-    (tmp / "profile.yaml").write_text(yaml.safe_dump(data))
-    engine = Engine.load(str(tmp / "profile.yaml"))
-    try:
-        board, sessions = BoardStore(tmp / "board.sqlite3"), SessionStore(tmp / "sessions.sqlite3")
-        ids = [board.add(card_from_task(load_task(t), state="queued", profile=None)).id for t in tasks]
-        d = Dispatcher(board, sessions, lambda p: engine, concurrency=concurrency, default_profile=profile)
-        t0 = time.monotonic()
-        d.drain()
-        wall = time.monotonic() - t0
-        cards = []
-        for cid in ids:
-            c = board.get(cid)
-            atts = board.attempts(cid)
-            cards.append({"id": cid, "title": c.title, "state": c.state, "attempts": len(atts),
-                          "checks_passed": all(ch["passed"] for ch in atts[-1].checks) if atts else False,
-                          "first_step_cached_ratio": [a.first_step_cached_ratio for a in atts],
-                          "first_step": [a.steps[0] if a.steps else None for a in atts],
-                          "wall_s": [a.wall_s for a in atts]})
-        board.close()
-        return {"concurrency": concurrency, "wall_s": round(wall, 2), "cards": cards, "board_dir": str(tmp)}
-    finally:
-        engine.close()
+    with scratch_profile(profile, "mlxterm-bench-board-profile-") as prof_path:
+        engine = Engine.load(str(prof_path))
+        try:
+            board, sessions = BoardStore(tmp / "board.sqlite3"), SessionStore(tmp / "sessions.sqlite3")
+            ids = [board.add(card_from_task(load_task(t), state="queued", profile=None)).id for t in tasks]
+            d = Dispatcher(board, sessions, lambda p: engine, concurrency=concurrency, default_profile=profile)
+            t0 = time.monotonic()
+            d.drain()
+            wall = time.monotonic() - t0
+            cards = []
+            for cid in ids:
+                c = board.get(cid)
+                atts = board.attempts(cid)
+                cards.append({"id": cid, "title": c.title, "state": c.state, "attempts": len(atts),
+                              "checks_passed": all(ch["passed"] for ch in atts[-1].checks) if atts else False,
+                              "first_step_cached_ratio": [a.first_step_cached_ratio for a in atts],
+                              "first_step": [a.steps[0] if a.steps else None for a in atts],
+                              "wall_s": [a.wall_s for a in atts]})
+            board.close()
+            return {"concurrency": concurrency, "wall_s": round(wall, 2), "cards": cards, "board_dir": str(tmp)}
+        finally:
+            engine.close()
 
 
 def _arm_in_subprocess(profile: str, tasks: str, concurrency: int) -> dict:

@@ -12,10 +12,9 @@ docs/benches.md.
 from __future__ import annotations
 
 import statistics
-import tempfile
 import uuid
 
-from app.benches import llama_peer
+from app.benches import llama_peer, scratch_profile
 from app.benches.engine import PASSAGE, _prompt_ids
 
 # llama.cpp arms of the long-context bench -> the K/V cache type each runs with.
@@ -331,24 +330,22 @@ def _conversation(engine, n_tokens: int, nonce: str) -> list[int]:
     return ids[: n_tokens - 16] + ids[-16:] if len(ids) > n_tokens else ids
 
 
+def _room_for_8k(data: dict) -> None:
+    data["cache"]["ram_bytes"] = 8 * 1024**3
+    data["context"]["max_context"] = max(data["context"]["max_context"], 8192 + 64)
+
+
 def run(args) -> dict:
     if args.long_context:
         return _long_context(args)
-    from engine.profiles import load_profile, profile_to_dict
+    from engine.profiles import load_profile
+
+    with scratch_profile(args.profile, "mlxterm-bench-resume-", _room_for_8k) as prof_path:
+        return _resume_arms(args, str(prof_path), load_profile(args.profile).name)
+
+
+def _resume_arms(args, prof_path: str, profile_name: str) -> dict:
     from engine.runtime import Engine, GenerationRequest
-
-    import yaml
-
-    base = load_profile(args.profile)
-    tmp = tempfile.mkdtemp(prefix="mlxterm-bench-resume-")
-    data = profile_to_dict(base)
-    data["cache"]["ssd_dir"] = f"{tmp}/ssd"
-    data["cache"]["ram_bytes"] = 8 * 1024**3
-    data["context"]["max_context"] = max(data["context"]["max_context"], 8192 + 64)
-    data["name"] = base.name + "-bench"
-    prof_path = f"{tmp}/bench.yaml"
-    with open(prof_path, "w") as f:
-        yaml.safe_dump(data, f)
 
     warm = Engine.load(prof_path)
     contexts = [int(x) for x in args.contexts.split(",")]
@@ -399,4 +396,4 @@ def run(args) -> dict:
              "|---|---|---|---|---|---|"]
     for r in rows:
         table.append(f"| {r['context_tokens']} | {r['cold_ttft_ms']} | {r['ram_ttft_ms']} | {r['ssd_ttft_ms']} | {r['ram_speedup']}x | {r['ssd_speedup']}x |")
-    return {"bench": "resume", "profile": base.name, "rows": rows, "summary": "\n".join(table)}
+    return {"bench": "resume", "profile": profile_name, "rows": rows, "summary": "\n".join(table)}

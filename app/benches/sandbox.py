@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -33,21 +34,24 @@ def run(args) -> dict:
         return {"available": False, "reason": box.status.reason,
                 "summary": f"sandbox unavailable: {box.status.reason}"}
     ws = Path(tempfile.mkdtemp(prefix="mlxterm-bench-sandbox-"))
-    arms = {"plain": None, "sandboxed": box}
-    results: dict[str, dict] = {}
-    for name, command in COMMANDS.items():
-        times: dict[str, list[float]] = {"plain": [], "sandboxed": []}
-        execute(command, ws, 60, None, box)  # warm the page cache for bwrap and the command
-        for _ in range(args.rounds):
-            for arm in ("plain", "sandboxed", "sandboxed", "plain"):
-                t0 = time.perf_counter()
-                data = execute(command, ws, 60, None, arms[arm])
-                times[arm].append((time.perf_counter() - t0) * 1000)
-                assert data["exit_code"] == 0 and data["sandboxed"] == (arm == "sandboxed"), data
-        med = {arm: statistics.median(v) for arm, v in times.items()}
-        results[name] = {"plain_ms": round(med["plain"], 1), "sandboxed_ms": round(med["sandboxed"], 1),
-                         "overhead_ms": round(med["sandboxed"] - med["plain"], 1),
-                         "ratio": round(med["sandboxed"] / med["plain"], 2), "n": len(times["plain"])}
+    try:
+        arms = {"plain": None, "sandboxed": box}
+        results: dict[str, dict] = {}
+        for name, command in COMMANDS.items():
+            times: dict[str, list[float]] = {"plain": [], "sandboxed": []}
+            execute(command, ws, 60, None, box)  # warm the page cache for bwrap and the command
+            for _ in range(args.rounds):
+                for arm in ("plain", "sandboxed", "sandboxed", "plain"):
+                    t0 = time.perf_counter()
+                    data = execute(command, ws, 60, None, arms[arm])
+                    times[arm].append((time.perf_counter() - t0) * 1000)
+                    assert data["exit_code"] == 0 and data["sandboxed"] == (arm == "sandboxed"), data
+            med = {arm: statistics.median(v) for arm, v in times.items()}
+            results[name] = {"plain_ms": round(med["plain"], 1), "sandboxed_ms": round(med["sandboxed"], 1),
+                             "overhead_ms": round(med["sandboxed"] - med["plain"], 1),
+                             "ratio": round(med["sandboxed"] / med["plain"], 2), "n": len(times["plain"])}
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
     load = os.getloadavg()
     summary = "; ".join(f"{k}: {v['plain_ms']} -> {v['sandboxed_ms']} ms (+{v['overhead_ms']} ms)"
                         for k, v in results.items())
