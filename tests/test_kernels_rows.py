@@ -152,8 +152,9 @@ def test_the_pipelined_panels_give_the_panel_by_panel_bits(bits, scales, x16):
     """Weights on the 16-column tiles decode the next panel between a panel's block dots
     (set_rows512_pipe; 4- and 5-bit two rows per zmm): the same bits as pack_pair16's panel by
     panel decode -- for 2..15 rows, and for 16+ rows (the VNNI GEMM with AMX off) where 4-bit
-    panels pipeline too (the fill beside an 8-row tile, then 16-row tiles; 5- and 8-bit stay
-    panel by panel there), with several panels per pool chunk, a partial last panel (and a last
+    panels pipeline too (the fill beside a tile of up to 8 rows, then tiles of up to 16, sizes
+    within one row of each other: 10 = 5 + 5, 18 = 8 + 10, 33 = 8 + 13 + 12; 5- and 8-bit stay
+    panel by panel there: 18 = 9 + 9), with several panels per pool chunk, a partial last panel (and a last
     panel of <= 8 rows) and an odd block count; on 1 and 2 threads. Each row also keeps its solo
     bits."""
     ext = kernels._load()
@@ -170,7 +171,7 @@ def test_the_pipelined_panels_give_the_panel_by_panel_bits(bits, scales, x16):
     try:
         assert ext.rows512_pipe()
         solo = [kernels.quantized_matmul(x[i : i + 1], wq, s, b, 32, bits, symmetric=sym) for i in range(40)]
-        for m in (2, 8, 15, 20, 40):
+        for m in (2, 7, 8, 10, 15, 17, 18, 20, 25, 33, 40):
             y = _on_equals_off(
                 ext.set_rows512_pipe, lambda m=m: kernels.quantized_matmul(x[:m], wq, s, b, 32, bits, symmetric=sym)
             )

@@ -226,27 +226,42 @@ void panel_rows(const QmmProblem& p, const XView& x, const Panel& pn, int m0, in
     _mm512_mask_storeu_ps(p.out + size_t(m0 + i) * p.N + n0, mask, _mm512_add_ps(acc[i], b[i]));
 }
 
+// f(std::integral_constant<int, mr>) for a tile of mr = 1..MAX rows (mr <= MAX).
+template <int MAX, int R = MAX, class F>
+void with_tile(int mr, F&& f) {
+  if constexpr (R > 1) {
+    if (mr < R) return with_tile<MAX, R - 1>(mr, f);
+  }
+  f(std::integral_constant<int, R>{});
+}
+
 // The tiles of rows [s0, s1) against one packed panel; the first one runs fill (pipelined_slice).
+// As few tiles as the register file allows, their sizes within one row of each other: a tile's
+// rows are its independent vpdpbusd chains, and a short tile waits on their latency (18 rows as
+// 16 + 2 or 8 + 8 + 2: the 2-row tile cost about as much as 8 rows of the 16-row one). The fill's
+// decode needs the registers a 16-row tile's accumulators would take: it goes with a tile of at
+// most 8 rows. Tiles do not change bits (each output lane's operations are the row path's).
 template <bool X16, class Fill>
 void slice_rows(const QmmProblem& p, const XView& x, const Panel& pn, int s0, int s1, int n, int nr,
                 const Fill& fill) {
   int m = s0;
-  bool first = true;
-  auto tile = [&](auto mr) {
-    constexpr int MR = decltype(mr)::value;
-    if (first) panel_rows<MR, X16>(p, x, pn, m, n, nr, fill);
-    else panel_rows<MR, X16>(p, x, pn, m, n, nr);
-    first = false;
-    m += MR;
+  auto tiles = [](int rows, int first_max) {  // how many tiles for `rows`, the first <= first_max
+    return rows <= first_max ? 1 : 1 + (rows - first_max + 15) / 16;
   };
-  // The fill's decode needs the registers a 16-row tile's accumulators would take: it goes
-  // with an 8-row tile, the rows after it run 16 at a time.
-  if (!std::is_same_v<Fill, NoFill> && s1 - m >= 8) tile(std::integral_constant<int, 8>{});
-  while (s1 - m >= 16) tile(std::integral_constant<int, 16>{});
-  if (s1 - m >= 8) tile(std::integral_constant<int, 8>{});
-  if (s1 - m >= 4) tile(std::integral_constant<int, 4>{});
-  if (s1 - m >= 2) tile(std::integral_constant<int, 2>{});
-  if (s1 - m >= 1) tile(std::integral_constant<int, 1>{});
+  if constexpr (!std::is_same_v<Fill, NoFill>) {
+    const int rows = s1 - m, t = tiles(rows, 8);
+    with_tile<8>(std::min(8, (rows + t - 1) / t), [&](auto mr) {
+      panel_rows<decltype(mr)::value, X16>(p, x, pn, m, n, nr, fill);
+      m += decltype(mr)::value;
+    });
+  }
+  while (m < s1) {
+    const int rows = s1 - m, t = tiles(rows, 16);
+    with_tile<16>((rows + t - 1) / t, [&](auto mr) {
+      panel_rows<decltype(mr)::value, X16>(p, x, pn, m, n, nr);
+      m += decltype(mr)::value;
+    });
+  }
 }
 
 // The decode of one 16-row panel, block by block (pipelined_slice): 8-bit rows by pack_group's
