@@ -141,9 +141,10 @@ def prepare_template(ex: Exercise, workspace_root: str | Path) -> Path:
     return template
 
 
-def exercise_prompt(ex: Exercise) -> str:
+def exercise_prompt(ex: Exercise, files_first: bool = False) -> str:
     """The instructions, the stub file(s) as they are now (what a user hands an agent, and what
-    aider's benchmark shows the model), and how to test."""
+    aider's benchmark shows the model), and how to test. ``files_first``: the stubs before the
+    instructions (the order of the one-shot arm's prompt, agent_plain.py)."""
     stubs = []
     for name in ex.solution:
         text = (ex.dir / name).read_text(encoding="utf-8", errors="replace")
@@ -151,13 +152,13 @@ def exercise_prompt(ex: Exercise) -> str:
         stubs.append(f"{name} now contains:\n```{lang}\n{text.rstrip()}\n```")
     files = ", ".join(ex.solution)
     tests = ", ".join(ex.test)
-    return (f"{ex.instructions.rstrip()}\n\n"
-            f"---\n"
-            + "\n\n".join(stubs) + "\n\n"
-            f"Write the whole solution to {files}, keeping its names and signatures. "
-            f"The tests are in {tests}: do not change them. "
-            f"Run the tests from the workspace with: {ex.test_command}\n"
-            f"When they pass, reply with a short final answer.")
+    request = (f"Write the whole solution to {files}, keeping its names and signatures. "
+               f"The tests are in {tests}: do not change them. "
+               f"Run the tests from the workspace with: {ex.test_command}\n"
+               f"When they pass, reply with a short final answer.")
+    if files_first:
+        return "\n\n".join(stubs) + f"\n\n---\n{ex.instructions.rstrip()}\n\n---\n" + request
+    return f"{ex.instructions.rstrip()}\n\n---\n" + "\n\n".join(stubs) + "\n\n" + request
 
 
 def restore_and_test_command(ex: Exercise) -> str:
@@ -172,14 +173,15 @@ def restore_and_test_command(ex: Exercise) -> str:
 def exercise_task(ex: Exercise, workspace_root: str | Path, *, repair_rounds: int | None = None,
                   profile: str | None = None, steps: int | None = None, tokens: int | None = None,
                   wall_s: float | None = None, seed: int | None = None,
-                  temperature: float | None = None, show_tests: bool = False) -> TaskSpec:
+                  temperature: float | None = None, show_tests: bool = False,
+                  files_first: bool = False) -> TaskSpec:
     """The agent task for one exercise (``repair_rounds`` None: the profile's; ``seed``: step n
     samples with seed + n, so a run repeats token for token; ``show_tests``: the test files go
-    with the prompt as read-only files)."""
+    with the prompt as read-only files; ``files_first``: see ``exercise_prompt``)."""
     return TaskSpec(
         path=ex.dir / "exercise.json",
         name=ex.slug,
-        prompt=exercise_prompt(ex),
+        prompt=exercise_prompt(ex, files_first),
         workspace_template=prepare_template(ex, workspace_root),
         profile=profile,
         allow=("bash",),

@@ -64,6 +64,8 @@ def add_arguments(p) -> None:
                         "and/or plain_tests (the same with the unit tests shown beside the stub)")
     p.add_argument("--show-tests", action="store_true",
                    help="the agent gets the exercise's test files with its prompt (read-only files, as a task's read: key)")
+    p.add_argument("--files-first", action="store_true",
+                   help="the agent's prompt shows the stub file(s) before the instructions (as the plain arm does)")
     p.add_argument("--candidates", type=int, default=None,
                    help="drafts decoded together per repair round, one that passes kept (default: the profile's)")
 
@@ -284,7 +286,7 @@ def run(args) -> dict:
                     continue
                 task = exercise_task(ex, tmp / "templates", repair_rounds=args.repair_rounds,
                                      steps=args.steps, wall_s=args.wall_s, temperature=args.temperature,
-                                     show_tests=args.show_tests,
+                                     show_tests=args.show_tests, files_first=args.files_first,
                                      seed=None if args.seed is not None and args.seed < 0 else args.seed)
                 rec.update(run_exercise(ex, task, engine, store, tmp / "runs" / ex.slug, args.candidates))
             rec["split"] = split_of(ex.slug)
@@ -328,6 +330,7 @@ def run(args) -> dict:
         "candidates": args.candidates,
         "temperature": args.temperature,
         "show_tests": args.show_tests,
+        "files_first": args.files_first,
         "arms": list(arms),
         **summary,
         "reference": reference,
