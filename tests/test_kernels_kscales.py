@@ -182,8 +182,9 @@ def test_requantization_falls_back_to_affine_when_a_scale_overflows_float16():
 
 
 def _qwen2_kquant(seed: int = 4) -> nn.Module:
-    """A random qwen2 model (256 wide: every K a multiple of 256) whose 4-bit layers have
-    Q4_K-form scales and biases (float16 d, dmin per super-block, 6-bit sc, m per group)."""
+    """A random qwen2 model (256 wide: every K a multiple of 256) whose 4-bit layers and
+    embedding have Q4_K-form scales and biases (float16 d, dmin per super-block, 6-bit sc, m
+    per group)."""
     import importlib
 
     module = importlib.import_module("mlx_lm.models.qwen2")
@@ -195,7 +196,7 @@ def _qwen2_kquant(seed: int = 4) -> nn.Module:
     nn.quantize(m, group_size=32, bits=4)
     rng = np.random.default_rng(seed)
     for _, lin in m.named_modules():
-        if isinstance(lin, nn.QuantizedLinear):
+        if isinstance(lin, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             n, ng = lin.scales.shape
             d = rng.uniform(0.0005, 0.002, (n, ng // 8, 1)).astype(np.float16).astype(np.float32)
             dmin = rng.uniform(0.001, 0.004, (n, ng // 8, 1)).astype(np.float16).astype(np.float32)
@@ -238,4 +239,58 @@ def test_decoder_layers_on_records_give_the_float32_bits():
     with_records, without = run(True), run(False)
     assert kernels.qparams(lins[0])[1].dtype == mx.float32  # the second run really read float32
     for a, b in zip(with_records, without, strict=True):
+        assert mx.array_equal(a, b).item()
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+def test_unpack_in_mlx_gives_the_reference_bits(name):
+    a = _kquant(name, 6, 768)
+    rec = kscales.pack(a.scales, a.biases)
+    s, b = kscales.unpack_mx(mx.array(rec))
+    assert s.dtype == mx.float32 and s.shape == a.scales.shape
+    np.testing.assert_array_equal(np.array(s).view(np.uint32), a.scales.view(np.uint32))
+    np.testing.assert_array_equal(np.array(b).view(np.uint32), a.biases.view(np.uint32))
+    rows = mx.array([[2, 0], [5, 5]])  # an embedding lookup's rows: leading dimensions kept
+    s2, b2 = kscales.unpack_mx(mx.array(rec)[rows])
+    assert s2.shape == (2, 2, a.scales.shape[1])
+    np.testing.assert_array_equal(np.array(b2).view(np.uint32), a.biases[np.array(rows)].view(np.uint32))
+
+
+@needs_ext
+def test_hook_releases_the_float32_scales_and_keeps_every_value(monkeypatch):
+    """With compact copies made, the hook drops the layers' float32 scales and biases
+    (release_float_scales): the modules then hold expressions of the copies, the same bits; the
+    logits (prompt and decode, the embedding looked up from the records) are those of the model
+    that keeps them, and the live arrays shrink by about the float32 arrays' bytes."""
+    import gc
+
+    from mlx_lm.models.cache import make_prompt_cache
+
+    kept, released = _qwen2_kquant(), _qwen2_kquant()
+    monkeypatch.setattr(hook, "RELEASE_FLOAT_SCALES", False)
+    hook.install(kept)
+    monkeypatch.setattr(hook, "RELEASE_FLOAT_SCALES", True)
+    layers = [m for _, m in released.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    f32 = sum(m.scales.nbytes + m.biases.nbytes for m in layers)
+    gc.collect()
+    before = mx.get_active_memory()
+    hook.install(released)
+    gc.collect()
+    added = sum(kernels.qparams(m)[1].nbytes for m in layers)  # the records (one array per layer)
+    assert before - mx.get_active_memory() >= (f32 - added) // 2
+
+    pairs = zip((m for _, m in kept.named_modules()), (m for _, m in released.named_modules()), strict=True)
+    for a, b in pairs:
+        if isinstance(b, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            assert kernels.qparams(b)[1].dtype == mx.uint8, type(b)
+            for key in ("scales", "biases"):
+                np.testing.assert_array_equal(np.array(b[key]).view(np.uint32), np.array(a[key]).view(np.uint32))
+
+    def run(m: nn.Module) -> list[mx.array]:
+        cache = make_prompt_cache(m)
+        outs = [m(mx.array([[(5 * i + 1) % 96 for i in range(20)]]), cache=cache)]
+        outs.append(m(mx.array([[3]]), cache=cache))
+        return outs
+
+    for a, b in zip(run(kept), run(released), strict=True):
         assert mx.array_equal(a, b).item()

@@ -312,9 +312,9 @@ def half_scales(lin: Any) -> bool:
     """Give quantized layer ``lin`` float16 copies of its float32 scales and biases for the
     kernels when both convert exactly (a GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0's own d and m are
     float16), so the decode matmul reads 20 instead of 24 bytes per 32 4-bit weights (36
-    instead of 40 at 8 bits): decode streams the weights, bytes are time. The module's own
-    arrays stay as they are (checkpoints, ``densify``, MLX's ops); the copies are used while
-    those arrays are the ones they were made from. Returns whether copies were made."""
+    instead of 40 at 8 bits): decode streams the weights, bytes are time. The copies are used
+    while the module's arrays are the ones they were made from (or ``release_float_scales``'
+    expressions of them). Returns whether copies were made."""
     s, b = lin["scales"], lin["biases"] if "biases" in lin else None
     if b is None or s.dtype != mx.float32 or b.dtype != mx.float32:
         return False
@@ -334,8 +334,8 @@ def k_scales(lin: Any) -> bool:
     """Give quantized layer ``lin`` (group 32, 4 or 5 bits, K a multiple of 256) a copy of its
     float32 scales and biases in a GGUF K-quant's own form (engine/kernels/kscales.py) when they
     factor exactly as Q4_K/Q5_K's d * sc and -(dmin * m): the decode matmul then reads 18.5
-    instead of 24 bytes per 32 4-bit weights, for the same values. Kept beside the module's
-    arrays as ``half_scales``' copies are (same staleness rule). Returns whether it was made."""
+    instead of 24 bytes per 32 4-bit weights, for the same values. Kept as ``half_scales``'
+    copies are (same staleness rule). Returns whether it was made."""
     from engine.kernels import kscales
 
     import numpy as np
@@ -369,6 +369,38 @@ def compact_scales(lin: Any) -> str | None:
     if half_scales(lin):
         return "float16"
     return None
+
+
+def expand_scales(lin: Any, rows: mx.array | None = None) -> tuple[mx.array, mx.array] | None:
+    """The float32 (scales, biases) of ``lin`` computed from its compact copies (K-quant records
+    or float16; the same bits as the module's float32 arrays they were made from), lazily; only
+    ``rows`` of them when given (an embedding lookup). None without compact copies."""
+    half = _half(lin)
+    if half is None:
+        return None
+    s, b = half[2], half[3]
+    if s.dtype == mx.uint8:  # K-quant records, passed as both
+        from engine.kernels import kscales
+
+        return kscales.unpack_mx(s if rows is None else s[rows])
+    if rows is not None:
+        s, b = s[rows], b[rows]
+    return s.astype(mx.float32), b.astype(mx.float32)
+
+
+def release_float_scales(lin: Any) -> bool:
+    """Drop ``lin``'s float32 scales and biases where compact copies stand for them: the module
+    keeps, in their place, unevaluated expressions of the copies (``expand_scales``), the same
+    values for anything that reads them (MLX's own ops off the CPU, ``densify``) without their
+    memory while only the kernels run -- 8 bytes per 32 weights, ~424 MiB of Qwen2.5-Coder
+    1.5B's 1.6 GiB. Returns whether it did."""
+    full = expand_scales(lin)
+    if full is None:
+        return False
+    half = lin.__dict__["_kernel_half"]
+    lin["scales"], lin["biases"] = full
+    object.__setattr__(lin, "_kernel_half", (*full, *half[2:]))
+    return True
 
 
 def qparams(lin: Any) -> tuple[mx.array, mx.array, mx.array]:

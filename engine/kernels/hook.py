@@ -5,8 +5,10 @@ and mlx_lm's attention to engine.kernels.attention.
 whose format the kernel reads (affine, 4/5/8 bits, group 32/64/128) for a subclass whose
 forward pass calls ``engine.kernels.quantized_matmul``. The decision is re-made on every call,
 so a model moved to another device, or traced under ``mx.compile`` on one, keeps working:
-anything the kernel does not handle goes to MLX's own op. Parameters are untouched, so
-checkpoints, ``densify`` and ``deepcopy`` see ordinary modules.
+anything the kernel does not handle goes to MLX's own op. Parameters keep their values, so
+``densify``, ``deepcopy`` and MLX's ops see ordinary modules; where compact copies of the
+scales exist, the float32 scales and biases are unevaluated expressions of them
+(``kernels.release_float_scales``: their memory is spent only if something reads them).
 
 Design notes, measurements and history: docs/engine-notes.md (hook.py).
 """
@@ -54,6 +56,15 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+    def __call__(self, x: mx.array) -> mx.array:
+        # The looked-up rows' scales from the compact copies: indexing the module's arrays
+        # would evaluate all of them where release_float_scales left expressions.
+        rows = kernels.expand_scales(self, x)
+        if rows is None:
+            return super().__call__(x)
+        return mx.dequantize(self["weight"][x], scales=rows[0], biases=rows[1],
+                             group_size=self.group_size, bits=self.bits, mode=self.mode)
+
     def as_linear(self, x: mx.array) -> mx.array:
         if not _fits(self, x.shape[-1]):
             return super().as_linear(x)
@@ -179,6 +190,9 @@ def _routed_block(base: type) -> type:
 
 # The fused norm, RoPE, SwiGLU and decoder-layer primitives (False: MLX's own ops, A/B runs).
 FUSED = True
+# Drop the float32 scales and biases that compact copies stand for (release_float_scales;
+# False keeps both, for A/B runs).
+RELEASE_FLOAT_SCALES = True
 
 
 def fused_enabled() -> bool:
@@ -204,13 +218,10 @@ def install(model: nn.Module) -> int:
     n = 0
     fused = fused_enabled()
     for _, m in model.named_modules():
-        if type(m) is nn.QuantizedLinear:
-            m.__class__ = KernelQuantizedLinear
-            kernels.compact_scales(m)
-            n += 1
-        elif type(m) is nn.QuantizedEmbedding:
-            m.__class__ = KernelQuantizedEmbedding
-            kernels.compact_scales(m)
+        if type(m) in (nn.QuantizedLinear, nn.QuantizedEmbedding):
+            m.__class__ = KernelQuantizedLinear if type(m) is nn.QuantizedLinear else KernelQuantizedEmbedding
+            if kernels.compact_scales(m) and RELEASE_FLOAT_SCALES:
+                kernels.release_float_scales(m)
             n += 1
         elif fused and type(m) in _FUSED:  # exact types: subclasses (Gemma's norm) differ
             m.__class__ = _FUSED[type(m)]

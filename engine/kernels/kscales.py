@@ -12,6 +12,8 @@ formats, a fine-tuned update) return None and keep their float32 form.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 SUPER = 8  # groups of 32 per 256-value super-block
@@ -85,3 +87,17 @@ def unpack(rec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scales = d * r[:, 4:12].astype(np.float32)
     biases = -(dmin * r[:, 12:20].astype(np.float32))
     return scales.reshape(n, -1), biases.reshape(n, -1)
+
+
+def unpack_mx(rec: Any) -> tuple[Any, Any]:
+    """``unpack`` in MLX ops, lazily: the float32 (scales, biases) of records ``rec`` (uint8,
+    (..., K / 256 * RECORD_BYTES)), bit for bit (d * sc and -(dmin * m) in float32, as ``pack``
+    checked them)."""
+    import mlx.core as mx
+
+    lead, nsb = rec.shape[:-1], rec.shape[-1] // RECORD_BYTES
+    r = rec.reshape(*lead, nsb, RECORD_BYTES)
+    dd = mx.view(mx.contiguous(r[..., 0:4]), mx.float16).astype(mx.float32)  # (..., nsb, 2): d, dmin
+    scales = dd[..., 0:1] * r[..., 4:12].astype(mx.float32)
+    biases = -(dd[..., 1:2] * r[..., 12:20].astype(mx.float32))
+    return scales.reshape(*lead, nsb * SUPER), biases.reshape(*lead, nsb * SUPER)

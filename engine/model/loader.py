@@ -56,8 +56,11 @@ def load_bundle(path: Path, weights: str) -> ModelBundle:
         _upcast_dense(loaded.model)
         loaded.weight_format = "hybrid"
     if base == "quantized":
-        # On a CPU with the engine's kernels, quantized layers run through them (else no-op).
-        kernel_hook.install(loaded.model)
+        # On a CPU with the engine's kernels, quantized layers run through them (else no-op),
+        # on compact scale copies; the float32 arrays they replace go back to the system now
+        # rather than wait in MLX's buffer cache.
+        if kernel_hook.install(loaded.model):
+            mx.clear_cache()
     return ModelBundle(loaded, tokenizer, (time.perf_counter() - t0) * 1000, prefill_model)
 
 
