@@ -299,38 +299,38 @@ def test_temperature_sets_the_agent_steps_sampling(tmp_path, monkeypatch):
     assert [r.params.temperature for r in engine.requests] == [0.35, 0.35]  # the scripted profile samples at 0
 
 
-def test_show_tests_hands_the_agent_the_test_files(tmp_path, monkeypatch):
-    """``--show-tests``: the exercise's tests go with the agent's prompt as read-only files."""
+def _solve_double_it(tmp_path, monkeypatch, *flags) -> tuple[dict, str]:
+    """bench agent on the double-it fixture with a scripted correct answer: (the bench's JSON,
+    the agent's first prompt as text)."""
     from engine import runtime
 
+    engine = ScriptedEngine([format_call("write_file", {"path": "double_it.py", "content": DOUBLE_OK}), "Done."])
+    monkeypatch.setattr(runtime.Engine, "load", classmethod(lambda cls, profile=None, e=engine: e))
+    args = _bench_args(tmp_path, "--only", "double-it", "--repair-rounds", "0", *flags)
+    assert args.func(args) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["passed_after_repair"] == 1
+    return data, engine.tokenizer.decode(engine.requests[0].prompt_ids)
+
+
+def test_show_tests_hands_the_agent_the_test_files(tmp_path, monkeypatch):
+    """``--show-tests``: the exercise's tests go with the agent's prompt as read-only files."""
     test_text = (FIXTURES / "double-it" / "double_it_test.py").read_text().strip()
     for flag, shown in ((), False), (("--show-tests",), True):
-        engine = ScriptedEngine([format_call("write_file", {"path": "double_it.py", "content": DOUBLE_OK}), "Done."])
-        monkeypatch.setattr(runtime.Engine, "load", classmethod(lambda cls, profile=None, e=engine: e))
-        args = _bench_args(tmp_path, "--only", "double-it", "--repair-rounds", "0", *flag)
-        assert args.func(args) == 0
-        data = json.loads((tmp_path / "bench.json").read_text())
-        assert data["show_tests"] is shown and data["passed_after_repair"] == 1
-        prompt = engine.tokenizer.decode(engine.requests[0].prompt_ids)
+        data, prompt = _solve_double_it(tmp_path, monkeypatch, *flag)
+        assert data["show_tests"] is shown
         assert (test_text in prompt) is shown and ("Read-only files" in prompt) is shown
 
 
 def test_files_first_puts_the_stub_before_the_instructions(tmp_path, monkeypatch):
     """``--files-first``: the agent's prompt shows the stub, then the instructions (the plain arm's
     order); by default the instructions come first. Both end with how to run the tests."""
-    from engine import runtime
-
     stub = (FIXTURES / "double-it" / "double_it.py").read_text().strip()
+    instructions = (FIXTURES / "double-it" / "INSTRUCTIONS.md").read_text().strip().splitlines()[0]
     for flag, first in ((), False), (("--files-first",), True):
-        engine = ScriptedEngine([format_call("write_file", {"path": "double_it.py", "content": DOUBLE_OK}), "Done."])
-        monkeypatch.setattr(runtime.Engine, "load", classmethod(lambda cls, profile=None, e=engine: e))
-        args = _bench_args(tmp_path, "--only", "double-it", "--repair-rounds", "0", *flag)
-        assert args.func(args) == 0
-        data = json.loads((tmp_path / "bench.json").read_text())
-        assert data["files_first"] is first and data["passed_after_repair"] == 1
-        prompt = engine.tokenizer.decode(engine.requests[0].prompt_ids)
+        data, prompt = _solve_double_it(tmp_path, monkeypatch, *flag)
+        assert data["files_first"] is first
         task = prompt[max(0, prompt.rindex("Write the whole solution") - 4000):]  # the task turn, after the examples
-        instructions = (FIXTURES / "double-it" / "INSTRUCTIONS.md").read_text().strip().splitlines()[0]
         assert stub in task and instructions in task
         assert (task.rindex(stub) < task.rindex(instructions)) is first
         assert task.rindex("Write the whole solution") > max(task.rindex(stub), task.rindex(instructions))
