@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 
@@ -7,9 +8,13 @@ pytest_plugins = ["tests.ci_strict"]  # CI=true: skips fail (see tests/ci_strict
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch):
-    """Every test gets its own $MLXTERM_HOME so nothing touches the user's data."""
+    """Every test gets its own $MLXTERM_HOME so nothing touches the user's data, and its own
+    folder for this process's temporary files (``tempfile``: e.g. the benches' run folders),
+    which pytest removes with the rest of its old runs instead of leaving them in /tmp."""
     home = tmp_path_factory.mktemp("mlxterm-home")
     monkeypatch.setenv("MLXTERM_HOME", str(home))
+    scratch = tmp_path_factory.mktemp("tempfile")
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     link_shared_models(home)
     # No converted-GGUF cache per test home (hundreds of MB per real model); its tests turn it on.
     monkeypatch.setenv("MLXTERM_GGUF_CACHE", "0")
