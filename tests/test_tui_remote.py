@@ -4,6 +4,10 @@ timings in the status bar, the session store, and a server that is down. The ser
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.request
+
 from engine.sessions.chat import remote_mark
 
 import pytest
@@ -50,24 +54,43 @@ async def test_tui_chat_streams_from_the_server_and_saves_the_session(server, tm
         assert not any("does not answer" in n for n in notes(app))
 
 
-async def test_escape_hangs_up_a_remote_reply(server, tmp_path):
-    app = make_app(remote_profile(tmp_path / "long.yaml", server.base_url, max_tokens=3000))
-    async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        screen = main_screen(app)
-        before = server.health()["disconnected"]
-        await pilot.press(*"go", "enter")
-        await wait_for(pilot, lambda: len(views(app)) == 2 and views(app)[1].content,
-                       what="the first streamed text")
-        await pilot.press("escape")
-        await idle(pilot)
-        reply = views(app)[1]
-        assert reply.state == "stopped"
-        last = app.controller.messages(screen.session_id)[-1]
-        assert last.meta["finish_reason"] == "cancelled" and last.meta["usage"]["completion_tokens"] < 3000
-        assert screen.status.turn_text.startswith("stopped · ")
-        health = server.wait_for(lambda h: h["disconnected"] > before and h["active"] == 0)
-        assert health["disconnected"] == before + 1 and health["active"] == 0
+async def test_escape_hangs_up_a_remote_reply(tmp_path):
+    """Esc mid-reply hangs up: the reply is stopped and the server counts the disconnect. The
+    server here is the serve app over a scripted model that streams a token every 5 ms (15 s for
+    the 3000 asked for), so the key lands mid-reply however busy the machine is: the tiny model
+    streams 3000 tokens in ~3 s, and under CI's load a key behind its render queue came after
+    the last one."""
+    from agents.scripted import Reply
+    from tests.test_agent_remote import ScriptedServer
+
+    server = ScriptedServer([Reply("word " * 1000, end=False, delay_s=0.005)])
+
+    def health() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health", timeout=10) as r:
+            return json.loads(r.read())
+
+    try:
+        app = make_app(remote_profile(tmp_path / "long.yaml", server.base_url, max_tokens=3000, model="scripted"))
+        async with app.run_test(size=SIZE) as pilot:
+            await loaded(pilot)
+            screen = main_screen(app)
+            before = health()["disconnected"]
+            await pilot.press(*"go", "enter")
+            await wait_for(pilot, lambda: len(views(app)) == 2 and views(app)[1].content,
+                           what="the first streamed text")
+            await pilot.press("escape")
+            await idle(pilot)
+            reply = views(app)[1]
+            assert reply.state == "stopped"
+            last = app.controller.messages(screen.session_id)[-1]
+            assert last.meta["finish_reason"] == "cancelled" and last.meta["usage"]["completion_tokens"] < 3000
+            assert screen.status.turn_text.startswith("stopped · ")
+            end = time.monotonic() + 15
+            while health()["disconnected"] == before and time.monotonic() < end:
+                await pilot.pause(0.05)
+            assert health()["disconnected"] == before + 1 and health()["active"] == 0
+    finally:
+        server.close()
 
 
 async def test_a_server_that_is_down_is_named_and_the_chat_is_kept(tmp_path):
