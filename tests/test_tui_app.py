@@ -187,17 +187,23 @@ async def test_resume_session_after_restart_restores_context(tiny_profile, tmp_p
         assert screen.status.turn_text.startswith(f"restored {cached:,} tokens from SSD in ")
 
 
+async def escape_mid_reply(pilot, app):
+    """Send "go", press Esc once the reply's first text has streamed; the reply's view when the
+    app is idle again."""
+    await pilot.press(*"go", "enter")
+    await wait_for(pilot, lambda: len(views(app)) == 2 and views(app)[1].content,
+                   what="the first streamed text")
+    await pilot.press("escape")
+    await idle(pilot)
+    return views(app)[1]
+
+
 async def test_escape_stops_generation_and_keeps_partial_reply(long_profile):
     app = make_app(long_profile)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         screen = main_screen(app)
-        await pilot.press(*"go", "enter")
-        await wait_for(pilot, lambda: len(views(app)) == 2 and views(app)[1].content,
-                       what="the first streamed text")
-        await pilot.press("escape")
-        await idle(pilot)
-        reply = views(app)[1]
+        reply = await escape_mid_reply(pilot, app)
         assert reply.state == "stopped"
         assert "stopped" in str(reply.query_one(".message-header").render())
         last = app.controller.messages(screen.session_id)[-1]

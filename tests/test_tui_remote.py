@@ -14,7 +14,16 @@ import pytest
 
 from tests.serve_server import tiny_server
 from tests.test_remote_chat import closed_port, remote_profile
-from tests.test_tui_app import SIZE, idle, loaded, main_screen, make_app, send, views, wait_for
+from tests.test_tui_app import (
+    SIZE,
+    escape_mid_reply,
+    loaded,
+    main_screen,
+    make_app,
+    send,
+    views,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +84,7 @@ async def test_escape_hangs_up_a_remote_reply(tmp_path):
             await loaded(pilot)
             screen = main_screen(app)
             before = health()["disconnected"]
-            await pilot.press(*"go", "enter")
-            await wait_for(pilot, lambda: len(views(app)) == 2 and views(app)[1].content,
-                           what="the first streamed text")
-            await pilot.press("escape")
-            await idle(pilot)
-            reply = views(app)[1]
+            reply = await escape_mid_reply(pilot, app)
             assert reply.state == "stopped"
             last = app.controller.messages(screen.session_id)[-1]
             assert last.meta["finish_reason"] == "cancelled" and last.meta["usage"]["completion_tokens"] < 3000
