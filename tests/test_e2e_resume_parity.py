@@ -43,22 +43,40 @@ def test_resumed_session_and_cold_replay_give_the_same_reply(tmp_path):
 def test_decoded_kv_equal_cold_prefill_kv(kv, smollm2_path: Path):
     """The same claim one level down, on every layer: 400 tokens (four key blocks) decoded by the
     compiled step after a 20-token prompt, then prefilled cold in 128-token chunks."""
+    _check_decoded_kv_equal_cold_prefill(smollm2_path, kv)
+
+
+def test_decoded_kv_equal_cold_prefill_kv_with_q6k_blocks():
+    """The same on Qwen2.5-Coder-0.5B, whose Q4_K_M file keeps half its FFN down projections in
+    Q6_K: those run on their own blocks (engine.kernels.q6k) in decode and prefill alike."""
+    from engine.model.catalog import CatalogError, model_path
+
+    try:
+        path = model_path("qwen2.5-coder-0.5b")
+    except CatalogError as e:
+        pytest.skip(f"Qwen2.5-Coder-0.5B not installed: {e}")
+    _check_decoded_kv_equal_cold_prefill(path, "fp16", q6k_layers=12)
+
+
+def _check_decoded_kv_equal_cold_prefill(path: Path, kv: str, q6k_layers: int = 0) -> None:
     from engine import kernels
     from engine.generation.generate import DecodeStep, prefill
     from engine.generation.kv_cache import Q8, make_cache
     from engine.generation.sampling import SamplingParams
+    from engine.kernels.q6k import Q6KLinear
     from engine.model.loader import load_bundle
 
     import mlx.core as mx
 
     if not kernels.available():
         pytest.skip(f"kernels off: {kernels.status()['reason']}")
-    model = load_bundle(smollm2_path, "quantized").model
+    model = load_bundle(path, "quantized").model
+    assert sum(type(m) is Q6KLinear for _, m in model.named_modules()) == q6k_layers
     kv_dtype = mx.float16 if kv == "fp16" else Q8(64)
     tokens = [(37 * i + 11) % 4000 + 100 for i in range(400)]
     live = make_cache(model, kv_dtype=kv_dtype)
     prefill(model, live, tokens[:20], logits=False)
-    step = DecodeStep(model, live, SamplingParams(temperature=0.0), 49152)
+    step = DecodeStep(model, live, SamplingParams(temperature=0.0), model.args.vocab_size)
     key, recent = mx.random.key(0), mx.full((16,), -1, mx.int32)
     for t in tokens[20:]:
         step(live, mx.array([t]), key, recent)

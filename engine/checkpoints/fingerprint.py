@@ -18,6 +18,7 @@ from engine import paths
 from engine.atomic import atomic_write_text
 from engine.checkpoints.format import VERSION
 from engine.kvrows import Q8_FORMAT
+from engine.model.gguf.cache import CONVERTER_VERSION
 
 log = logging.getLogger(__name__)
 HASH_CACHE = "weights-sha256.json"
@@ -30,7 +31,7 @@ class Fingerprint:
     kv_format: str  # live KV: "dense" (dtype follows the weights), "fp16", e.g. "q8-g64" (GPU), "q8hrows-g64" (CPU)
     checkpoint_format: str  # storage: same, fp16, q8, q4
     backend: str  # cpu, metal, cuda (kernels differ numerically)
-    engine_version: str  # mlxterm, mlx-lm and checkpoint format versions
+    engine_version: str  # mlxterm, mlx-lm, checkpoint format and GGUF converter versions
     mlx_version: str
 
     def to_dict(self) -> dict[str, str]:
@@ -108,7 +109,10 @@ def make_fingerprint(model_path: Path, weight_format: str, kv_format: str = "den
         kv_format=kv_format,
         checkpoint_format=checkpoint_format,
         backend=backend or current_backend(),
-        engine_version=f"mlxterm {_version('mlxterm')}; mlx-lm {_version('mlx-lm')}; ckpt v{VERSION}",
+        # The GGUF converter's version too: a new conversion (e.g. Q6_K blocks kept instead of
+        # re-quantized) changes the weights the K/V came from.
+        engine_version=(f"mlxterm {_version('mlxterm')}; mlx-lm {_version('mlx-lm')}; ckpt v{VERSION}; "
+                        f"gguf v{CONVERTER_VERSION}"),
         mlx_version=mx.__version__,
     )
 

@@ -406,6 +406,8 @@ def release_float_scales(lin: Any) -> bool:
 def qparams(lin: Any) -> tuple[mx.array, mx.array, mx.array]:
     """(weight, scales, biases) of quantized layer ``lin`` as the kernels read them: the
     float16 copies of ``half_scales`` while they match the module's arrays."""
+    if lin.bits == 6:  # Q6_K blocks (engine.kernels.q6k): the scales are inside
+        return lin["weight"], lin["weight"], lin["weight"]
     half = _half(lin)
     if half is not None:
         return lin["weight"], half[2], half[3]
@@ -500,6 +502,16 @@ def half_matmul(x: mx.array, w: mx.array, bias: mx.array | None = None, referenc
     same operations in scalar code (tests)."""
     ext = _required()
     return ext.half_matmul(x, w, bias, reference)
+
+
+def q6k_matmul(x: mx.array, w: mx.array, reference: bool = False) -> mx.array:
+    """``x @ W.T`` of float32 ``x`` (..., K) with W as GGUF Q6_K blocks ``w``: uint8
+    (N, K / 256 * 210) (engine.kernels.q6k). Activations are quantized to int8 per 256 values
+    (llama.cpp's q8_K) and each output is one fixed sequence of exact integer block sums and
+    float steps, so its bits do not depend on the row count or the threads; ``reference`` runs
+    the same arithmetic in scalar code (tests)."""
+    ext = _required()
+    return ext.q6k_matmul(x, w, reference)
 
 
 def gelu_erf(x: mx.array, reference: bool = False) -> mx.array:

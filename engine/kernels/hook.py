@@ -18,9 +18,12 @@ from __future__ import annotations
 import sys
 
 from engine import kernels
+from engine.kernels import q6k
+from engine.kernels.q6k import Q6KLinear
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 
 def _fits(m: nn.Module, K: int) -> bool:
@@ -154,10 +157,16 @@ def _block_fits(block: nn.Module, x: mx.array, cache) -> bool:
         and _fits(o, o["weight"].shape[1] * 32 // o.bits)
         and type(mlp) in _mlp_classes.values()
         and _swiglu_fits(mlp, x)
-        and type(mlp.down_proj) is KernelQuantizedLinear
-        and "bias" not in mlp.down_proj
-        and _fits(mlp.down_proj, mlp.gate_proj["weight"].shape[0])
+        and _down_fits(mlp.down_proj, mlp.gate_proj["weight"].shape[0])
     )
+
+
+def _down_fits(down: nn.Module, K: int) -> bool:
+    if "bias" in down:
+        return False
+    if type(down) is Q6KLinear:  # GGUF Q6_K blocks: the primitive runs their own kernel
+        return down.input_dims == K and q6k.runs_on_kernels(down)
+    return type(down) is KernelQuantizedLinear and _fits(down, K)
 
 
 def _routed_block(base: type) -> type:
@@ -259,4 +268,8 @@ def uninstall(model: nn.Module) -> None:
             m.__class__ = nn.QuantizedLinear
         elif type(m) is KernelQuantizedEmbedding:
             m.__class__ = nn.QuantizedEmbedding
+    # MLX has no Q6_K layer: its own 8-bit one of the same weights.
+    q6k_layers = [(name, m.to_quantized()) for name, m in model.named_modules() if type(m) is Q6KLinear]
+    if q6k_layers:
+        model.update_modules(tree_unflatten(q6k_layers))
     remove_fused(model)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from engine.errors import ModelLoadError
 from engine.kernels import hook as kernel_hook
+from engine.kernels.q6k import Q6KLinear
 from engine.model.gguf import LoadedModel, load_gguf
 from engine.model.tokenizer import Tokenizer
 
@@ -104,6 +105,8 @@ def _load_mlx_dir(path: Path, weights: str) -> LoadedModel:
 def densify(model: nn.Module, dtype: mx.Dtype) -> None:
     """Replace quantized layers by dense ones and cast floating weights to ``dtype``."""
     def swap(_, m):
+        if isinstance(m, Q6KLinear):
+            return m.dense(dtype)
         if isinstance(m, nn.QuantizedLinear):
             w = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits).astype(dtype)
             lin = nn.Linear(w.shape[1], w.shape[0], bias="bias" in m)

@@ -14,6 +14,7 @@
 #include "kv_write.h"
 #include "topp.h"
 #include "half_matmul.h"
+#include "q6k.h"
 #include "activations.h"
 
 namespace nb = nanobind;
@@ -126,6 +127,13 @@ NB_MODULE(_ext, m) {
       },
       "x"_a, "w"_a, "bias"_a = nb::none(), "reference"_a = false,
       "x @ w.T (+ bias): float32 x (..., K), float16 w (N, K), float32 bias (N,) (src/half_matmul.h).");
+  m.def(
+      "q6k_matmul",
+      [](const mlx::core::array& x, const mlx::core::array& w, bool reference) {
+        return mlxterm::q6k_matmul(x, w, reference);
+      },
+      "x"_a, "w"_a, "reference"_a = false,
+      "x @ dequantize(w).T: float32 x (..., K), GGUF Q6_K blocks w uint8 (N, K / 256 * 210) (src/q6k.h).");
   m.def(
       "gelu_erf",
       [](const mlx::core::array& x, bool reference) { return mlxterm::gelu_erf(x, reference); },

@@ -1,5 +1,6 @@
 // The decoder-layer primitives (see decoder.h for what and why).
 #include "decoder.h"
+#include "q6k.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -17,8 +18,15 @@ namespace mlxterm {
 
 namespace {
 
-void check_weight(const QWeight& q, int K, const char* op, const char* what) {
+// q6k: the weight may be GGUF Q6_K blocks (the matmuls that run through qmm_run alone).
+void check_weight(const QWeight& q, int K, const char* op, const char* what, bool q6k = false) {
   const std::string where = std::string("[mlxterm.") + op + "] " + what + ": ";
+  if (q6k && q.bits == kQ6KBits) {  // GGUF Q6_K blocks (q6k.h): w only
+    if (q.w.ndim() != 2 || q.w.dtype() != mx::uint8 || K % kQ6KValues != 0 ||
+        int64_t(q.w.shape(1)) != int64_t(K / kQ6KValues) * kQ6KBlockBytes)
+      throw std::invalid_argument(where + "Q6_K w must be uint8 (N, K / 256 * 210) for this input.");
+    return;
+  }
   if (q.bits != 4 && q.bits != 5 && q.bits != 8)
     throw std::invalid_argument(where + "bits must be 4, 5 or 8.");
   if (q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
@@ -35,6 +43,11 @@ mx::array f32c(const mx::array& a, mx::Stream st) {
 
 void push_weight(std::vector<mx::array>& in, const QWeight& q, mx::Stream st) {
   in.push_back(contiguous_in(q.w, st));
+  if (q.bits == kQ6KBits) {  // no scales: the blocks hold them (the slots stay, unread)
+    in.push_back(in.back());
+    in.push_back(in.back());
+    return;
+  }
   in.push_back(qmm_scales(q.scales, q.biases, st));
   in.push_back(qmm_scales(q.biases, q.scales, st));
 }
@@ -47,7 +60,7 @@ QmmProblem problem(const float* x, int M, int K, const mx::array* w3, int group_
   p.K = K;
   p.N = w3[0].shape(0);
   p.w = w3[0].data<uint8_t>();
-  set_scales(p, w3[1], w3[2]);
+  if (bits != kQ6KBits) set_scales(p, w3[1], w3[2]);
   p.group_size = group_size;
   p.bits = bits;
   p.out = out;
@@ -332,7 +345,7 @@ mx::array attn_out_mlp(
   if (a.shape(0) != h.shape(0) || a.shape(2) != h.shape(1))
     throw std::invalid_argument("[mlxterm.attn_out_mlp] a and h must have the same batch and length.");
   const int Dm = h.shape(2);
-  check_weight(o, a.shape(1) * a.shape(3), op, "o");
+  check_weight(o, a.shape(1) * a.shape(3), op, "o", true);
   if (o.w.shape(0) != Dm)
     throw std::invalid_argument("[mlxterm.attn_out_mlp] o's out features must equal h's width.");
   if (norm_w.ndim() != 1 || norm_w.shape(0) != Dm)
@@ -341,7 +354,7 @@ mx::array attn_out_mlp(
   check_weight(up, Dm, op, "up");
   if (gate.bits != up.bits || gate.group_size != up.group_size || gate.w.shape() != up.w.shape())
     throw std::invalid_argument("[mlxterm.attn_out_mlp] gate and up must share shape and format.");
-  check_weight(down, gate.w.shape(0), op, "down");
+  check_weight(down, gate.w.shape(0), op, "down", true);
   if (down.w.shape(0) != Dm)
     throw std::invalid_argument("[mlxterm.attn_out_mlp] down's out features must equal h's width.");
   auto st = cpu_stream(s, op);

@@ -1,4 +1,5 @@
 #include "ops.h"
+#include "q6k.h"
 
 #include <algorithm>
 #include <cstring>
@@ -518,6 +519,10 @@ bool int8_many_path(RowsPath path) {
 }
 
 void run_qmm(const QmmProblem& p0, bool exact) {
+  if (p0.bits == kQ6KBits) {  // GGUF Q6_K blocks: their own kernel (int8 activations either way)
+    q6k_run(p0.x, p0.w, p0.M, p0.K, p0.N, p0.out);
+    return;
+  }
   const RowsPath path = exact ? RowsPath::float_panels : rows_path(p0.M);
   if (int8_many_path(path)) {
     run_qmm_shared(&p0, 1, path);  // float16 scales read as such, as the row path does

@@ -27,7 +27,9 @@ import mlx.core as mx
 log = logging.getLogger(__name__)
 
 # Bump when the conversion's output changes (tensor names, layouts, re-quantization).
-CONVERTER_VERSION = 2  # 2: Q6_K re-quantized to symmetric 8-bit, float16 scales
+# 2: Q6_K re-quantized to symmetric 8-bit, float16 scales; 3: Q6_K heads and FFN downs kept
+# as their own blocks (bits 6 in the bits map: engine.kernels.q6k).
+CONVERTER_VERSION = 3
 
 Converted = tuple[dict[str, mx.array], dict[str, int]]  # arrays by mlx_lm name, bits by module
 

@@ -6,7 +6,8 @@
     the values are bit-exact and activations run in float32); other matrices (Q6_K, F16)
     are dequantized to float16; 1-D tensors (norms, biases) stay float32.
     With the engine's CPU kernels active (engine/kernels) the CPU runs this format too:
-    Q6_K matrices are then re-quantized to 8-bit affine and other dense matrices kept in
+    Q6_K output heads and FFN down projections keep their own blocks (engine.kernels.q6k), other
+    Q6_K matrices are re-quantized to 8-bit affine, and other dense matrices are kept in
     float32 (MLX's CPU float16 matmul has no fast path), so every matmul is a kernel call.
   * ``"fp32"`` / ``"fp16"`` / ``"bf16"``: every tensor dequantized to that dtype.
 """
@@ -22,6 +23,8 @@ from typing import Any
 
 from engine import kernels
 from engine.errors import ModelLoadError
+from engine.kernels import q6k
+from engine.kernels.q6k import Q6KLinear
 from engine.model.gguf import cache as gguf_cache
 from engine.model.gguf.arch import ARCHS, ArchSpec, Meta, check_args, unpermute_rows
 from engine.model.gguf.ggml_types import FILE_TYPES
@@ -31,7 +34,7 @@ from engine.model.gguf.reader import GGUFFile, TensorInfo, read_gguf
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 WEIGHT_FORMATS = ("quantized", "fp32", "fp16", "bf16")
 
@@ -99,10 +102,12 @@ def _build(path: Path, spec: ArchSpec, module, args: dict[str, Any],
     except (ValueError, TypeError, ZeroDivisionError, AssertionError) as e:
         raise ModelLoadError(f"{path}: metadata gives an invalid model shape ({e}).") from None
     arrays = model.sanitize(dict(arrays))
+    packed = {p: b for p, b in bits.items() if b != Q6KLinear.bits}
     nn.quantize(
         model,
-        class_predicate=lambda p, m: {"group_size": 32, "bits": bits[p]} if p in bits else False,
+        class_predicate=lambda p, m: {"group_size": 32, "bits": packed[p]} if p in packed else False,
     )
+    _use_q6k(model, [p for p, b in bits.items() if b == Q6KLinear.bits], arrays)
     _check_names(path, spec, model, arrays)
     try:
         model.load_weights(list(arrays.items()), strict=True)
@@ -139,10 +144,14 @@ def _convert(
         raw = gg.tensor_bytes(name)
         matrix = weights == "quantized" and len(info.shape) == 2
         requant = matrix and on_kernels and info.type_name == "Q6_K"
+        module_path = hf.rsplit(".", 1)[0]
+        if requant and _keeps_q6k(module_path, info):
+            arrays[hf] = mx.array(_rows(raw.reshape(info.shape[0], -1), rows))
+            bits[module_path] = Q6KLinear.bits
+            continue
         if (matrix and info.type_name in AFFINE_TYPES) or requant:
             conv = to_affine8 if requant else to_affine
             a = conv(raw, info.ggml_type, info.shape)
-            module_path = hf.rsplit(".", 1)[0]
             for suffix, arr in (("weight", a.weight), ("scales", a.scales), ("biases", a.biases)):
                 arrays[f"{module_path}.{suffix}"] = mx.array(_rows(arr, rows))
             bits[module_path] = a.bits
@@ -153,6 +162,34 @@ def _convert(
         fmt = "fp32" if on_kernels else weights
         arrays[hf] = _to_mx(_rows(dense, rows), fmt, len(info.shape))
     return arrays, bits
+
+
+# Q6_K matrices the kernels run in their own blocks (engine.kernels.q6k): those that run as a
+# plain linear or as the decoder primitive's down projection. The others (attention inputs,
+# gate/up, embeddings: the kernels' shared-activation paths read 4/5/8 bits only) are
+# re-quantized to 8 bits.
+_Q6K_MODULES = ("lm_head", "mlp.down_proj")
+
+
+def _keeps_q6k(module_path: str, info: TensorInfo) -> bool:
+    return (
+        module_path.endswith(_Q6K_MODULES)
+        and info.shape[-1] % q6k.BLOCK_VALUES == 0
+        and kernels.has("q6k_matmul")
+    )
+
+
+def _use_q6k(model: nn.Module, paths: list[str], arrays: dict[str, mx.array]) -> None:
+    """Swap the linears at ``paths`` for Q6KLinear layers of the same shape."""
+    modules = dict(model.named_modules())
+    swaps = []
+    for p in paths:
+        m = modules.get(p)
+        if not isinstance(m, nn.Linear):
+            continue  # _check_names reports what does not fit
+        N, K = m.weight.shape
+        swaps.append((p, Q6KLinear(K, N, bias=f"{p}.bias" in arrays)))
+    model.update_modules(tree_unflatten(swaps))
 
 
 def _row_order(spec: ArchSpec, args: dict[str, Any], name: str, info: TensorInfo) -> np.ndarray | None:
