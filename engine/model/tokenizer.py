@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelLoadError
+from engine.model import token_segments
 from engine.model.chat_template import ChatTemplate
 from engine.model.detokenizer import (
     ByteStreamDetokenizer,
@@ -31,6 +32,7 @@ from engine.model.detokenizer import (
     PieceStreamDetokenizer,
     WindowDetokenizer,
 )
+from engine.model.token_segments import SegmentCache
 
 import numpy as np
 import tokenizers
@@ -170,6 +172,8 @@ class Tokenizer:
         )
         self._byte_decoder = _byte_decoder()
         self._pieces: dict[int, str | bytes] = {}
+        # Long prompts reuse the ids of pieces already tokenized (a conversation's earlier turns).
+        self._segments = SegmentCache.for_backend(backend)
 
     # --- construction --------------------------------------------------------------------------
 
@@ -189,7 +193,10 @@ class Tokenizer:
         """Token ids of ``text``. Special-token text in it (e.g. ``<|im_start|>``) becomes its
         id. ``add_special_tokens`` adds the BOS (and EOS) the model's tokenizer asks for; leave
         it off for rendered chat prompts, whose templates write BOS themselves."""
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if not add_special_tokens and self._segments is not None and len(text) >= token_segments.MIN_CHARS:
+            ids = self._segments.encode(text)
+        else:
+            ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens:
             if self._prepend_bos:
                 ids = [self.bos_id, *ids]
