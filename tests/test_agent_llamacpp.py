@@ -122,3 +122,30 @@ def test_a_board_card_on_llama_cpp_reaches_review(tmp_path, llama_server):
     finally:
         board.close()
         engine.close()
+
+
+def test_plain_chat_on_llama_cpp_streams_saves_and_resumes(tmp_path, llama_server):
+    """Chat (the plain REPL) on llama.cpp's server: the reply is the server's own greedy answer,
+    stored with usage and stream timings; the resumed session sends the whole conversation."""
+    import openai
+
+    from tests.test_remote_chat import plain
+
+    prof = remote_profile(tmp_path / "far.yaml", llama_server, "text")
+    code, out, err = plain(prof, "What is 2 + 3? Answer with one number.\n")
+    assert code == 0, err
+    store = SessionStore()
+    (summary,) = store.list()
+    msgs = store.messages(summary.id)
+    assert [m.role for m in msgs] == ["user", "assistant"] and msgs[1].content.strip()
+    sdk = openai.OpenAI(base_url=llama_server, api_key="unused", max_retries=0)
+    direct = sdk.chat.completions.create(model="qwen", temperature=0, max_tokens=512,
+                                         messages=[{"role": "user", "content": "What is 2 + 3? Answer with one number."}])
+    assert msgs[1].content == direct.choices[0].message.content
+    meta = msgs[1].meta
+    assert meta["usage"]["prompt_tokens"] > 0 and meta["timings"]["ttft_ms"] > 0 and meta["timings"]["decode_tps"] > 0
+    code, out, err = plain(prof, "And 4 + 4?\n", session=summary.id[:6])
+    assert code == 0, err
+    msgs = store.messages(summary.id)
+    assert [m.role for m in msgs] == ["user", "assistant", "user", "assistant"] and msgs[3].content.strip()
+    assert msgs[3].meta["usage"]["prompt_tokens"] > meta["usage"]["prompt_tokens"]
