@@ -18,6 +18,7 @@ from engine import paths
 from engine.atomic import atomic_write_text
 from engine.checkpoints.format import VERSION
 from engine.kvrows import Q8_FORMAT
+from engine.model.gguf import cache as gguf_cache
 from engine.model.gguf.cache import CONVERTER_VERSION
 
 log = logging.getLogger(__name__)
@@ -109,10 +110,10 @@ def make_fingerprint(model_path: Path, weight_format: str, kv_format: str = "den
         kv_format=kv_format,
         checkpoint_format=checkpoint_format,
         backend=backend or current_backend(),
-        # The GGUF converter's version too: a new conversion (e.g. Q6_K blocks kept instead of
-        # re-quantized) changes the weights the K/V came from.
+        # The GGUF conversion too (its version and mode): another one (e.g. Q6_K blocks kept
+        # instead of re-quantized) changes the weights the K/V came from.
         engine_version=(f"mlxterm {_version('mlxterm')}; mlx-lm {_version('mlx-lm')}; ckpt v{VERSION}; "
-                        f"gguf v{CONVERTER_VERSION}"),
+                        f"gguf v{CONVERTER_VERSION} {gguf_cache.mode(weight_format) or weight_format}"),
         mlx_version=mx.__version__,
     )
 

@@ -406,7 +406,7 @@ def release_float_scales(lin: Any) -> bool:
 def qparams(lin: Any) -> tuple[mx.array, mx.array, mx.array]:
     """(weight, scales, biases) of quantized layer ``lin`` as the kernels read them: the
     float16 copies of ``half_scales`` while they match the module's arrays."""
-    if lin.bits == 6:  # Q6_K blocks (engine.kernels.q6k): the scales are inside
+    if getattr(lin, "q6k_blocks", False):  # engine.kernels.q6k: the scales are in the blocks
         return lin["weight"], lin["weight"], lin["weight"]
     half = _half(lin)
     if half is not None:

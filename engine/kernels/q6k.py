@@ -51,9 +51,10 @@ def dequantize(w: mx.array, dtype: mx.Dtype = mx.float32) -> mx.array:
 class Q6KLinear(nn.Module):
     """``x @ W.T (+ bias)`` with W in GGUF Q6_K blocks (``weight``: uint8 (N, K / 256 * 210))."""
 
-    # The kernels' name of this layout (QmmProblem::bits, kernels._weights).
+    # The kernels' name of this layout (QmmProblem::bits, kernels._weights, kernels.qparams).
     bits = 6
     group_size = BLOCK_VALUES
+    q6k_blocks = True
 
     def __init__(self, input_dims: int, output_dims: int, bias: bool = False):
         super().__init__()

@@ -47,7 +47,10 @@ def mode(weights: str) -> str | None:
 
     if weights != "quantized":
         return None
-    return "quantized+kernels" if kernels.available() else "quantized"
+    if not kernels.available():
+        return "quantized"
+    # A kernel build without the Q6_K op converts Q6_K to 8 bits: another entry.
+    return "quantized+kernels+q6k" if kernels.has("q6k_matmul") else "quantized+kernels"
 
 
 def entry_path(path: Path, mode: str) -> Path:

@@ -189,7 +189,8 @@ def _use_q6k(model: nn.Module, paths: list[str], arrays: dict[str, mx.array]) ->
             continue  # _check_names reports what does not fit
         N, K = m.weight.shape
         swaps.append((p, Q6KLinear(K, N, bias=f"{p}.bias" in arrays)))
-    model.update_modules(tree_unflatten(swaps))
+    if swaps:
+        model.update_modules(tree_unflatten(swaps))
 
 
 def _row_order(spec: ArchSpec, args: dict[str, Any], name: str, info: TensorInfo) -> np.ndarray | None:
