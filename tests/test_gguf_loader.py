@@ -100,20 +100,24 @@ def encode_q8_0(w: np.ndarray) -> tuple[bytes, np.ndarray]:
     return raw, (d.astype(np.float32) * q).reshape(w.shape)
 
 
+def gguf_name(hf: str, names: dict[str, str] = LAYER_NAMES) -> str:
+    """llama.cpp's tensor name for the HF parameter ``hf``."""
+    module, _, leaf = hf.rpartition(".")
+    if module.startswith("model.layers."):
+        i, part = module[len("model.layers."):].split(".", 1)
+        return f"blk.{i}.{names[part]}.{leaf}"
+    return f"{GLOBAL_NAMES[module]}.{leaf}"
+
+
 def to_gguf(arch: str, params: dict[str, np.ndarray], quantize: bool = False):
     """(metadata, tensors, the HF weights the tensors decode to) as llama.cpp writes them."""
     cfg = TINY[arch]
     names = GEMMA3_NAMES if arch == "gemma3" else LAYER_NAMES
     tensors, decoded = [], {}
     for hf, w in params.items():
-        module, _, leaf = hf.rpartition(".")
-        if module.startswith("model.layers."):
-            i, part = module[len("model.layers."):].split(".", 1)
-            name = f"blk.{i}.{names[part]}.{leaf}"
-        else:
-            name = f"{GLOBAL_NAMES[module]}.{leaf}"
+        name = gguf_name(hf, names)
         stored = w
-        if arch == "llama" and names.get(module.split(".", 3)[-1]) in ("attn_q", "attn_k"):
+        if arch == "llama" and name.split(".")[-2] in ("attn_q", "attn_k"):
             heads = cfg["num_attention_heads"] if ".q_proj" in hf else cfg["num_key_value_heads"]
             stored = llama_cpp_permute(w, heads)
         if arch == "gemma3" and hf.endswith("norm.weight"):

@@ -24,7 +24,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen2
 
-from tests.test_gguf_loader import GLOBAL_NAMES, LAYER_NAMES, encode_q8_0, gguf_metadata
+from tests.test_gguf_loader import encode_q8_0, gguf_metadata, gguf_name
 from tests.test_gguf_quants import make_blocks
 
 needs_ext = pytest.mark.skipif(not kernels.has("q6k_matmul"), reason=f"kernels off: {kernels.status()['reason']}")
@@ -150,12 +150,7 @@ def write_q6k_gguf(tmp_path: Path) -> Path:
     rng = np.random.default_rng(5)
     tensors = []
     for hf, p in tree_flatten(model.parameters()):
-        module, _, leaf = hf.rpartition(".")
-        if module.startswith("model.layers."):
-            i, part = module[len("model.layers."):].split(".", 1)
-            name = f"blk.{i}.{LAYER_NAMES[part]}.{leaf}"
-        else:
-            name = f"{GLOBAL_NAMES[module]}.{leaf}"
+        name = gguf_name(hf)
         if p.ndim == 2 and name.split(".")[-2] in Q6K_TENSORS:
             tensors.append(RawTensor(name, q6k_weights(*p.shape, seed=len(tensors)).tobytes(), "Q6_K", p.shape))
         elif p.ndim == 2:

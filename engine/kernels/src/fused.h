@@ -67,6 +67,23 @@ class RowPrimitive : public mx::UnaryPrimitive {
   bool reference_;
 };
 
+// A primitive's eval_cpu prologue: out allocated, every input and the output registered with the
+// stream's encoder, which is returned for the dispatch.
+inline mx::cpu::CommandEncoder& begin_eval(mx::Stream st, const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(st);
+  for (const auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  return enc;
+}
+
+// The output shape of x (..., K) times a weight w (N, ...) as x @ W.T: x's, last dim N.
+inline mx::Shape weight_matmul_shape(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() = inputs[1].shape(0);
+  return shape;
+}
+
 // Allocate a row primitive's output and run body(x, out, V, rows) on the stream's worker.
 template <typename T, typename Body>
 void dispatch_rows(mx::Stream st, const mx::array& x, mx::array& out, Body body) {

@@ -81,9 +81,7 @@ void columns(const float* x, const uint16_t* w, const float* bias, float* out, i
 }  // namespace
 
 std::vector<mx::Shape> HalfMatmul::output_shapes(const std::vector<mx::array>& inputs) {
-  auto shape = inputs[0].shape();
-  shape.back() = inputs[1].shape(0);
-  return {shape};
+  return {weight_matmul_shape(inputs)};
 }
 
 void HalfMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
@@ -91,10 +89,7 @@ void HalfMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsup
 void HalfMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const mx::array& x = inputs[0];
   const mx::array& w = inputs[1];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(out);
+  auto& enc = begin_eval(stream(), inputs, out);
   const int K = x.shape(-1), N = w.shape(0);
   const int M = K ? int(x.size() / K) : 0;
   const float* bp = has_bias_ ? inputs[2].data<float>() : nullptr;

@@ -360,9 +360,7 @@ void run(const float* x, const uint8_t* w, int M, int K, int N, float* out, bool
 void q6k_run(const float* x, const uint8_t* w, int M, int K, int N, float* out) { run(x, w, M, K, N, out, false); }
 
 std::vector<mx::Shape> Q6KMatmul::output_shapes(const std::vector<mx::array>& inputs) {
-  auto shape = inputs[0].shape();
-  shape.back() = inputs[1].shape(0);
-  return {shape};
+  return {weight_matmul_shape(inputs)};
 }
 
 void Q6KMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupported(); }
@@ -370,10 +368,7 @@ void Q6KMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_unsupp
 void Q6KMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const mx::array& x = inputs[0];
   const mx::array& w = inputs[1];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (const auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(out);
+  auto& enc = begin_eval(stream(), inputs, out);
   const int K = x.shape(-1), N = w.shape(0);
   const int M = K ? int(x.size() / K) : 0;
   enc.dispatch([xp = x.data<float>(), wp = w.data<uint8_t>(), op = out.data<float>(), M, K, N, ref = reference_]() {
