@@ -99,11 +99,11 @@ def test_half_scales_only_when_exact_and_while_current():
 
 @needs_ext
 @pytest.mark.parametrize("bits", [4, 5, 8])
-@pytest.mark.parametrize("M", [1, 8, 15])
+@pytest.mark.parametrize("M", [1, 8, 15, 40])
 def test_symmetric_weights_skip_the_biases_with_the_same_bits(bits, M):
-    """GGUF Q8_0/Q4_0/Q5_0 biases are exactly -2^(bits-1) * scale: ``symmetric`` makes the
-    decode path derive them from the scales (fewer bytes), with the very same results; and it
-    really does not read them (nonsense biases under the flag change nothing)."""
+    """GGUF Q8_0/Q4_0/Q5_0 biases are exactly -2^(bits-1) * scale: ``symmetric`` makes every
+    path derive them from the scales (no copy is kept), with the very same results; and it
+    really does not read them (nonsense biases under the flag change nothing, exact too)."""
     x, wq, s, _, _ = _case(M, 75, 320, bits, 32, seed=7 * bits + M)
     s16 = s.astype(mx.float16)
     b16 = (s16.astype(mx.float32) * -(2 ** (bits - 1))).astype(mx.float16)
@@ -111,14 +111,15 @@ def test_symmetric_weights_skip_the_biases_with_the_same_bits(bits, M):
     assert mx.array_equal(
         kernels.quantized_matmul(x, wq, s16, b16, 32, bits, symmetric=True), y
     ).item()
-    if M < kernels.dense_rows():
-        junk = mx.zeros_like(b16)
-        assert mx.array_equal(
-            kernels.quantized_matmul(x, wq, s16, junk, 32, bits, symmetric=True), y
-        ).item()
+    junk = mx.zeros_like(b16)
+    assert mx.array_equal(kernels.quantized_matmul(x, wq, s16, junk, 32, bits, symmetric=True), y).item()
+    exact = kernels.quantized_matmul(x, wq, s16, b16, 32, bits, exact=True)
+    assert mx.array_equal(kernels.quantized_matmul(x, wq, s16, junk, 32, bits, exact=True, symmetric=True),
+                          exact).item()
     lin = nn.QuantizedLinear(320, 75, group_size=32, bits=bits)
     lin.weight, lin.scales, lin.biases = wq, s16.astype(mx.float32), b16.astype(mx.float32)
     assert kernels.half_scales(lin) and kernels.symmetric(lin)
+    assert kernels.qparams(lin)[2] is kernels.qparams(lin)[1]  # no float16 biases kept
     lin.biases = lin.biases * 0.5  # an affine layer (and stale copies): not symmetric
     assert not kernels.symmetric(lin)
     assert kernels.half_scales(lin) and not kernels.symmetric(lin)

@@ -122,7 +122,8 @@ def _symmetric_llama():
 @needs_ext
 def test_symmetric_weights_give_the_bits_of_reading_their_biases(fused_on, monkeypatch):
     """The decoder primitives and the head take each layer's ``symmetric`` flag (the biases
-    are then made from the scales, not read): same logits as with every flag off."""
+    are then made from the scales, and no float16 copy of them is kept): same logits as with
+    no copies at all (the kernels reading the float32 scales and biases)."""
     from engine.generation.kv_cache import make_cache
 
     m = _symmetric_llama()
@@ -138,7 +139,12 @@ def test_symmetric_weights_give_the_bits_of_reading_their_biases(fused_on, monke
         return outs
 
     flagged = run()
-    monkeypatch.setattr(kernels, "symmetric", lambda lin: False)
+    for _, x in m.named_modules():
+        half = x.__dict__.get("_kernel_half")
+        if half is not None:
+            assert half[3] is half[2]  # no biases kept: the scales stand in their slot
+            x.__dict__.pop("_kernel_half")
+    assert not any(kernels.symmetric(x) for _, x in m.named_modules() if hasattr(x, "bits"))
     for a, b in zip(flagged, run(), strict=True):
         assert mx.array_equal(a, b)
 

@@ -60,11 +60,13 @@ NB_MODULE(_ext, m) {
       "quantized_swiglu",
       [](const mlx::core::array& x, const mlx::core::array& wg, const mlx::core::array& sg,
          const mlx::core::array& bg, const mlx::core::array& wu, const mlx::core::array& su,
-         const mlx::core::array& bu, int group_size, int bits, bool exact) {
-        return mlxterm::quantized_swiglu(x, wg, sg, bg, wu, su, bu, group_size, bits, exact);
+         const mlx::core::array& bu, int group_size, int bits, bool exact, bool symmetric_gate, bool symmetric_up) {
+        return mlxterm::quantized_swiglu(x, wg, sg, bg, wu, su, bu, group_size, bits, exact, symmetric_gate,
+                                         symmetric_up);
       },
       "x"_a, "wg"_a, "sg"_a, "bg"_a, "wu"_a, "su"_a, "bu"_a, "group_size"_a, "bits"_a,
-      "exact"_a = false, "silu(x @ Wg.T) * (x @ Wu.T) on quantized weights, float32 out.");
+      "exact"_a = false, "symmetric_gate"_a = false, "symmetric_up"_a = false,
+      "silu(x @ Wg.T) * (x @ Wu.T) on quantized weights, float32 out.");
   m.def(
       "rms_norm",
       [](const mlx::core::array& x, const mlx::core::array& w, float eps) {

@@ -246,8 +246,10 @@ void QuantizedSwiglu::eval_cpu(const std::vector<mx::array>& inputs, mx::array& 
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (auto& a : inputs) enc.set_input_array(a);
   enc.set_output_array(out);
-  const QmmProblem pg = qmm_problem(inputs[0], inputs[1], inputs[2], inputs[3], group_size_, bits_, nullptr);
-  const QmmProblem pu = qmm_problem(inputs[0], inputs[4], inputs[5], inputs[6], group_size_, bits_, nullptr);
+  QmmProblem pg = qmm_problem(inputs[0], inputs[1], inputs[2], inputs[3], group_size_, bits_, nullptr);
+  QmmProblem pu = qmm_problem(inputs[0], inputs[4], inputs[5], inputs[6], group_size_, bits_, nullptr);
+  pg.symmetric = sym_gate_;
+  pu.symmetric = sym_up_;
   float* o = out.data<float>();
   const bool exact = exact_;
   enc.dispatch([pg, pu, o, exact]() { run_swiglu(pg, pu, o, exact); });
@@ -258,10 +260,10 @@ void QuantizedSwiglu::eval_gpu(const std::vector<mx::array>&, mx::array&) { gpu_
 mx::array quantized_swiglu(
     const mx::array& x, const mx::array& wg, const mx::array& sg, const mx::array& bg,
     const mx::array& wu, const mx::array& su, const mx::array& bu, int group_size, int bits,
-    bool exact, mx::StreamOrDevice s) {
+    bool exact, bool symmetric_gate, bool symmetric_up, mx::StreamOrDevice s) {
   // Each projection must be a valid quantized_matmul; building both checks every shape.
-  quantized_matmul(x, wg, sg, bg, group_size, bits, exact, false, s);
-  quantized_matmul(x, wu, su, bu, group_size, bits, exact, false, s);
+  quantized_matmul(x, wg, sg, bg, group_size, bits, exact, symmetric_gate, s);
+  quantized_matmul(x, wu, su, bu, group_size, bits, exact, symmetric_up, s);
   if (wg.shape() != wu.shape())
     throw std::invalid_argument("[mlxterm.quantized_swiglu] gate and up weights must have one shape.");
   auto st = mx::to_stream(s);
@@ -274,7 +276,8 @@ mx::array quantized_swiglu(
   auto shape = x.shape();
   shape.back() = wg.shape(0);
   return mx::array(
-      shape, mx::float32, std::make_shared<QuantizedSwiglu>(st, group_size, bits, exact), inputs);
+      shape, mx::float32,
+      std::make_shared<QuantizedSwiglu>(st, group_size, bits, exact, symmetric_gate, symmetric_up), inputs);
 }
 
 namespace {

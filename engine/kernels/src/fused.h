@@ -43,11 +43,12 @@ mx::array rope(
 
 // silu(x @ dequantize(wg).T) * (x @ dequantize(wu).T): a SwiGLU MLP's gate and up projections
 // and its activation in one primitive (activations quantized once, one pool job for both
-// matmuls, no intermediate arrays). Both weights share bits and group size.
+// matmuls, no intermediate arrays). Both weights share bits and group size; symmetric_gate /
+// symmetric_up as QmmProblem::symmetric (their biases are then never read).
 mx::array quantized_swiglu(
     const mx::array& x, const mx::array& wg, const mx::array& sg, const mx::array& bg,
     const mx::array& wu, const mx::array& su, const mx::array& bu, int group_size, int bits,
-    bool exact, mx::StreamOrDevice s = {});
+    bool exact, bool symmetric_gate = false, bool symmetric_up = false, mx::StreamOrDevice s = {});
 
 // x (..., V) float32 -> x - logsumexp(x) over the last axis (log-probabilities), with the
 // vectorised exp of vmath.h; `reference` runs a double-precision scalar loop (tests).
@@ -153,8 +154,9 @@ void run_swiglu(QmmProblem pg, QmmProblem pu, float* out, bool exact);
 
 class QuantizedSwiglu : public mx::UnaryPrimitive {
  public:
-  QuantizedSwiglu(mx::Stream stream, int group_size, int bits, bool exact)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), exact_(exact) {}
+  QuantizedSwiglu(mx::Stream stream, int group_size, int bits, bool exact, bool sym_gate, bool sym_up)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), exact_(exact), sym_gate_(sym_gate),
+        sym_up_(sym_up) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -165,12 +167,13 @@ class QuantizedSwiglu : public mx::UnaryPrimitive {
   const char* name() const override { return "MlxtermQuantizedSwiglu"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const QuantizedSwiglu&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_ && exact_ == o.exact_;
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && exact_ == o.exact_ && sym_gate_ == o.sym_gate_ &&
+           sym_up_ == o.sym_up_;
   }
 
  private:
   int group_size_, bits_;
-  bool exact_;
+  bool exact_, sym_gate_, sym_up_;
 };
 
 class RmsNorm : public mx::UnaryPrimitive {

@@ -128,6 +128,12 @@ QmmProblem f32_scales(const QmmProblem& p, std::vector<float>& buf) {
         }
       }
     }
+  } else if (p.symmetric) {  // the biases are -2^(bits-1) * scale exactly, and never read
+    const float zp = -float(1 << (p.bits - 1));
+    for (size_t i = 0; i < n; ++i) {
+      buf[i] = _cvtsh_ss(p.scales16[i]);
+      buf[n + i] = zp * buf[i];
+    }
   } else {
     for (size_t i = 0; i < n; ++i) {
       buf[i] = _cvtsh_ss(p.scales16[i]);
