@@ -525,7 +525,7 @@ bool int8_many_path(RowsPath path) {
 }
 
 void run_qmm(const QmmProblem& p0, bool exact) {
-  if (p0.bits == kQ6KBits) {  // GGUF Q6_K blocks: their own kernel (int8 activations either way)
+  if (p0.bits == kQ6KBits) {  // GGUF Q6_K blocks: their own kernel (int8 or 16-bit activations, q6k.h)
     q6k_run(p0.x, p0.w, p0.M, p0.K, p0.N, p0.out);
     return;
   }
