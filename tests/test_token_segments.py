@@ -46,9 +46,9 @@ def test_pieces_give_the_whole_texts_ids_on_every_byte_level_family(pre):
 
 def test_real_vocabulary_and_a_follow_up_reuses_the_conversation(smollm2_path: Path, monkeypatch):
     tok = Tokenizer.from_gguf_metadata(read_gguf(smollm2_path).metadata, str(smollm2_path))
-    assert tok._segments is not None
+    assert tok.segments() is not None
     for text in _texts(60, seed=7):
-        assert tok._segments.encode(text) == tok.backend.encode(text, add_special_tokens=False).ids
+        assert tok.segments().encode(text) == tok.backend.encode(text, add_special_tokens=False).ids
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "word " * 300}
                 for i in range(12)]
     text = tok.chat_template.render(messages, add_generation_prompt=True)
@@ -61,7 +61,7 @@ def test_real_vocabulary_and_a_follow_up_reuses_the_conversation(smollm2_path: P
         calls.append(list(pieces))
         return real(pieces, **kw)
 
-    monkeypatch.setattr(tok._segments, "backend", type("B", (), {"encode_batch": staticmethod(counting)})())
+    monkeypatch.setattr(tok.segments(), "backend", type("B", (), {"encode_batch": staticmethod(counting)})())
     more = messages + [{"role": "user", "content": "and the last question?"}]
     text2 = tok.chat_template.render(more, add_generation_prompt=True)
     assert tok.encode(text2) == tok.backend.encode(text2, add_special_tokens=False).ids
@@ -70,7 +70,7 @@ def test_real_vocabulary_and_a_follow_up_reuses_the_conversation(smollm2_path: P
 
 def test_short_texts_and_special_token_requests_encode_whole(smollm2_path: Path, monkeypatch):
     tok = Tokenizer.from_gguf_metadata(read_gguf(smollm2_path).metadata, str(smollm2_path))
-    monkeypatch.setattr(tok._segments, "encode", lambda text: pytest.fail("segmented"))
+    monkeypatch.setattr(tok.segments(), "encode", lambda text: pytest.fail("segmented"))
     tok.encode("<|im_start|>user\nhi<|im_end|>")
     tok.encode("x " * 4000, add_special_tokens=True)
 
@@ -78,7 +78,7 @@ def test_short_texts_and_special_token_requests_encode_whole(smollm2_path: Path,
 def test_the_cache_is_bounded(monkeypatch):
     monkeypatch.setattr(token_segments, "MAX_CACHED_CHARS", 4000)
     tok = _with_markers("qwen2")
-    cache = tok._segments
+    cache = tok.segments()
     for i in range(50):
         text = f"<|im_start|>piece {i} " + "abc " * 100 + "<|im_end|>"
         assert cache.encode(text) == tok.backend.encode(text, add_special_tokens=False).ids
@@ -89,4 +89,4 @@ def test_pipelines_that_cross_the_cuts_are_left_whole(gemma_path: Path):
     # Gemma's SentencePiece normalizer (spaces -> U+2581) and its thousands of added tokens:
     # not a byte-level pipeline, so no piecewise encoding.
     tok = Tokenizer.from_gguf_metadata(read_gguf(gemma_path).metadata, str(gemma_path))
-    assert tok._segments is None
+    assert tok.segments() is None

@@ -30,10 +30,10 @@ MAX_CACHED_CHARS = 4 << 20
 
 
 def _segment_safe(backend: tokenizers.Tokenizer) -> bool:
-    spec = json.loads(backend.to_str())
-    if spec.get("normalizer") is not None:
+    # The pre-tokenizer's own state, not the whole tokenizer's JSON (~200 ms for Qwen's vocabulary).
+    if backend.normalizer is not None or backend.pre_tokenizer is None:
         return False
-    pre = spec.get("pre_tokenizer") or {}
+    pre = json.loads(backend.pre_tokenizer.__getstate__())
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
     if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space"):
         return False

@@ -172,8 +172,9 @@ class Tokenizer:
         )
         self._byte_decoder = _byte_decoder()
         self._pieces: dict[int, str | bytes] = {}
-        # Long prompts reuse the ids of pieces already tokenized (a conversation's earlier turns).
-        self._segments = SegmentCache.for_backend(backend)
+        # Long prompts reuse the ids of pieces already tokenized (a conversation's earlier
+        # turns); made at the first long prompt, not at load.
+        self._segments: SegmentCache | None | bool = False
 
     # --- construction --------------------------------------------------------------------------
 
@@ -193,8 +194,9 @@ class Tokenizer:
         """Token ids of ``text``. Special-token text in it (e.g. ``<|im_start|>``) becomes its
         id. ``add_special_tokens`` adds the BOS (and EOS) the model's tokenizer asks for; leave
         it off for rendered chat prompts, whose templates write BOS themselves."""
-        if not add_special_tokens and self._segments is not None and len(text) >= token_segments.MIN_CHARS:
-            ids = self._segments.encode(text)
+        segments = self.segments() if not add_special_tokens and len(text) >= token_segments.MIN_CHARS else None
+        if segments is not None:
+            ids = segments.encode(text)
         else:
             ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens:
@@ -203,6 +205,12 @@ class Tokenizer:
             if self._append_eos_id is not None:
                 ids.append(self._append_eos_id)
         return ids
+
+    def segments(self) -> SegmentCache | None:
+        """The piecewise encoder of long prompts (token_segments), or None for this pipeline."""
+        if self._segments is False:
+            self._segments = SegmentCache.for_backend(self.backend)
+        return self._segments
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
